@@ -1,0 +1,24 @@
+# Two entry points for a fresh machine with Python >= 3.10 (see README):
+#   make lab   - create .venv, install the course and its tools, open JupyterLab on notebooks/
+#   make test  - create .venv, install the course and its dev tools, run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: lab test install exercises check-exercises
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/python -m pip install -e ".[dev]"
+
+lab: install
+	$(BIN)/jupyter lab notebooks/
+
+test: install
+	$(BIN)/python -m pytest --nbval-lax tests notebooks
+
+exercises: install
+	$(BIN)/python -m modern_block.exercises build
