@@ -49,7 +49,7 @@ class LayerCache:
         if end > self.capacity:
             raise ValueError(f"the cache holds at most {self.capacity} tokens; {start} + {T} new would exceed it")
         held = []
-        for buf, x in zip(self.buffers.values(), new):
+        for buf, x in zip(self.buffers.values(), new, strict=True):
             if x.shape[0] != buf.shape[0]:
                 raise ValueError(f"batch size {x.shape[0]} does not match the cache's {buf.shape[0]}")
             buf.narrow(self.seq_dim, start, T).copy_(x)
@@ -67,6 +67,12 @@ def kv_layer_cache(batch, n_kv_heads, head_dim, capacity, v_head_dim=None, dtype
     v_head_dim = head_dim if v_head_dim is None else v_head_dim
     shapes = {"k": (batch, n_kv_heads, capacity, head_dim), "v": (batch, n_kv_heads, capacity, v_head_dim)}
     return LayerCache(shapes, seq_dim=2, dtype=dtype, device=device)
+
+
+def mla_layer_cache(batch, kv_latent_dim, rope_dim, capacity, dtype=None, device=None) -> LayerCache:
+    """MLA's buffers: latent [B, capacity, d_c] and shared RoPE key [B, capacity, d_R], nothing per head."""
+    shapes = {"latent": (batch, capacity, kv_latent_dim), "k_rope": (batch, capacity, rope_dim)}
+    return LayerCache(shapes, seq_dim=1, dtype=dtype, device=device)
 
 
 class KVCache:

@@ -4,7 +4,8 @@
 
 The statistics are computed in fp32 even when the model runs in bf16/fp16: a sum of squares
 in half precision overflows (fp16) or loses the small entries (bf16). The result goes back to
-the input dtype before the learned scale is applied, as Llama and Qwen do.
+the input dtype before the learned scale is applied, as Llama and Qwen do, so the output always
+has the input's dtype.
 """
 
 import torch
@@ -25,7 +26,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., d]
         x32 = x.float()
         inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)  # [..., 1]
-        return (x32 * inv_rms).type_as(x) * self.weight  # [..., d], dtype of x (times weight)
+        # back to x's dtype, then the scale (in x's dtype too, so fp32 weights under autocast keep bf16 out)
+        return (x32 * inv_rms).type_as(x) * self.weight.to(x.dtype)  # [..., d]
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

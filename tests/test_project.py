@@ -1,0 +1,84 @@
+"""The repository's own promises: requirements agree, CI runs the README's command, the code is lint-clean."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDA_TO_PIP = {"pytorch": "torch"}
+
+
+def _split(req: str) -> tuple[str, str]:
+    req = req.split(";", 1)[0]  # environment markers (python_version) have no conda counterpart
+    name, spec = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", req).groups()
+    return name.lower().replace("_", "-"), spec.replace(" ", "")
+
+
+def _pyproject_requirements() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = project["dependencies"] + project["optional-dependencies"]["dev"]
+    return dict(_split(r) for r in reqs)
+
+
+def _environment_requirements() -> dict[str, str]:
+    reqs = {}
+    for line in (ROOT / "environment.yml").read_text().splitlines():
+        m = re.match(r"^  - ([^:#\s][^#]*?)\s*$", line)  # top-level conda dependencies only
+        if m:
+            name, spec = _split(m.group(1))
+            if name not in ("python", "pip"):
+                reqs[CONDA_TO_PIP.get(name, name)] = spec
+    return reqs
+
+
+def test_environment_yml_agrees_with_pyproject():
+    py, env = _pyproject_requirements(), _environment_requirements()
+    assert "torch" in py and py["torch"] == ">=2.5"
+    assert env == py, f"only in pyproject: {set(py.items()) - set(env.items())}; " \
+                      f"only in environment.yml: {set(env.items()) - set(py.items())}"
+
+
+def test_python_floor_agrees():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == ">=3.10"
+    assert "  - python>=3.10" in (ROOT / "environment.yml").read_text().splitlines()
+
+
+def _readme_quick_start_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", section, flags=re.S)
+    return [line.strip() for block in blocks for line in block.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def test_readme_has_exactly_two_quick_start_commands_and_ci_runs_the_test_one():
+    commands = _readme_quick_start_commands()
+    assert commands == ["make lab", "make test"], commands
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "make test" in [line.strip() for line in ci], ".ci/run must run the README's test command as written"
+    assert any("torch==2.13.0" in line for line in ci)
+
+
+def test_readme_course_map_lists_only_notebooks_that_exist():
+    text = (ROOT / "README.md").read_text()
+    for name in re.findall(r"notebooks/(\d\d_[a-z0-9_]+\.ipynb)", text):
+        assert (ROOT / "notebooks" / name).exists(), f"README links notebooks/{name}, which does not exist"
+
+
+def test_ruff_is_clean():
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    if not Path(ruff).exists():
+        pytest.fail("ruff is part of the dev extra and must be installed")
+    dirs = [d for d in ("modern_block", "tests", "scripts", "benchmarks") if (ROOT / d).exists()]
+    result = subprocess.run([ruff, "check", *dirs], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
