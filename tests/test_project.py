@@ -31,7 +31,8 @@ def _pyproject_requirements() -> dict[str, str]:
 
 def _environment_requirements() -> dict[str, str]:
     reqs = {}
-    for line in (ROOT / "environment.yml").read_text().splitlines():
+    text = (ROOT / "environment.yml").read_text().split("\ndependencies:\n", 1)[1]
+    for line in text.splitlines():
         m = re.match(r"^  - ([^:#\s][^#]*?)\s*$", line)  # top-level conda dependencies only
         if m:
             name, spec = _split(m.group(1))
