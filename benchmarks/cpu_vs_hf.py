@@ -1,0 +1,189 @@
+"""The course's Llama against Hugging Face's, same weights, same process: training step, cached decoding,
+KV-cache speedup and cache bytes. Prints one table and writes it as JSON.
+
+    python benchmarks/cpu_vs_hf.py [--quick] [--compile] [--out benchmarks/results_cpu.json]
+
+Timings alternate the two contenders (ours, theirs, ours, theirs, ...) and quote medians, so a noisy,
+shared machine slows both alike; the figures that matter are the ratios.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from modern_block import LlamaStyleLM, generate, kv_cache_bytes_per_token, mla_cache_bytes_per_token  # noqa: E402
+from modern_block.hf import from_hf  # noqa: E402
+from modern_block.mla import MLAConfig  # noqa: E402
+
+CONFIG = dict(V=512, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, seq=256, batch=8)
+
+
+def build_pair(seed: int = 0):
+    """A random-initialised Hugging Face Llama and the course model converted from it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    c = CONFIG
+    cfg = LlamaConfig(vocab_size=c["V"], hidden_size=c["d"], intermediate_size=c["d_ff"],
+                      num_hidden_layers=c["n_layers"], num_attention_heads=c["n_heads"],
+                      num_key_value_heads=c["n_kv_heads"], max_position_embeddings=4096, rms_norm_eps=1e-6,
+                      tie_word_embeddings=False, attn_implementation="sdpa", pad_token_id=0, eos_token_id=None,
+                      bos_token_id=None)
+    hf = LlamaForCausalLM(cfg).eval()
+    return from_hf(hf).eval(), hf
+
+
+def alternate(fns: dict, repeats: int) -> dict:
+    """Median seconds of each callable, run in turn ``repeats`` times after one warm-up each."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def train_step_fn(model, idx, targets, hf: bool = False):
+    def step():
+        out = model(input_ids=idx).logits if hf else model(idx)
+        loss = F.cross_entropy(out.flatten(0, 1), targets.flatten())
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+    return step
+
+
+def bench_train(ours, hf, repeats: int, compile_ours: bool) -> dict:
+    c = CONFIG
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, c["V"], (c["batch"], c["seq"]), generator=g)
+    targets = torch.randint(0, c["V"], (c["batch"], c["seq"]), generator=g)
+    ours.train(), hf.train()
+    t = alternate({"ours": train_step_fn(ours, idx, targets), "hf": train_step_fn(hf, idx, targets, hf=True)},
+                  repeats)
+    row = {"train_step_ours_s": t["ours"], "train_step_hf_s": t["hf"], "train_step_ratio": t["ours"] / t["hf"]}
+    if compile_ours:
+        compiled = torch.compile(ours)
+        t0 = time.perf_counter()
+        train_step_fn(compiled, idx, targets)()  # first call compiles
+        row["compile_s"] = time.perf_counter() - t0
+        t = alternate({"compiled": train_step_fn(compiled, idx, targets),
+                       "hf": train_step_fn(hf, idx, targets, hf=True)}, repeats)
+        row.update(train_step_compiled_s=t["compiled"], train_step_compiled_ratio=t["compiled"] / t["hf"])
+    ours.eval(), hf.eval()
+    return row
+
+
+def bench_decode(ours, hf, new_tokens: int, repeats: int) -> dict:
+    """Cached greedy decoding of ``new_tokens`` after a 16-token prompt, batch 1; same tokens checked."""
+    prompt = torch.randint(0, CONFIG["V"], (1, 16), generator=torch.Generator().manual_seed(2))
+    out = {}
+
+    def ours_fn():
+        out["ours"] = generate(ours, prompt, new_tokens, use_cache=True)
+
+    def hf_fn():
+        with torch.inference_mode():
+            out["hf"] = hf.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                    do_sample=False, pad_token_id=0)
+
+    t = alternate({"ours": ours_fn, "hf": hf_fn}, repeats)
+    same = torch.equal(out["ours"], out["hf"])
+    return {f"decode{new_tokens}_ours_s": t["ours"], f"decode{new_tokens}_hf_s": t["hf"],
+            f"decode{new_tokens}_ratio": t["ours"] / t["hf"], f"decode{new_tokens}_same_tokens": same}
+
+
+def bench_cache_speedup(ours, new_tokens: int, repeats: int) -> dict:
+    """Decoding time without the cache / with it (ours, same prompt, same tokens checked)."""
+    prompt = torch.randint(0, CONFIG["V"], (1, 16), generator=torch.Generator().manual_seed(3))
+    out = {}
+
+    def run(use_cache):
+        def fn():
+            out[use_cache] = generate(ours, prompt, new_tokens, use_cache=use_cache)
+        return fn
+
+    t = alternate({"cache": run(True), "no_cache": run(False)}, repeats)
+    return {f"speedup{new_tokens}": t["no_cache"] / t["cache"], f"speedup{new_tokens}_cache_s": t["cache"],
+            f"speedup{new_tokens}_no_cache_s": t["no_cache"],
+            f"speedup{new_tokens}_same_tokens": torch.equal(out[True], out[False])}
+
+
+def bench_cache_bytes(n_tokens: int = 300) -> dict:
+    """Bytes the cache holds after n tokens against the formulas, for GQA and for MLA (bf16 cache)."""
+    c = CONFIG
+    gqa = LlamaStyleLM(c["V"], c["d"], c["n_layers"], c["n_heads"], c["n_kv_heads"], c["d_ff"], max_len=512)
+    mla_cfg = MLAConfig(kv_latent_dim=64, rope_dim=16, nope_dim=32, v_head_dim=32)
+    mla = LlamaStyleLM(c["V"], c["d"], c["n_layers"], c["n_heads"], d_ff=c["d_ff"], max_len=512, mla=mla_cfg)
+    idx = torch.randint(0, c["V"], (1, n_tokens))
+    row = {}
+    for name, model, formula in [
+        ("gqa", gqa, kv_cache_bytes_per_token(c["n_layers"], c["n_kv_heads"], c["d"] // c["n_heads"], 2)),
+        ("mla", mla, mla_cache_bytes_per_token(c["n_layers"], mla_cfg.kv_latent_dim, mla_cfg.rope_dim, 2)),
+    ]:
+        model.to(torch.bfloat16).eval()
+        cache = model.new_cache(1, n_tokens)
+        with torch.inference_mode():
+            model(idx, cache)
+        assert cache.length == n_tokens
+        row[f"cache_bytes_{name}"] = cache.nbytes()
+        row[f"cache_bytes_{name}_formula"] = formula * n_tokens
+    return row
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats; skip the 2048-token uncached decode")
+    parser.add_argument("--compile", action="store_true", help="also time the torch.compile path (slow to compile)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved pairs per timing (default 5, quick 3)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results_cpu.json"))
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (3 if args.quick else 5)
+    ours, hf = build_pair()
+    results = {"torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
+               "config": CONFIG, "repeats": repeats}
+    results.update(bench_train(ours, hf, repeats, args.compile))
+    for n in (128, 512):
+        results.update(bench_decode(ours, hf, n, repeats))
+    for n in (128, 512) if args.quick else (128, 512, 2048):
+        results.update(bench_cache_speedup(ours, n, repeats if n < 2048 else 1))
+    results.update(bench_cache_bytes())
+    print_table(results)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwritten to {args.out}")
+    return results
+
+
+def print_table(r: dict) -> None:
+    rows = [("training step, eager: ours / HF", r["train_step_ratio"], "<= 1.0")]
+    if "train_step_compiled_ratio" in r:
+        rows.append((f"training step, compiled ({r['compile_s']:.0f} s to compile): ours / HF",
+                     r["train_step_compiled_ratio"], "<= 0.9"))
+    for n in (128, 512):
+        rows.append((f"cached greedy decode, {n} tokens: ours / HF generate", r[f"decode{n}_ratio"], "<= 0.7"))
+    for n in (128, 512, 2048):
+        if f"speedup{n}" in r:
+            rows.append((f"KV-cache speedup at {n} tokens: uncached / cached", r[f"speedup{n}"],
+                         ">= 5" if n == 512 else ""))
+    print(f"{'measure':<62} {'value':>8}  target")
+    for name, value, target in rows:
+        print(f"{name:<62} {value:8.2f}x {target}")
+    for kind in ("gqa", "mla"):
+        held, formula = r[f"cache_bytes_{kind}"], r[f"cache_bytes_{kind}_formula"]
+        print(f"{kind.upper()} cache after 300 tokens: {held:,} B held, formula {formula:,} B "
+              f"({'equal' if held == formula else 'DIFFERENT'})")
+
+
+if __name__ == "__main__":
+    main()
