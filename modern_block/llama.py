@@ -6,6 +6,8 @@ Pre-norm residuals, no biases, no position embedding (RoPE rotates q and k insid
 and an output head that may share the embedding matrix (``tie=True``).
 """
 
+from functools import partial
+
 import torch
 import torch.nn as nn
 
@@ -13,6 +15,7 @@ from ._validate import positive_int, token_ids
 from .attention import GQAttention
 from .ffn import SwiGLU
 from .kv_cache import KVCache, LayerCache
+from .mla import MLAConfig
 from .params import count_parameters, init_gpt2_style
 from .rmsnorm import RMSNorm
 from .rope import rope_cache
@@ -42,15 +45,23 @@ class LlamaStyleLM(nn.Module):
 
     Keyword options beyond the chapter's signature: ``qk_norm`` (the chapter's model has it, Llama
     proper does not), ``norm_eps``, ``head_dim`` (heads × head_dim may differ from d, as in Qwen3),
-    ``dropout``, and ``attn_factory`` (a callable returning the attention module of each layer,
-    used for MLA).
+    ``dropout``, ``attn_factory`` (a callable returning the attention module of each layer) and
+    ``mla`` (an ``MLAConfig``: multi-head latent attention as in DeepSeek-V3; ``n_kv_heads``,
+    ``head_dim`` and ``qk_norm`` then do not apply).
     """
 
     def __init__(self, V: int, d: int = 256, n_layers: int = 4, n_heads: int = 8, n_kv_heads: int = 2,
                  d_ff: int = 688, max_len: int = 1024, rope_base: float = 10000.0, tie: bool = False, *,
                  qk_norm: bool = True, norm_eps: float = 1e-6, head_dim: int | None = None,
-                 dropout: float = 0.0, attn_factory=None):
+                 dropout: float = 0.0, attn_factory=None, mla: MLAConfig | None = None):
         super().__init__()
+        if mla is not None:
+            if attn_factory is not None:
+                raise ValueError("give either attn_factory or mla, not both")
+            if not isinstance(mla, MLAConfig):
+                raise TypeError(f"mla must be an MLAConfig, got {type(mla).__name__}")
+            positive_int("n_heads", n_heads)
+            attn_factory = partial(mla.build, d, n_heads, dropout)
         for name, value in (("V", V), ("d", d), ("n_layers", n_layers), ("max_len", max_len)):
             positive_int(name, value)
         if not 0.0 <= dropout < 1.0:

@@ -1,0 +1,297 @@
+"""The course models against Hugging Face transformers: same weights, same logits, same tokens.
+
+Every Hugging Face model here is random-initialised from a tiny config (nothing is downloaded).
+The weights are redrawn at unit scale and every norm weight and bias is randomised, so that a
+missing norm, a swapped projection or a wrong RoPE layout changes the logits far beyond the
+tolerance (fp32, atol 1e-4).
+"""
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import modern_block
+from modern_block import GPT2LM, LlamaStyleLM, generate
+from modern_block.compare import compare_layers
+from modern_block.hf import from_hf, load_pretrained, module_pairs, to_hf
+from modern_block.mla import MLAConfig, MLAttention
+from modern_block.rmsnorm import RMSNorm
+
+if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+    import transformers  # in CI a missing transformers must fail the run, never skip it
+else:
+    transformers = pytest.importorskip("transformers")
+
+transformers.logging.set_verbosity_error()
+ATOL = 1e-4
+V, T, MAX_POS = 97, 12, 48
+
+TINY = dict(vocab_size=V, hidden_size=32, intermediate_size=40, num_hidden_layers=2, max_position_embeddings=MAX_POS)
+MLA_TINY = dict(TINY, first_k_dense_replace=2, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12)
+
+CASES = {  # name: (config class, keywords)
+    "llama-gqa": ("LlamaConfig", dict(TINY, num_attention_heads=4, num_key_value_heads=2)),
+    "llama-mqa-base5e5": ("LlamaConfig", dict(TINY, num_attention_heads=4, num_key_value_heads=1,
+                                              rope_theta=500000.0)),
+    "llama-mha-tied": ("LlamaConfig", dict(TINY, num_attention_heads=4, num_key_value_heads=4,
+                                           tie_word_embeddings=True, rms_norm_eps=1e-5)),
+    "llama-head_dim12": ("LlamaConfig", dict(TINY, num_attention_heads=4, num_key_value_heads=2, head_dim=12)),
+    "qwen3-gqa-tied": ("Qwen3Config", dict(TINY, num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+                                           tie_word_embeddings=True, rope_theta=1e6)),  # 4 × 12 = 48 != 32
+    "qwen3-mha": ("Qwen3Config", dict(TINY, num_attention_heads=2, num_key_value_heads=2, head_dim=16)),
+    "qwen3-mqa": ("Qwen3Config", dict(TINY, num_attention_heads=6, num_key_value_heads=1, head_dim=8,
+                                      rope_theta=5e4)),  # 6 × 8 = 48 != 32
+    "gpt2-odd-untied": ("GPT2Config", dict(vocab_size=V, n_embd=36, n_layer=2, n_head=3, n_positions=MAX_POS,
+                                           n_inner=50, tie_word_embeddings=False)),
+    "gpt2-tied": ("GPT2Config", dict(vocab_size=V, n_embd=20, n_layer=3, n_head=5, n_positions=MAX_POS,
+                                     layer_norm_epsilon=1e-3, activation_function="gelu_pytorch_tanh")),
+    "deepseek-direct-q": ("DeepseekV3Config", dict(MLA_TINY, num_attention_heads=4, num_key_value_heads=4,
+                                                   q_lora_rank=None, v_head_dim=12)),
+    "deepseek-qlora-v10": ("DeepseekV3Config", dict(MLA_TINY, num_attention_heads=4, num_key_value_heads=4,
+                                                    q_lora_rank=24, v_head_dim=10, rope_theta=5e5)),
+    "deepseek-half-split-tied": ("DeepseekV3Config", dict(MLA_TINY, num_attention_heads=3, num_key_value_heads=3,
+                                                          q_lora_rank=20, v_head_dim=14, rope_interleave=False,
+                                                          tie_word_embeddings=True)),
+}
+
+
+@torch.no_grad()
+def randomise(model: torch.nn.Module, seed: int = 0) -> None:
+    """Unit-scale weights (N(0, 1/fan_in)), norm weights around 1 and biases around 0, all random."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            fan_in = p.shape[0] if "transformer.h." in name else p.shape[1]  # GPT-2 Conv1D is [in, out]
+            p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
+        elif name.endswith("bias"):
+            p.copy_(0.5 * torch.randn(p.shape, generator=g))
+        else:  # norm weights
+            p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=g))
+
+
+def hf_model(case: str, seed: int = 0, **overrides):
+    cls_name, kwargs = CASES[case]
+    torch.manual_seed(seed)
+    config = getattr(transformers, cls_name)(**{**kwargs, **overrides})
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    randomise(model, seed)
+    return model
+
+
+def tokens(seed: int = 1, batch: int = 2, length: int = T) -> torch.Tensor:
+    return torch.randint(0, V, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def hf_logits(model, idx):
+    return model(idx).logits
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@torch.no_grad()
+def test_logits_equal_hugging_face(case):
+    hf = hf_model(case)
+    model = from_hf(hf)
+    idx = tokens()
+    ref, ours = hf_logits(hf, idx), model(idx)
+    assert ref.abs().max() > 1.0  # logits of unit scale: a small absolute tolerance is a real test
+    diff = (ours - ref).abs().max().item()
+    print(f"{case}: max |logit diff| = {diff:.2e}")  # shown with pytest -s
+    assert diff <= ATOL
+    tied = hf.get_output_embeddings().weight is hf.get_input_embeddings().weight
+    emb = model.wte if isinstance(model, GPT2LM) else model.emb
+    assert (model.head.weight is emb.weight) == tied  # one storage when tied, two when not
+    assert not model.training
+
+
+def test_converted_models_have_the_configured_shape():
+    qwen = from_hf(hf_model("qwen3-mqa"))
+    attn = qwen.blocks[0].attn
+    assert (attn.h, attn.kv, attn.dh) == (6, 1, 8) and isinstance(attn.q_norm, RMSNorm)
+    llama = from_hf(hf_model("llama-mha-tied"))
+    assert isinstance(llama.blocks[0].attn.q_norm, torch.nn.Identity) and llama.norm.eps == 1e-5
+    deepseek = from_hf(hf_model("deepseek-qlora-v10"))
+    mla = deepseek.blocks[1].attn
+    assert isinstance(mla, MLAttention)
+    assert (mla.d_c, mla.rope_dim, mla.d_nope, mla.d_v, mla.q_lora_rank) == (16, 8, 12, 10, 24)
+    assert deepseek.rope_base == 5e5 and deepseek.max_len == MAX_POS
+
+
+def test_interleaved_rope_is_converted_by_permutation():
+    """DeepSeek's checkpoints rotate interleaved pairs; the conversion permutes rows. Without it the
+    logits differ: the permutation is what makes them equal."""
+    hf = hf_model("deepseek-qlora-v10")
+    assert hf.config.rope_interleave
+    model, idx = from_hf(hf), tokens()
+    torch.testing.assert_close(model(idx).detach(), hf_logits(hf, idx), atol=ATOL, rtol=0)
+    hf.config.rope_interleave = False  # same weights read in the other layout
+    assert (model(idx).detach() - hf_logits(hf, idx)).abs().max() > 100 * ATOL
+
+
+@pytest.mark.parametrize("case", ["llama-mha-tied", "qwen3-gqa-tied", "gpt2-odd-untied", "deepseek-half-split-tied"])
+@torch.no_grad()
+def test_round_trip_to_hf_reproduces_logits(case):
+    hf = hf_model(case)
+    back = to_hf(from_hf(hf))
+    assert type(back) is type(hf)
+    idx = tokens()
+    torch.testing.assert_close(hf_logits(back, idx), hf_logits(hf, idx), atol=ATOL, rtol=0)
+    assert (back.get_output_embeddings().weight is back.get_input_embeddings().weight) == \
+        (hf.get_output_embeddings().weight is hf.get_input_embeddings().weight)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: LlamaStyleLM(V, d=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=40, max_len=MAX_POS),  # -> Qwen3
+    lambda: LlamaStyleLM(V, d=32, n_layers=2, n_heads=4, n_kv_heads=1, d_ff=40, max_len=MAX_POS, qk_norm=False,
+                         tie=True, rope_base=2e4),  # -> Llama
+    lambda: GPT2LM(V, d=24, n_layers=2, n_heads=4, max_len=MAX_POS, tie=False),
+    lambda: LlamaStyleLM(V, d=32, n_layers=2, n_heads=2, d_ff=40, max_len=MAX_POS,
+                         mla=MLAConfig(kv_latent_dim=12, rope_dim=6, nope_dim=10, v_head_dim=8, q_lora_rank=16)),
+], ids=["qwen3", "llama-tied", "gpt2", "deepseek"])
+@torch.no_grad()
+def test_course_model_to_hf_and_back(make):
+    torch.manual_seed(0)
+    model = make().eval()
+    randomise(model)
+    idx = tokens()
+    hf = to_hf(model)
+    torch.testing.assert_close(hf_logits(hf, idx), model(idx), atol=ATOL, rtol=0)
+    again = from_hf(hf)
+    torch.testing.assert_close(again(idx), model(idx), atol=ATOL, rtol=0)
+    for name, p in model.state_dict().items():  # the round trip gives back the same tensors
+        torch.testing.assert_close(again.state_dict()[name], p, atol=0, rtol=0)
+    if isinstance(model.blocks[0].attn, MLAttention):  # DeepSeek's interleaved layout: same logits
+        hf_interleaved = to_hf(model, rope_interleave=True)
+        assert hf_interleaved.config.rope_interleave
+        torch.testing.assert_close(hf_logits(hf_interleaved, idx), model(idx), atol=ATOL, rtol=0)
+        torch.testing.assert_close(from_hf(hf_interleaved)(idx), model(idx), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["llama-gqa", "qwen3-mqa", "gpt2-odd-untied", "deepseek-qlora-v10"])
+def test_greedy_decoding_matches_hugging_face_generate(case):
+    hf = hf_model(case)
+    hf.generation_config.eos_token_id = None  # never stop early
+    hf.generation_config.pad_token_id = 0
+    model = from_hf(hf)
+    idx, new = tokens(batch=2, length=5), 8
+    cached = generate(model, idx, new, use_cache=True)
+    uncached = generate(model, idx, new, use_cache=False)
+    with torch.no_grad():
+        theirs = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new, do_sample=False)
+    assert cached.shape == (2, 5 + new)
+    assert torch.equal(cached, uncached)
+    assert torch.equal(cached, theirs)
+
+
+# ---------------------------------------------------------------- refusals
+REFUSALS = [  # (case, config overrides, the field the error must name)
+    ("llama-gqa", dict(attention_bias=True), "attention_bias"),
+    ("llama-gqa", dict(mlp_bias=True), "mlp_bias"),
+    ("llama-gqa", dict(hidden_act="gelu"), "hidden_act"),
+    ("llama-gqa", dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}), "rope_type"),
+    ("qwen3-mha", dict(attention_bias=True), "attention_bias"),
+    ("qwen3-mha", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), "layer_types"),
+    ("gpt2-tied", dict(activation_function="relu"), "activation_function"),
+    ("gpt2-tied", dict(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx"),
+    ("gpt2-tied", dict(scale_attn_weights=False), "scale_attn_weights"),
+    ("deepseek-direct-q", dict(first_k_dense_replace=1, n_routed_experts=4, n_group=1, topk_group=1,
+                               num_experts_per_tok=2, moe_intermediate_size=8), "first_k_dense_replace"),
+    ("deepseek-direct-q", dict(attention_bias=True), "attention_bias"),
+    ("deepseek-direct-q", dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                                                "original_max_position_embeddings": 12}), "rope_type"),
+]
+
+
+@pytest.mark.parametrize("case, overrides, field", REFUSALS,
+                         ids=[f"{c.split('-')[0]}-{f}" for c, _, f in REFUSALS])
+def test_unsupported_configs_are_refused_naming_the_field(case, overrides, field):
+    hf = hf_model(case, **overrides)
+    with pytest.raises(ValueError, match=field):
+        from_hf(hf)
+
+
+def test_other_inputs_are_refused():
+    with pytest.raises(TypeError, match="hf_model"):
+        from_hf(torch.nn.Linear(2, 2))
+    mistral = transformers.MistralForCausalLM(transformers.MistralConfig(
+        **dict(TINY, num_attention_heads=4, num_key_value_heads=2)))
+    with pytest.raises(ValueError, match="model_type"):
+        from_hf(mistral)
+    with pytest.raises(TypeError, match="LlamaForCausalLM"):
+        from_hf(hf_model("llama-gqa").model)  # the body without its LM head
+    with pytest.raises(ValueError, match="bias"):
+        to_hf(GPT2LM(V, d=16, n_layers=1, n_heads=2, bias=False))
+    with pytest.raises(ValueError, match="eps"):
+        to_hf(LlamaStyleLM(V, d=16, n_layers=1, n_heads=2, d_ff=8, mla=MLAConfig(8, 4, 4, 4, norm_eps=1e-5)))
+    with pytest.raises(ValueError, match="rope_interleave"):
+        to_hf(LlamaStyleLM(V, d=16, n_layers=1, n_heads=2, d_ff=8), rope_interleave=True)
+    with pytest.raises(TypeError, match="model"):
+        to_hf(torch.nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------- layer-by-layer comparison
+@pytest.mark.parametrize("case, broken, expected", [
+    ("llama-gqa", "blocks.1.ffn.w_up.weight", ("blocks.1.ffn.w_up", "model.layers.1.mlp.up_proj")),
+    ("gpt2-odd-untied", "blocks.0.attn.qkv.bias", ("blocks.0.attn.qkv", "transformer.h.0.attn.c_attn")),
+    ("deepseek-qlora-v10", "blocks.1.attn.kv_norm.weight",
+     ("blocks.1.attn.kv_norm", "model.layers.1.self_attn.kv_a_layernorm")),
+    ("qwen3-gqa-tied", "blocks.0.attn.k_norm.weight", ("blocks.0.attn.wo", "model.layers.0.self_attn.o_proj")),
+])
+def test_compare_layers_names_the_first_broken_module(case, broken, expected):
+    hf = hf_model(case)
+    model = from_hf(hf)
+    idx = tokens()
+    clean = compare_layers(model, hf, idx, atol=ATOL)
+    assert clean.first_divergence is None and clean.max_abs <= ATOL
+    assert len(clean.rows) == len(module_pairs(model, hf)) + 1  # every pair ran, plus the logits
+    with torch.no_grad():
+        model.state_dict()[broken].add_(0.1)
+    report = compare_layers(model, hf, idx, atol=ATOL)
+    first = report.first_divergence
+    assert (first.name_a, first.name_b) == expected
+    assert first.max_abs > ATOL and first.mean_abs > 0
+    before = report.rows[:report.rows.index(first)]
+    assert before and all(row.ok for row in before)  # everything upstream of the break still agrees
+    assert f"first divergence: {expected[0]}" in str(report)
+    # the same report with the models swapped names the same place
+    swapped = compare_layers(hf, model, idx, atol=ATOL).first_divergence
+    assert (swapped.name_a, swapped.name_b) == expected[::-1]
+
+
+# ---------------------------------------------------------------- real checkpoints, offline
+def test_load_pretrained_from_a_saved_folder_and_generate_text(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = [f"w{i}" for i in range(V)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(tmp_path)
+    hf = hf_model("qwen3-gqa-tied")
+    hf.generation_config.eos_token_id, hf.generation_config.pad_token_id = None, 0
+    hf.save_pretrained(tmp_path)
+
+    model, tokenizer = load_pretrained(str(tmp_path), tokenizer=True)
+    assert isinstance(model, LlamaStyleLM) and model.head.weight is model.emb.weight
+    idx = tokenizer("w3 w14 w15 w92", return_tensors="pt").input_ids  # [1, 4]
+    assert idx.tolist() == [[3, 14, 15, 92]]
+    torch.testing.assert_close(model(idx).detach(), hf_logits(hf, idx), atol=ATOL, rtol=0)
+    out = generate(model, idx, max_new_tokens=6)
+    with torch.no_grad():
+        theirs = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, theirs)
+    text = tokenizer.decode(out[0])
+    assert text.startswith("w3 w14 w15 w92") and len(text.split()) == 10
+    assert load_pretrained(str(tmp_path), dtype=torch.bfloat16).head.weight.dtype == torch.bfloat16
+
+
+def test_transformers_is_imported_lazily():
+    """The core package must work without transformers: no module imports it at top level."""
+    package = Path(modern_block.__file__).parent
+    for path in package.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:  # top-level statements only
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] == "transformers" for n in names), f"{path.name} imports transformers"
