@@ -1,0 +1,698 @@
+"""Train the Llama-style LM or the GPT-2 LM on characters, and resume exactly where a run stopped.
+
+    python -m modern_block.train --arch llama --quick --out runs/llama
+    python -m modern_block.train --arch llama --quick --out runs/llama --resume   # continue it
+
+What one step does: sample a batch (seeded sampler), forward under autocast (bf16, or fp16 with a
+GradScaler, or plain fp32 on the CPU: see ``modern_block.device``), cross-entropy, backward, clip the
+gradient norm, AdamW step with the learning rate of the schedule (linear warmup, cosine decay to
+``min_lr``). Weight decay applies to matrices (dim >= 2) only, not to biases and norm scales.
+
+Every ``eval_interval`` steps the model is evaluated on fixed batches (the same windows every time),
+one line is appended to ``DIR/metrics.jsonl``, and a checkpoint is written to ``DIR/ckpt.pt``. The
+checkpoint holds the model, optimizer and scaler states, the step, and the random states of torch
+and of the sampler, so a resumed run repeats the uninterrupted one's losses exactly (on the CPU; on a
+GPU up to kernel nondeterminism). It is loaded with ``torch.load(weights_only=True)``: it holds only
+tensors and plain Python containers, and loading one runs no code.
+
+A non-finite loss stops the run with a ``NonFiniteLossError``; the checkpoint on disk is then the last
+good one (parameters are checked before every save). Ctrl-C finishes the step in progress, saves a
+checkpoint and re-raises ``KeyboardInterrupt``.
+"""
+
+import argparse
+import json
+import math
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .data import BatchSampler, CharTokenizer, Corpus, fixed_batches, load_corpus, train_val_split
+from .device import choose_device, flops_per_token, matmul_parameters, mfu
+from .generate import generate
+from .ladder import RUNG_NAMES, ModelShape, build_model
+from .params import count_parameters
+
+QUICK_ENV = "MODERN_BLOCK_QUICK"
+CHECKPOINT = "ckpt.pt"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+EVAL_SEED = 1234  # the fixed evaluation windows do not depend on the run's seed
+ARCHS = ("llama", "gpt2")
+RUNTIME_FIELDS = ("device", "compile", "log_interval")  # may differ between a run and its resumption
+
+
+@dataclass
+class TrainConfig:
+    """Model shape, optimisation and evaluation settings. Defaults: the GPU scale (nanoGPT's
+    shakespeare-char budget); ``quick_config`` is the CPU scale."""
+
+    arch: str = "llama"  # "llama", "gpt2" or "ladder:<rung>"
+    d: int = 384
+    n_layers: int = 6
+    n_heads: int = 6
+    n_kv_heads: int = 2  # Llama arm only (GPT-2 is MHA); must divide n_heads
+    block_size: int = 256
+    dropout: float = 0.2
+    batch_size: int = 64
+    max_steps: int = 5000
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # 0 disables clipping
+    eval_interval: int = 250
+    eval_batches: int = 20
+    seed: int = 1337
+    log_interval: int = 10  # steps between reading losses back from the device (and checking them)
+    compile: bool | None = None  # None: on for CUDA, off on the CPU
+    device: str | None = None  # None: CUDA if available, else the CPU
+
+    def __post_init__(self):
+        ints = ("d", "n_layers", "n_heads", "n_kv_heads", "block_size", "batch_size", "max_steps",
+                "eval_interval", "eval_batches", "log_interval")
+        for name in ints:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.arch not in ARCHS and self.arch.removeprefix("ladder:") not in RUNG_NAMES:
+            raise ValueError(f"arch must be one of {list(ARCHS)} or 'ladder:<rung>' with a rung in "
+                             f"{list(RUNG_NAMES)}, got {self.arch!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be a non-negative int, got {self.warmup_steps!r}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not (self.weight_decay >= 0 and self.grad_clip >= 0):
+            raise ValueError(f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, {self.grad_clip}")
+        ModelShape(self.d, self.n_layers, self.n_heads, self.n_kv_heads, self.block_size)  # checks divisibility
+
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape(self.d, self.n_layers, self.n_heads, self.n_kv_heads, self.block_size, self.dropout)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.block_size
+
+
+def gpu_config(arch: str = "llama", **overrides) -> TrainConfig:
+    """nanoGPT's shakespeare-char budget: 6 layers, 6 heads, 384 wide, block 256, batch 64,
+    5000 steps, dropout 0.2, lr 1e-3 -> 1e-4, warmup 100, beta2 0.99 (GPT-2 there: val loss 1.4697)."""
+    return TrainConfig(arch=arch, **overrides)
+
+
+def quick_config(arch: str = "llama", **overrides) -> TrainConfig:
+    """The CPU scale: about a minute per architecture on 2 cores."""
+    base = dict(d=96, n_layers=3, n_heads=4, n_kv_heads=2, block_size=64, dropout=0.0, batch_size=24,
+                max_steps=300, lr=3e-3, min_lr=3e-4, warmup_steps=20, eval_interval=25, eval_batches=4,
+                log_interval=1, compile=False)
+    base.update(overrides)
+    return TrainConfig(arch=arch, **base)
+
+
+def quick_forced() -> bool:
+    return os.environ.get(QUICK_ENV, "") not in ("", "0")
+
+
+def default_config(arch: str = "llama", quick: bool | None = None, **overrides) -> TrainConfig:
+    """Quick when asked, when ``MODERN_BLOCK_QUICK=1``, or (``quick=None``) when there is no GPU."""
+    if quick_forced() or quick or (quick is None and not torch.cuda.is_available()):
+        return quick_config(arch, **overrides)
+    return gpu_config(arch, **overrides)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate of 0-based ``step``: linear warmup to ``lr`` over ``warmup_steps``, then a cosine
+    from ``lr`` down to ``min_lr`` at ``max_steps``."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
+    if step >= cfg.max_steps:
+        return cfg.min_lr
+    progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)  # in [0, 1)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices (embeddings, linear weights), none on biases and norm scales."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss (or the parameters) became inf or NaN; the run was stopped."""
+
+
+@dataclass
+class TrainResult:
+    """What a run produced. ``summary()`` is the JSON-able part."""
+
+    config: TrainConfig
+    model: nn.Module
+    tokenizer: CharTokenizer
+    corpus: str
+    metrics: list[dict]
+    losses: list[float]  # training loss of every step, in order
+    n_params: int
+    flops_per_token: int
+    tokens_per_s: float | None
+    mfu: float | None
+    wall_s: float
+    device: str
+    precision: str
+    peak: str | None
+    compiled: bool
+    finished: bool
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def best_val_loss(self) -> float:
+        return min(m["val_loss"] for m in self.metrics)
+
+    def summary(self) -> dict:
+        return {"arch": self.config.arch, "config": asdict(self.config), "corpus": self.corpus,
+                "n_params": self.n_params, "flops_per_token": self.flops_per_token,
+                "best_val_loss": self.best_val_loss, "final_val_loss": self.metrics[-1]["val_loss"],
+                "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "wall_s": self.wall_s, "device": self.device,
+                "precision": self.precision, "peak": self.peak, "compiled": self.compiled,
+                "finished": self.finished, "steps": self.metrics[-1]["step"], "torch": torch.__version__}
+
+
+class _SigintToFlag:
+    """While active (main thread only), the first Ctrl-C sets ``requested``; a second one raises."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nCtrl-C: stopping after this step and saving a checkpoint (press again to abort at once)",
+              file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+
+class Trainer:
+    """One training run; see the module docstring. ``run()`` trains to ``max_steps`` (or ``until``)."""
+
+    def __init__(self, cfg: TrainConfig, out_dir=None, resume: bool = False, corpus: Corpus | None = None,
+                 checkpoints: bool = True, progress: bool | None = None, verbose: bool = True):
+        self.out = Path(out_dir) if out_dir is not None else None
+        ckpt = self._load_checkpoint() if (resume and self.out is not None) else None
+        if resume and ckpt is None and verbose:
+            print(f"no checkpoint in {self.out}; starting a new run")
+        if ckpt is not None:
+            cfg = _resumed_config(cfg, ckpt["config"])
+        self.cfg, self.verbose = cfg, verbose
+        self.checkpoints = checkpoints and self.out is not None
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.setup = choose_device(cfg.device)
+        dev = self.setup.device
+
+        corpus = corpus if corpus is not None else load_corpus(verbose=verbose)
+        self.corpus_name = corpus.name
+        self.tokenizer = CharTokenizer.from_text(corpus.text)
+        if ckpt is not None and ckpt["chars"] != self.tokenizer.chars:
+            raise ValueError(f"the checkpoint in {self.out} was trained on a different text (corpus "
+                             f"{ckpt['corpus']!r}, vocabulary of {len(ckpt['chars'])}); "
+                             f"cannot resume on {corpus.name!r}")
+        train_ids, val_ids = train_val_split(self.tokenizer.encode(corpus.text))
+        self.sampler = BatchSampler(train_ids, cfg.block_size, cfg.batch_size, cfg.seed, dev)
+        self.eval_sets = {split: fixed_batches(ids, cfg.block_size, cfg.batch_size, cfg.eval_batches,
+                                               EVAL_SEED + i, dev)
+                          for i, (split, ids) in enumerate((("train", train_ids), ("val", val_ids)))}
+
+        torch.manual_seed(cfg.seed)  # model initialisation and dropout
+        self.model = build_model(cfg.arch, cfg.shape, self.tokenizer.vocab_size).to(dev)
+        self.optimizer = make_optimizer(self.model, cfg, fused=dev.type == "cuda")
+        self.scaler = torch.amp.GradScaler("cuda") if self.setup.needs_scaler else None
+        if dev.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls outside autocast
+            torch.backends.cudnn.allow_tf32 = True
+        self.compiled = cfg.compile if cfg.compile is not None else dev.type == "cuda"
+        self.forward = torch.compile(self.model) if self.compiled else self.model
+
+        self.n_params = count_parameters(self.model)
+        head_dim = cfg.d // cfg.n_heads
+        self.flops_per_token = flops_per_token(matmul_parameters(self.model), cfg.n_layers, cfg.n_heads, head_dim,
+                                               cfg.block_size)
+        self.step, self.elapsed, self.metrics, self.losses = 0, 0.0, [], []
+        self._pending: list[torch.Tensor] = []  # losses not yet read back from the device
+        self._last_saved: int | None = None
+        self._mid_step = False
+        self._first_step = self.step
+        if ckpt is not None:
+            self._restore(ckpt)
+        elif self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / METRICS).write_text("")  # a new run: a new metrics file
+            if (self.out / CHECKPOINT).exists() and self.checkpoints:
+                self._say(f"note: starting a new run in {self.out}; its old checkpoint will be replaced")
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def _load_checkpoint(self):
+        path = self.out / CHECKPOINT
+        if not path.exists():
+            return None
+        return torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain containers only
+
+    def _restore(self, ckpt: dict) -> None:
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.scaler is not None and ckpt["scaler"] is not None:
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.step, self.elapsed = ckpt["step"], ckpt["elapsed_s"]
+        self.losses = list(ckpt["losses"])
+        self._last_saved = self.step
+        torch.set_rng_state(ckpt["rng_cpu"])
+        if self.setup.device.type == "cuda" and ckpt["rng_cuda"] is not None:
+            torch.cuda.set_rng_state(ckpt["rng_cuda"], self.setup.device)
+        self.sampler.set_state(ckpt["sampler"])
+        # keep the evaluations up to the checkpoint; later lines (written after it) will be written again
+        lines = (self.out / METRICS).read_text().splitlines() if (self.out / METRICS).exists() else []
+        self.metrics = [m for m in map(json.loads, lines) if m["step"] <= self.step]
+        (self.out / METRICS).write_text("".join(json.dumps(m) + "\n" for m in self.metrics))
+        self._say(f"resumed from {self.out / CHECKPOINT} at step {self.step}")
+
+    def save_checkpoint(self) -> Path | None:
+        """Write ``DIR/ckpt.pt`` atomically (temporary file, then rename), after checking that every
+        parameter is finite: a bad state never replaces the last good checkpoint."""
+        if not self.checkpoints:
+            return None
+        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            raise NonFiniteLossError(f"the parameters became non-finite by step {self.step}; training stopped. "
+                                     + self._kept_message())
+        state = {
+            "format": 1, "config": asdict(self.cfg), "chars": self.tokenizer.chars, "corpus": self.corpus_name,
+            "step": self.step, "elapsed_s": self.elapsed, "losses": list(self.losses),
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state(self.setup.device) if self.setup.device.type == "cuda" else None,
+            "sampler": self.sampler.state(),
+        }
+        path = self.out / CHECKPOINT
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+        self._last_saved = self.step
+        return path
+
+    def _kept_message(self) -> str:
+        if not self.checkpoints:
+            return "No checkpoints were being written."
+        if self._last_saved is None:
+            return "No checkpoint had been written yet."
+        return f"The last good checkpoint (step {self._last_saved}) is kept in {self.out / CHECKPOINT}."
+
+    # ---- one step, evaluation ----------------------------------------------------------------
+    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with self.setup.autocast():
+            logits = self.forward(x)  # [B, T, V]
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+    def _with_compile_fallback(self, fn):
+        """Run fn(); if the compiled model fails (no compiler, unsupported platform), warn, switch to
+        eager and run it again. Errors that eager mode also raises are raised from there."""
+        if not self.compiled:
+            return fn()
+        try:
+            return fn()
+        except Exception as err:  # noqa: BLE001 - any compiler failure
+            warnings.warn(f"torch.compile failed ({type(err).__name__}: {str(err)[:200]}); training eagerly",
+                          stacklevel=2)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.forward, self.compiled = self.model, False
+            return fn()
+
+    def _train_step(self) -> None:
+        lr = lr_at(self.step, self.cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = next(self.sampler)  # [B, T] each
+
+        def forward_backward():
+            loss = self._loss(x, y)
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            return loss
+
+        loss = self._with_compile_fallback(forward_backward) if self.step == self._first_step else forward_backward()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._pending.append(loss.detach())
+
+    def _read_losses(self) -> None:
+        """Bring pending losses to the host (one synchronisation) and stop on a non-finite one."""
+        if not self._pending:
+            return
+        values = torch.stack(self._pending).tolist()
+        first = self.step - len(values)  # 0-based step of values[0]
+        self._pending.clear()
+        for i, v in enumerate(values):
+            if not math.isfinite(v):
+                raise NonFiniteLossError(
+                    f"the training loss became {v} at step {first + i + 1} (lr {lr_at(first + i, self.cfg):.3g}); "
+                    f"training stopped. {self._kept_message()} Try a lower --lr or a longer warmup.")
+        self.losses.extend(values)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss over the fixed train and val batches, in eval mode (no dropout)."""
+        self.model.eval()
+        try:
+            out = {}
+            for split, batches in self.eval_sets.items():
+                def total(batches=batches):
+                    return torch.stack([self._loss(x, y) for x, y in batches]).sum()
+                out[split] = self._with_compile_fallback(total).item() / len(batches)
+            return out
+        finally:
+            self.model.train()
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def _say(self, text: str) -> None:
+        if self.verbose:
+            from tqdm.auto import tqdm
+            tqdm.write(text) if self.progress else print(text, flush=True)
+
+    def _log_eval(self, tokens_per_s: float | None) -> dict:
+        losses = self.evaluate()
+        util = mfu(self.flops_per_token, tokens_per_s, self.setup.peak[1] if self.setup.peak else None) \
+            if tokens_per_s is not None else None
+        row = {"step": self.step, "train_loss": round(losses["train"], 6), "val_loss": round(losses["val"], 6),
+               "tokens_per_s": round(tokens_per_s, 1) if tokens_per_s is not None else None,
+               "mfu": round(util, 5) if util is not None else None, "lr": lr_at(max(self.step - 1, 0), self.cfg),
+               "elapsed_s": round(self.elapsed, 2)}
+        self.metrics.append(row)
+        if self.out is not None:
+            with open(self.out / METRICS, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        rate = f", {tokens_per_s:,.0f} tok/s" if tokens_per_s is not None else ""
+        util_text = f", MFU {100 * util:.1f}%" if util is not None else ""
+        self._say(f"step {self.step:>5}: train {row['train_loss']:.4f}, val {row['val_loss']:.4f}{rate}{util_text}")
+        return row
+
+    def describe(self) -> str:
+        return (f"{self.cfg.arch}: {self.n_params:,} parameters, {self.flops_per_token:,} FLOPs/token "
+                f"(6N + 12·L·H·Q·T), corpus {self.corpus_name}, {self.cfg.max_steps} steps × "
+                f"{self.cfg.tokens_per_step:,} tokens; device {self.setup.describe()}"
+                f"{', torch.compile' if self.compiled else ''}")
+
+    def run(self, until: int | None = None, on_step=None) -> TrainResult:
+        """Train up to ``until`` (default ``max_steps``) steps in all. ``on_step(trainer)`` is called
+        after every step (tests use it to interrupt or corrupt a run)."""
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        stop = cfg.max_steps if until is None else min(until, cfg.max_steps)
+        self._first_step = self.step
+        self._say(self.describe())
+        bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not self.progress, desc=cfg.arch,
+                   dynamic_ncols=True, leave=False)
+        t_start = time.perf_counter()
+        elapsed_before = self.elapsed
+        with _SigintToFlag() as sigint:
+            try:
+                if not self.metrics:
+                    self._log_eval(None)  # the loss before training, ln(V) or so
+                interval_t, interval_steps, rates = time.perf_counter(), 0, []
+                while self.step < stop:
+                    self._mid_step = True
+                    self._train_step()
+                    self.step += 1
+                    self._mid_step = False
+                    interval_steps += 1
+                    bar.update(1)
+                    eval_due = self.step % cfg.eval_interval == 0 or self.step == cfg.max_steps
+                    if eval_due or self.step % cfg.log_interval == 0 or self.step == stop:
+                        self._read_losses()
+                        bar.set_postfix(loss=f"{self.losses[-1]:.3f}", refresh=False)
+                    if eval_due:
+                        if self.setup.device.type == "cuda":
+                            torch.cuda.synchronize()
+                        now = time.perf_counter()
+                        rates.append(interval_steps * cfg.tokens_per_step / (now - interval_t))
+                        self.elapsed = elapsed_before + now - t_start
+                        self._log_eval(rates[-1])
+                        self.save_checkpoint()
+                        interval_t, interval_steps = time.perf_counter(), 0
+                    if on_step is not None:
+                        on_step(self)
+                    if sigint.requested:
+                        raise KeyboardInterrupt
+                self.elapsed = elapsed_before + time.perf_counter() - t_start
+                if self._last_saved != self.step:
+                    self.save_checkpoint()  # paused at ``until``
+            except KeyboardInterrupt:
+                bar.close()
+                self.elapsed = elapsed_before + time.perf_counter() - t_start
+                if self._mid_step:  # the state is half-updated: keep the last checkpoint
+                    self._say(f"interrupted inside step {self.step + 1}; nothing saved. {self._kept_message()}")
+                    raise
+                self._read_losses()
+                path = self.save_checkpoint()
+                where = f"checkpoint saved to {path}; continue with --resume" if path else "no checkpoint written"
+                self._say(f"interrupted after step {self.step}: {where}")
+                raise
+            finally:
+                bar.close()
+        return self.result(rates)
+
+    def result(self, rates=()) -> TrainResult:
+        # throughput: median over evaluation intervals, leaving out the first (compilation, warm-up)
+        steady = list(rates[1:]) or list(rates)
+        tps = statistics.median(steady) if steady else None
+        util = mfu(self.flops_per_token, tps, self.setup.peak[1] if self.setup.peak else None) if tps else None
+        res = TrainResult(self.cfg, self.model, self.tokenizer, self.corpus_name, list(self.metrics),
+                          list(self.losses), self.n_params, self.flops_per_token, tps, util, self.elapsed,
+                          self.setup.name, self.setup.precision, self.setup.peak[0] if self.setup.peak else None,
+                          self.compiled, self.step >= self.cfg.max_steps)
+        if self.out is not None:
+            (self.out / SUMMARY).write_text(json.dumps(res.summary(), indent=1) + "\n")
+        return res
+
+
+def _resumed_config(given: TrainConfig, saved: dict) -> TrainConfig:
+    """The saved config, with the runtime options of ``given``; any other difference is an error."""
+    saved_cfg = TrainConfig(**saved)
+    diffs = [f"{f.name} (saved {getattr(saved_cfg, f.name)!r}, given {getattr(given, f.name)!r})"
+             for f in fields(TrainConfig)
+             if f.name not in RUNTIME_FIELDS and getattr(saved_cfg, f.name) != getattr(given, f.name)]
+    if diffs:
+        raise ValueError("--resume continues the saved run with its own settings; these differ: " + "; ".join(diffs))
+    return replace(saved_cfg, **{name: getattr(given, name) for name in RUNTIME_FIELDS})
+
+
+def train(cfg: TrainConfig, out_dir=None, resume: bool = False, corpus: Corpus | None = None,
+          checkpoints: bool = True, progress: bool | None = None, verbose: bool = True, until: int | None = None,
+          on_step=None) -> TrainResult:
+    """Build a ``Trainer`` and run it; see the module docstring."""
+    trainer = Trainer(cfg, out_dir, resume, corpus, checkpoints, progress, verbose)
+    return trainer.run(until, on_step)
+
+
+def sample(model: nn.Module, tokenizer: CharTokenizer, prompt: str = "\n", max_new_tokens: int = 200,
+           temperature: float = 0.8, top_k: int | None = None, seed: int = 0) -> str:
+    """Text generated with the KV cache (``modern_block.generate``), seeded; the prompt is included."""
+    device = next(model.parameters()).device
+    idx = tokenizer.encode(prompt)[None].to(device)  # [1, T0]
+    max_new_tokens = min(max_new_tokens, model.max_len - idx.shape[1] + 1)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = generate(model, idx, max_new_tokens, use_cache=True, temperature=temperature, top_k=top_k, generator=gen)
+    return tokenizer.decode(out[0])
+
+
+def plot_loss_curves(results: dict[str, list], path=None, title: str = "validation loss"):
+    """Val (solid) and train (dashed) loss against step; ``results`` maps a label to the
+    ``TrainResult``s (or metric lists) of its seeds."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colors = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray")
+    for k, (label, runs) in enumerate(results.items()):
+        color = colors[k % len(colors)]
+        for i, run in enumerate(runs):
+            rows = run.metrics if hasattr(run, "metrics") else run
+            steps = [m["step"] for m in rows]
+            ax.plot(steps, [m["val_loss"] for m in rows], color=color, alpha=0.9,
+                    label=f"{label} val" if i == 0 else None)
+            ax.plot(steps, [m["train_loss"] for m in rows], color=color, alpha=0.5, linestyle="--",
+                    label=f"{label} train" if i == 0 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/char)")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+# ---- command line --------------------------------------------------------------------------------
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text}")
+    return value
+
+
+def nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
+# option -> (TrainConfig field, argparse type, help)
+CONFIG_OPTIONS = {
+    "--max-steps": ("max_steps", positive_int, "training steps"),
+    "--lr": ("lr", positive_float, "peak learning rate"),
+    "--min-lr": ("min_lr", nonneg_float, "learning rate at the end of the cosine"),
+    "--warmup-steps": ("warmup_steps", int, "linear warmup steps"),
+    "--batch-size": ("batch_size", positive_int, "sequences per step"),
+    "--block-size": ("block_size", positive_int, "context length (characters)"),
+    "--dropout": ("dropout", nonneg_float, "dropout probability"),
+    "--weight-decay": ("weight_decay", nonneg_float, "AdamW weight decay on matrices"),
+    "--grad-clip": ("grad_clip", nonneg_float, "gradient-norm clip (0: off)"),
+    "--eval-interval": ("eval_interval", positive_int, "steps between evaluations and checkpoints"),
+    "--eval-batches": ("eval_batches", positive_int, "fixed batches per evaluation"),
+}
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared by ``modern_block.train`` and ``modern_block compare``."""
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument("--quick", action="store_true", help="CPU scale (default when there is no GPU; "
+                       f"{QUICK_ENV}=1 forces it)")
+    scale.add_argument("--full", action="store_true", help="GPU scale even without a GPU (slow on a CPU)")
+    for option, (_, kind, text) in CONFIG_OPTIONS.items():
+        parser.add_argument(option, type=kind, default=None, help=text)
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    parser.add_argument("--no-compile", action="store_true", help="do not use torch.compile")
+    parser.add_argument("--compile", action="store_true", help="use torch.compile on the CPU too")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int | None = None) -> TrainConfig:
+    """The TrainConfig the options ask for; invalid combinations end in ``parser.error`` (exit 2)."""
+    overrides = {name: getattr(args, option[2:].replace("-", "_")) for option, (name, _, _) in CONFIG_OPTIONS.items()}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if seed is not None:
+        overrides["seed"] = seed
+    if args.no_compile and args.compile:
+        parser.error("--compile and --no-compile exclude each other")
+    if args.no_compile or args.compile:
+        overrides["compile"] = args.compile
+    if args.device is not None:
+        try:
+            choose_device(args.device)
+        except (ValueError, RuntimeError) as err:
+            parser.error(f"--device: {err}")
+        overrides["device"] = args.device
+    if args.full and quick_forced():
+        print(f"note: {QUICK_ENV} is set, so --full is ignored: quick mode", file=sys.stderr)
+    try:
+        return default_config(arch, quick_from_args(args), **overrides)
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def quick_from_args(args) -> bool:
+    """Quick mode: --quick, MODERN_BLOCK_QUICK=1, or no GPU unless --full."""
+    return quick_forced() or args.quick or (not args.full and not torch.cuda.is_available())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m modern_block.train",
+                                     description="Train the Llama-style LM or the GPT-2 LM on tinyshakespeare.")
+    parser.add_argument("--arch", required=True, choices=ARCHS, help="which model")
+    parser.add_argument("--out", default=None, help="folder for metrics.jsonl, ckpt.pt, summary.json "
+                        "(default runs/<arch>)")
+    parser.add_argument("--resume", action="store_true", help="continue from DIR/ckpt.pt")
+    parser.add_argument("--seed", type=int, default=None, help="seed of initialisation, dropout and batches")
+    add_run_options(parser)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    cfg = config_from_args(parser, args, args.arch, args.seed)
+    out = Path(args.out) if args.out else Path("runs") / args.arch
+    try:
+        result = train(cfg, out, resume=args.resume, progress=False if args.no_progress else None)
+    except ValueError as err:  # e.g. --resume with different settings
+        parser.error(str(err))
+    except NonFiniteLossError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"interrupted; resume with: python -m modern_block.train --arch {args.arch} --out {out} --resume",
+              file=sys.stderr)
+        return 130
+    s = result.summary()
+    mfu_text = f"{100 * s['mfu']:.1f}%" if s["mfu"] is not None else "n/a"
+    tps = f"{s['tokens_per_s']:,.0f}" if s["tokens_per_s"] else "n/a"
+    print(f"done: best val loss {s['best_val_loss']:.4f}, {tps} tokens/s, MFU {mfu_text}, "
+          f"{s['wall_s']:.1f} s; files in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
