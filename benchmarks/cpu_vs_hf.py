@@ -42,6 +42,9 @@ def build_pair(seed: int = 0):
     return from_hf(hf).eval(), hf
 
 
+CLOCK = time.perf_counter  # --clock cpu switches to this process's CPU time (see main)
+
+
 def alternate(fns: dict, repeats: int) -> dict:
     """Median seconds of each callable, run in turn ``repeats`` times after one warm-up each."""
     for fn in fns.values():
@@ -49,9 +52,9 @@ def alternate(fns: dict, repeats: int) -> dict:
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(CLOCK() - t0)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -75,9 +78,9 @@ def bench_train(ours, hf, repeats: int, compile_ours: bool) -> dict:
     row = {"train_step_ours_s": t["ours"], "train_step_hf_s": t["hf"], "train_step_ratio": t["ours"] / t["hf"]}
     if compile_ours:
         compiled = torch.compile(ours)
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         train_step_fn(compiled, idx, targets)()  # first call compiles
-        row["compile_s"] = time.perf_counter() - t0
+        row["compile_s"] = CLOCK() - t0
         t = alternate({"compiled": train_step_fn(compiled, idx, targets),
                        "hf": train_step_fn(hf, idx, targets, hf=True)}, repeats)
         row.update(train_step_compiled_s=t["compiled"], train_step_compiled_ratio=t["compiled"] / t["hf"])
@@ -147,12 +150,20 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="fewer repeats; skip the 2048-token uncached decode")
     parser.add_argument("--compile", action="store_true", help="also time the torch.compile path (slow to compile)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved pairs per timing (default 5, quick 3)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall time, or this process's CPU time (fairer on a machine busy with other work; "
+                             "use it with --threads 1)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results_cpu.json"))
     args = parser.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.threads:
+        torch.set_num_threads(args.threads)
     repeats = args.repeats or (3 if args.quick else 5)
     ours, hf = build_pair()
     results = {"torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
-               "config": CONFIG, "repeats": repeats}
+               "clock": args.clock, "config": CONFIG, "repeats": repeats}
     results.update(bench_train(ours, hf, repeats, args.compile))
     for n in (128, 512):
         results.update(bench_decode(ours, hf, n, repeats))

@@ -43,6 +43,6 @@ def token_ids(idx, vocab_size: int, max_len: int | None, offset: int = 0) -> Non
             f"sequence length {offset + T} (idx.shape[1]={T}, cache offset {offset}) exceeds max_len={max_len}"
         )
     if idx.device.type == "cpu" and idx.numel():
-        lo, hi = int(idx.min()), int(idx.max())
+        lo, hi = (int(t) for t in torch.aminmax(idx))
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"token ids must lie in [0, V={vocab_size}), got min {lo}, max {hi}")

@@ -32,6 +32,11 @@ def causal_attention(q, k, v, past_len: int = 0, dropout_p: float = 0.0, scale: 
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale,
                                               enable_gqa=gqa)  # [B, h, T, dv]
     if T == 1:  # one new token sees everything held: no mask needed
+        if gqa:  # decoding: the rep query heads of a group become rep "queries" of their KV head
+            B, h, _, dq = q.shape
+            out = F.scaled_dot_product_attention(q.view(B, k.shape[1], h // k.shape[1], dq), k, v,
+                                                 dropout_p=dropout_p, scale=scale)  # [B, n_kv, rep, dv]
+            return out.view(B, h, 1, v.shape[-1])  # [B, h, 1, dv]
         mask = None
     else:  # a chunk after a prefix: causal within the chunk, full over the prefix
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=past_len)  # [T, S]

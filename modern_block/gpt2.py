@@ -50,7 +50,7 @@ class GPT2Block(nn.Module):
         self.attn = CausalSelfAttention(d, n_heads, bias=bias, dropout=dropout)
         self.ln2 = nn.LayerNorm(d, eps=norm_eps, bias=bias)
         self.mlp = GeluMLP(d, d_ff, bias=bias)
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:  # x: [B, T, d]
         x = x + self.drop(self.attn(self.ln1(x), cache))
@@ -71,7 +71,7 @@ class GPT2LM(nn.Module):
         self.V, self.max_len = V, max_len
         self.wte = nn.Embedding(V, d)  # token embeddings
         self.wpe = nn.Embedding(max_len, d)  # learned absolute positions: at most max_len tokens
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(GPT2Block(d, n_heads, d_ff, bias=bias, norm_eps=norm_eps, dropout=dropout)
                                     for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d, eps=norm_eps, bias=bias)

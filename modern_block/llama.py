@@ -32,7 +32,7 @@ class Block(nn.Module):
         self.attn = attn if attn is not None else GQAttention(
             d, n_heads, n_kv_heads, qk_norm, head_dim=head_dim, norm_eps=norm_eps, dropout=dropout)
         self.ffn = SwiGLU(d, d_ff)
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: LayerCache | None = None) -> torch.Tensor:  # x: [B, T, d]
@@ -68,7 +68,7 @@ class LlamaStyleLM(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.V, self.max_len, self.rope_base = V, max_len, rope_base
         self.emb = nn.Embedding(V, d)
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(
             Block(d, n_heads, n_kv_heads, d_ff, qk_norm=qk_norm, norm_eps=norm_eps, head_dim=head_dim,
                   dropout=dropout, attn=attn_factory() if attn_factory is not None else None)

@@ -24,6 +24,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))  # [d], the learned per-feature scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., d]
+        if x.dtype == torch.float32:  # already fp32: the same formula without the casts
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
         x32 = x.float()
         inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)  # [..., 1]
         # back to x's dtype, then the scale (in x's dtype too, so fp32 weights under autocast keep bf16 out)
