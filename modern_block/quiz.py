@@ -66,14 +66,12 @@ def widget_bundle(widget, fallback_html: str) -> dict:
     }
 
 
-def quiz(questions) -> list:
-    """Display each question (dicts with prompt/options/answer/explanation, or ``Question``s)."""
+def quiz(questions) -> None:
+    """Display each question (dicts with prompt/options/answer/explanation, or ``Question``s).
+
+    Returns None, so a cell ending in ``quiz([...])`` shows the quiz and nothing else."""
     from IPython.display import display
 
     qs = [q if isinstance(q, Question) else Question(**q) for q in questions]
-    shown = []
     for n, q in enumerate(qs, 1):
-        w = _widget(q)
-        display(widget_bundle(w, f"<p>Question {n}</p>" + q.to_html()), raw=True)
-        shown.append(w)
-    return shown
+        display(widget_bundle(_widget(q), f"<p>Question {n}</p>" + q.to_html()), raw=True)
