@@ -1,0 +1,796 @@
+"""The classroom assignments: solutions, generated exercises, the diagnosing checks and the grader.
+
+* exercises/ is what ``python -m modern_block.exercises build`` makes from solutions/ (CI fails if stale);
+* every solution notebook passes the grader, every untouched exercise notebook is "not attempted";
+* each check accepts the package's own implementation and rejects realistic wrong ones with the right
+  diagnosis (the wrong implementations are written out below, one mistake each);
+* the grader survives a crash and an endless loop in one exercise and still reports the others.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import modern_block as mb
+from modern_block import checks, exercises, grade
+from modern_block.checks import CheckFailed, NotAttempted
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+LESSONS = ["01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cache", "05_mla", "06_qk_norm", "07_llama_block"]
+
+
+def rejects(check, impl, *diagnosis: str) -> str:
+    """Run ``check`` on a wrong ``impl``; assert it fails with every expected piece of the diagnosis."""
+    with pytest.raises(CheckFailed) as info:
+        check(impl)
+    message = str(info.value)
+    for piece in diagnosis:
+        assert piece in message, f"expected {piece!r} in the diagnosis, got:\n{message}"
+    return message
+
+
+# ---- the right implementations (the package's own, or thin wrappers) pass -----------------------------
+
+
+def rms_ok(x, eps=1e-6):
+    return (x.float().pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+
+def ffn_weight_count_ok(d, d_ff, gated):
+    return (3 if gated else 2) * d * d_ff
+
+
+def repeat_kv_ok(k, n_rep):
+    return k.repeat_interleave(n_rep, dim=1)
+
+
+def attend_cached_ok(attn, x, cos, sin, cache, *, positions="offset", store="rotated", mask="offset", heads="kv"):
+    """The right cached attention; the keyword knobs switch in one mistake each for the tests below."""
+    B, T, _ = x.shape
+    q = attn.wq(x).view(B, T, attn.h, attn.dh).transpose(1, 2)
+    k = attn.wk(x).view(B, T, attn.kv, attn.dh).transpose(1, 2)
+    v = attn.wv(x).view(B, T, attn.kv, attn.dh).transpose(1, 2)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    past = 0 if cache["k"] is None else cache["k"].shape[2]
+    start = past if positions == "offset" else 0
+    c, s = cos[start:start + T], sin[start:start + T]
+    q, k = mb.apply_rope(q, c, s), mb.apply_rope(k, c, s)
+    if heads == "h":
+        k, v = k.repeat_interleave(attn.h // attn.kv, 1), v.repeat_interleave(attn.h // attn.kv, 1)
+    if cache["k"] is not None:
+        k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+    cache["k"], cache["v"] = k, v
+    S = k.shape[2]
+    if mask == "offset":
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(T, S, dtype=torch.bool).tril(S - T),
+                                             enable_gqa=True)
+    else:  # is_causal=True whatever the cache holds
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return attn.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+
+def mla_cache_bytes_ok(n_layers, d_c, d_r, bytes_per_elem=2):
+    return n_layers * (d_c + d_r) * bytes_per_elem
+
+
+def absorb_query_ok(q_nope, w_uk):
+    return torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)
+
+
+def absorbed_scores_ok(q_nope, q_rope, latent, k_rope, w_uk, scale, *, rope=True, own_scale=False):
+    s = absorb_query_ok(q_nope, w_uk) @ latent.unsqueeze(1).transpose(-1, -2)
+    if rope:
+        s = s + q_rope @ k_rope.unsqueeze(1).transpose(-1, -2)
+    return s * (q_nope.shape[-1] ** -0.5 if own_scale else scale)
+
+
+def absorbed_attention_ok(q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale, *, mask="offset", values=True):
+    s = absorbed_scores_ok(q_nope, q_rope, latent, k_rope, w_uk, scale)
+    T, S = s.shape[-2:]
+    if mask != "none":
+        keep = torch.ones(T, S, dtype=torch.bool).tril(S - T if mask == "offset" else 0)
+        s = s.masked_fill(~keep, float("-inf"))
+    mixed = s.softmax(-1) @ latent.unsqueeze(1)  # [B, h, T, d_c]
+    return torch.einsum("bhtc,hvc->bhtv", mixed, w_uv) if values else mixed
+
+
+def qk_norm_rope_ok(q, k, q_norm, k_norm, cos, sin):
+    return mb.apply_rope(q_norm(q), cos, sin), mb.apply_rope(k_norm(k), cos, sin)
+
+
+class QKNormAttentionOk(mb.GQAttention):
+    def __init__(self, d, n_heads, n_kv_heads):
+        super().__init__(d, n_heads, n_kv_heads, qk_norm=True)
+
+
+def llama_param_count_ok(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie=False, qk_norm=True, *, kv_full=False,
+                         norms=True, head_if_tied=False):
+    """By formula (the keyword knobs switch in one mistake each); test_param_formula checks it on real models."""
+    dh = d // n_heads
+    kv = n_heads if kv_full else n_kv_heads
+    layer = 2 * d * n_heads * dh + 2 * d * kv * dh + 3 * d * d_ff
+    layer += (2 * d + (2 * dh if qk_norm else 0)) if norms else 0
+    return V * d + n_layers * layer + (d if norms else 0) + (V * d if not tie or head_if_tied else 0)
+
+
+@pytest.mark.parametrize("config", [(1000, 256, 4, 8, 2, 688), (500, 64, 3, 4, 1, 160), (300, 48, 2, 6, 3, 128)])
+@pytest.mark.parametrize("tie, qk_norm", [(False, True), (True, True), (False, False)])
+def test_param_formula(config, tie, qk_norm):
+    model = mb.LlamaStyleLM(*config, max_len=4, tie=tie, qk_norm=qk_norm)
+    assert llama_param_count_ok(*config, tie=tie, qk_norm=qk_norm) == model.num_parameters()
+    if config[0] == 1000 and not tie and qk_norm:
+        assert model.num_parameters() == 3_283_456
+
+
+RIGHT = [
+    (checks.check_rms, rms_ok), (checks.check_rmsnorm, mb.RMSNorm),
+    (checks.check_swiglu_hidden_dim, mb.swiglu_hidden_dim), (checks.check_swiglu, mb.SwiGLU),
+    (checks.check_ffn_weight_count, ffn_weight_count_ok),
+    (checks.check_rope_cache, mb.rope_cache), (checks.check_apply_rope, mb.apply_rope),
+    (checks.check_apply_rope_interleaved, mb.apply_rope_interleaved),
+    (checks.check_repeat_kv, repeat_kv_ok), (checks.check_gqattention, mb.GQAttention),
+    (checks.check_kv_cache, attend_cached_ok),
+    (checks.check_mla_cache_bytes, mla_cache_bytes_ok), (checks.check_absorb_query, absorb_query_ok),
+    (checks.check_absorbed_scores, absorbed_scores_ok), (checks.check_mla_absorption, absorbed_attention_ok),
+    (checks.check_qk_norm_rope, qk_norm_rope_ok), (checks.check_qk_norm_attention, QKNormAttentionOk),
+    (checks.check_block, mb.Block), (checks.check_llama_lm, mb.LlamaStyleLM),
+    (checks.check_llama_param_count, llama_param_count_ok),
+]
+
+
+@pytest.mark.parametrize("check, impl", RIGHT, ids=[c.__name__ for c, _ in RIGHT])
+def test_check_accepts_the_reference(check, impl, capsys):
+    check(impl)
+    assert capsys.readouterr().out.startswith(f"✓ {check.__name__} passed")
+
+
+def test_every_check_is_covered_here():
+    assert {c.__name__ for c, _ in RIGHT} == {n for n in checks.__all__ if n.startswith("check_")}
+
+
+@pytest.mark.parametrize("check, impl", RIGHT, ids=[c.__name__ for c, _ in RIGHT])
+def test_a_stub_is_not_attempted(check, impl):
+    def stub(*args, **kwargs):
+        raise NotImplementedError("write this")
+
+    stub_class = type("Stub", (nn.Module,), {"__init__": stub})
+    with pytest.raises(NotAttempted, match="not implemented yet.*write this"):
+        check(stub_class if isinstance(impl, type) else stub)
+
+
+def test_checks_leave_the_global_random_state_alone():
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    checks.check_rmsnorm(mb.RMSNorm)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_crash_in_student_code_is_reported_with_the_call():
+    def crashes(x, eps=1e-6):
+        return x @ x  # shapes do not fit
+
+    message = rejects(checks.check_rms, crashes, "rms on x of shape [2, 3, 16] raised RuntimeError")
+    assert "Likely mistake" not in message
+
+
+# ---- lesson 01: RMSNorm ------------------------------------------------------------------------------
+
+
+def test_check_rms_rejects_wrong_statistics():
+    rejects(checks.check_rms, lambda x, eps=1e-6: (x.float().var(-1, unbiased=False, keepdim=True) + eps).sqrt(),
+            "the mean was subtracted")
+    rejects(checks.check_rms, lambda x, eps=1e-6: x.float().pow(2).mean(-1, keepdim=True).sqrt() + eps,
+            "eps was added outside the square root")
+    rejects(checks.check_rms, lambda x, eps=1e-6: (x.pow(2).mean(-1, keepdim=True) + eps).sqrt(),
+            "no float32 upcast", "float16")
+    rejects(checks.check_rms, lambda x, eps=1e-6: (x.float().pow(2).mean(-1) + eps).sqrt(), "keepdim=True")
+
+
+class RMSNormVariant(nn.Module):
+    """RMSNorm with one switchable mistake."""
+
+    mistake = None
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        m = self.mistake
+        x32 = x if m == "no_upcast" else x.float()
+        if m == "layernorm":
+            x32 = x32 - x32.mean(-1, keepdim=True)
+        ms = x32.pow(2).mean(-1, keepdim=True)
+        y = x32 / (ms.sqrt() + self.eps) if m == "eps_outside" else x32 * torch.rsqrt(ms + self.eps)
+        if m == "no_weight":
+            return y.type_as(x)
+        if m == "no_cast_back":
+            return y * self.weight.float()
+        return y.type_as(x) * self.weight
+
+
+def variant(base, mistake):
+    return type(f"{base.__name__}_{mistake}", (base,), {"mistake": mistake})
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("layernorm", "the mean was subtracted: that is LayerNorm"),
+    ("eps_outside", "eps was added outside the square root"),
+    ("no_upcast", "no float32 upcast"),
+    ("no_weight", "self.weight is not applied"),
+    ("no_cast_back", "the output dtype is float32"),
+])
+def test_check_rmsnorm_diagnoses(mistake, diagnosis):
+    rejects(checks.check_rmsnorm, variant(RMSNormVariant, mistake), diagnosis)
+    checks.check_rmsnorm(variant(RMSNormVariant, None))  # the switchable class itself is right
+
+
+def test_check_rmsnorm_wants_the_weight_parameter():
+    class NoWeight(nn.Module):
+        def __init__(self, d, eps=1e-6):
+            super().__init__()
+            self.eps, self.gamma = eps, nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            return x
+
+    rejects(checks.check_rmsnorm, NoWeight, "self.weight = nn.Parameter(torch.ones(16))")
+    rejects(checks.check_rmsnorm, lambda d, eps=1e-6: nn.LayerNorm(d, eps=eps), "no bias")
+
+
+# ---- lesson 02: SwiGLU -------------------------------------------------------------------------------
+
+
+def hidden_variant(mistake):
+    def hidden(d, multiple_of=256, ffn_dim_multiplier=None):
+        h = 4 * d if mistake == "4d" else int(2 * 4 * d / 3)
+        if ffn_dim_multiplier is not None and mistake != "mult_after":
+            h = int(ffn_dim_multiplier * h)
+        if mistake == "floor":
+            return multiple_of * (h // multiple_of)
+        if mistake == "no_round":
+            return h
+        h = multiple_of * math.ceil(h / multiple_of)
+        if mistake == "mult_after" and ffn_dim_multiplier is not None:
+            h = int(ffn_dim_multiplier * h)
+        return float(h) if mistake == "float" else h
+
+    return hidden
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("4d", "used GPT-2's d_ff = 4d"), ("floor", "rounded down"), ("no_round", "not rounded up"),
+    ("mult_after", "the multiplier was applied after rounding"), ("float", "return a plain int"),
+])
+def test_check_swiglu_hidden_dim_diagnoses(mistake, diagnosis):
+    rejects(checks.check_swiglu_hidden_dim, hidden_variant(mistake), diagnosis)
+    checks.check_swiglu_hidden_dim(hidden_variant(None))
+
+
+class SwiGLUVariant(mb.SwiGLU):
+    mistake = None
+
+    def forward(self, x):
+        g, u = self.w_gate(x), self.w_up(x)
+        if self.mistake == "swapped":
+            return self.w_down(F.silu(u) * g)
+        if self.mistake == "gelu":
+            return self.w_down(F.gelu(g) * u)
+        if self.mistake == "silu_after":
+            return self.w_down(F.silu(g * u))
+        return self.w_down(F.silu(g) * u)
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("swapped", "gate and up swapped"), ("gelu", "GELU instead of SiLU"), ("silu_after", "applied to the product"),
+])
+def test_check_swiglu_diagnoses(mistake, diagnosis):
+    rejects(checks.check_swiglu, variant(SwiGLUVariant, mistake), diagnosis)
+
+
+def test_check_swiglu_explains_a_layout_mismatch():
+    class WithBiases(nn.Module):
+        def __init__(self, d, d_ff):
+            super().__init__()
+            self.w_gate, self.w_up, self.w_down = nn.Linear(d, d_ff), nn.Linear(d, d_ff), nn.Linear(d_ff, d)
+
+    rejects(checks.check_swiglu, WithBiases, "unexpected w_gate.bias", "no biases")
+
+
+def test_check_ffn_weight_count_diagnoses():
+    rejects(checks.check_ffn_weight_count, lambda d, d_ff, gated: 3 * d * d_ff, "a GELU MLP has two matrices")
+    rejects(checks.check_ffn_weight_count, lambda d, d_ff, gated: (3 if gated else 2) * d * d_ff + d_ff + d,
+            "biases were counted")
+
+
+# ---- lesson 03: RoPE ---------------------------------------------------------------------------------
+
+
+def rope_cache_variant(mistake):
+    def rope_cache(T, dh, base=10000.0):
+        if mistake == "base_ignored":
+            base = 10000.0
+        i = torch.arange(0, dh, 2).float()
+        theta = base ** (-(i / 2) / dh) if mistake == "i_over_dh" else base ** (-i / dh)
+        pos = torch.arange(T).float() + (1 if mistake == "from_1" else 0)
+        ang = torch.outer(pos, theta)
+        if mistake == "full_width":
+            ang = torch.cat([ang, ang], -1)
+        return ang.cos(), ang.sin()
+
+    return rope_cache
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("i_over_dh", "the exponent is i/dh"), ("from_1", "positions start at 1"),
+    ("base_ignored", "the base argument is ignored"), ("full_width", "duplicated to dh columns"),
+])
+def test_check_rope_cache_diagnoses(mistake, diagnosis):
+    rejects(checks.check_rope_cache, rope_cache_variant(mistake), diagnosis)
+    checks.check_rope_cache(rope_cache_variant(None))
+
+
+def rope_wrong_direction(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], dim=-1)
+
+
+def rope_keeps_float32(x, cos, sin):
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def test_check_apply_rope_diagnoses():
+    rejects(checks.check_apply_rope, mb.apply_rope_interleaved, "the other RoPE layout", "interleaved")
+    rejects(checks.check_apply_rope, rope_wrong_direction, "rotation in the wrong direction")
+    rejects(checks.check_apply_rope, rope_keeps_float32, "keep x's dtype")
+
+
+def test_check_apply_rope_interleaved_diagnoses():
+    def written_back_split(x, cos, sin):
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+    rejects(checks.check_apply_rope_interleaved, mb.apply_rope, "the other RoPE layout", "half-split")
+    rejects(checks.check_apply_rope_interleaved, written_back_split, "written back half-split")
+
+
+# ---- lesson 04: GQA and the KV cache ------------------------------------------------------------------
+
+
+def test_check_repeat_kv_diagnoses():
+    rejects(checks.check_repeat_kv, lambda k, n: k.repeat(1, n, 1, 1), "KV heads tiled (k.repeat)")
+    rejects(checks.check_repeat_kv, lambda k, n: k.repeat_interleave(n, dim=2), "along the sequence")
+
+
+class GQAVariant(nn.Module):
+    """The chapter's GQAttention with one switchable mistake."""
+
+    mistake = None
+
+    def __init__(self, d, n_heads, n_kv_heads, qk_norm=True):
+        super().__init__()
+        self.h, self.kv, self.dh = n_heads, n_kv_heads, d // n_heads
+        kv_out = d if self.mistake == "full_kv" else n_kv_heads * self.dh
+        self.wq = nn.Linear(d, d, bias=False)
+        self.wk, self.wv = nn.Linear(d, kv_out, bias=False), nn.Linear(d, kv_out, bias=False)
+        self.wo = nn.Linear(d, d, bias=False)
+        self.q_norm = mb.RMSNorm(self.dh) if qk_norm else nn.Identity()
+        self.k_norm = mb.RMSNorm(self.dh) if qk_norm else nn.Identity()
+
+    def forward(self, x, cos, sin):
+        m = self.mistake or ""
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.h, self.dh).transpose(1, 2)
+        k = self.wk(x).view(B, T, self.kv, self.dh).transpose(1, 2)
+        v = self.wv(x).view(B, T, self.kv, self.dh).transpose(1, 2)
+        if "norm_after" not in m:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = mb.apply_rope(q, cos, sin), mb.apply_rope(k, cos, sin)
+        if "norm_after" in m:
+            q, k = self.q_norm(q), self.k_norm(k)
+        rep = self.h // self.kv
+        if "tiled" in m:
+            k, v = k.repeat(1, rep, 1, 1), v.repeat(1, rep, 1, 1)
+        else:
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        scale = 1 / self.dh if "scale_dh" in m else None
+        out = F.scaled_dot_product_attention(q, k, v, is_causal="no_mask" not in m, scale=scale)
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("tiled", "KV heads tiled instead of grouped"), ("no_mask", "no causal mask"),
+    ("scale_dh", "divided by head_dim"), ("norm_after", "QK-norm after RoPE"),
+    ("tiled+no_mask", "two at once"), ("full_kv", "wk.weight has shape [32, 32], expected [16, 32]"),
+])
+def test_check_gqattention_diagnoses(mistake, diagnosis):
+    message = rejects(checks.check_gqattention, variant(GQAVariant, mistake), diagnosis)
+    if mistake == "tiled+no_mask":
+        assert "tiled" in message and "no causal mask" in message
+    checks.check_gqattention(variant(GQAVariant, None))
+
+
+@pytest.mark.parametrize("knob, diagnosis", [
+    (dict(positions="zero"), "as if they started at position 0"),
+    (dict(mask="is_causal"), "aligns that mask to the top-left"),
+    (dict(heads="h"), "the cache holds 4 heads"),
+])
+def test_check_kv_cache_diagnoses(knob, diagnosis):
+    rejects(checks.check_kv_cache, lambda *a: attend_cached_ok(*a, **knob), diagnosis)
+
+
+def test_check_kv_cache_wants_rotated_keys_in_the_cache():
+    def rotates_the_whole_cache_every_step(attn, x, cos, sin, cache):
+        B, T, _ = x.shape
+        q = attn.q_norm(attn.wq(x).view(B, T, attn.h, attn.dh).transpose(1, 2))
+        k = attn.k_norm(attn.wk(x).view(B, T, attn.kv, attn.dh).transpose(1, 2))
+        v = attn.wv(x).view(B, T, attn.kv, attn.dh).transpose(1, 2)
+        if cache["k"] is not None:
+            k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+        cache["k"], cache["v"] = k, v  # raw keys
+        S = k.shape[2]
+        q = mb.apply_rope(q, cos[S - T:S], sin[S - T:S])
+        k = mb.apply_rope(k, cos[:S], sin[:S])
+        mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return attn.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+    rejects(checks.check_kv_cache, rotates_the_whole_cache_every_step, "holds the keys before RoPE")
+
+
+# ---- lesson 05: MLA ----------------------------------------------------------------------------------
+
+
+def test_check_mla_cache_bytes_diagnoses():
+    rejects(checks.check_mla_cache_bytes, lambda L, c, r, b=2: 2 * L * (c + r) * b, "counted two tensors")
+    rejects(checks.check_mla_cache_bytes, lambda L, c, r, b=2: L * c * b, "decoupled RoPE key was forgotten")
+
+
+def test_check_absorb_query_diagnoses():
+    rejects(checks.check_absorb_query, lambda q, w: torch.einsum("bhtn,hcn->bhtc", q, w), "instead of its transpose")
+    rejects(checks.check_absorb_query, lambda q, w: torch.einsum("bhtn,nc->bhtc", q, w[0]), "head 0's matrix")
+
+
+def test_check_absorbed_scores_diagnoses():
+    rejects(checks.check_absorbed_scores, lambda *a: absorbed_scores_ok(*a, rope=False), "the RoPE part is missing")
+    rejects(checks.check_absorbed_scores, lambda *a: absorbed_scores_ok(*a, own_scale=True),
+            "the scale argument is ignored (1/sqrt(d_nope))")
+
+
+def test_check_mla_absorption_diagnoses():
+    rejects(checks.check_mla_absorption, lambda *a: absorbed_attention_ok(*a, mask="none"), "no causal mask")
+    rejects(checks.check_mla_absorption, lambda *a: absorbed_attention_ok(*a, mask="topleft"), "top-left")
+    rejects(checks.check_mla_absorption, lambda *a: absorbed_attention_ok(*a, values=False), "W_UV,m")
+
+
+# ---- lesson 06: QK-norm ------------------------------------------------------------------------------
+
+
+def test_check_qk_norm_rope_diagnoses():
+    def norm_after_rope(q, k, qn, kn, cos, sin):
+        return qn(mb.apply_rope(q, cos, sin)), kn(mb.apply_rope(k, cos, sin))
+
+    def swapped(q, k, qn, kn, cos, sin):
+        return mb.apply_rope(kn(q), cos, sin), mb.apply_rope(qn(k), cos, sin)
+
+    rejects(checks.check_qk_norm_rope, norm_after_rope, "QK-norm after RoPE")
+    rejects(checks.check_qk_norm_rope, swapped, "q_norm and k_norm were swapped")
+
+
+def test_check_qk_norm_attention_diagnoses():
+    class NormOverD(GQAVariant):
+        def __init__(self, d, n_heads, n_kv_heads):
+            super().__init__(d, n_heads, n_kv_heads, qk_norm=True)
+            self.q_norm, self.k_norm = mb.RMSNorm(d), mb.RMSNorm(n_kv_heads * self.dh)
+
+    class LayerNormQK(GQAVariant):
+        def __init__(self, d, n_heads, n_kv_heads):
+            super().__init__(d, n_heads, n_kv_heads, qk_norm=True)
+            self.q_norm, self.k_norm = nn.LayerNorm(self.dh), nn.LayerNorm(self.dh)
+
+    class AfterRope(GQAVariant):
+        mistake = "norm_after"
+
+        def __init__(self, d, n_heads, n_kv_heads):
+            super().__init__(d, n_heads, n_kv_heads, qk_norm=True)
+
+    rejects(checks.check_qk_norm_attention, NormOverD, "q_norm.weight has shape [32]", "RMSNorm(head_dim)")
+    rejects(checks.check_qk_norm_attention, LayerNormQK, "unexpected q_norm.bias", "LayerNorm")
+    rejects(checks.check_qk_norm_attention, AfterRope, "QK-norm after RoPE")
+
+
+# ---- lesson 07: the block and the model ---------------------------------------------------------------
+
+
+class BlockVariant(mb.Block):
+    mistake = None
+
+    def __init__(self, d, n_heads, n_kv_heads, d_ff):
+        super().__init__(d, n_heads, n_kv_heads, d_ff)
+
+    def forward(self, x, cos, sin):
+        if self.mistake == "post_norm":
+            x = self.attn_norm(x + self.attn(x, cos, sin))
+            return self.ffn_norm(x + self.ffn(x))
+        if self.mistake == "no_ffn_residual":
+            x = x + self.attn(self.attn_norm(x), cos, sin)
+            return self.ffn(self.ffn_norm(x))
+        if self.mistake == "parallel":
+            return x + self.attn(self.attn_norm(x), cos, sin) + self.ffn(self.ffn_norm(x))
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("post_norm", "post-norm"), ("no_ffn_residual", "the FFN residual is missing"), ("parallel", "a parallel block"),
+])
+def test_check_block_diagnoses(mistake, diagnosis):
+    rejects(checks.check_block, variant(BlockVariant, mistake), diagnosis)
+    checks.check_block(variant(BlockVariant, None))
+
+
+class LMVariant(mb.LlamaStyleLM):
+    mistake = None
+
+    def __init__(self, V, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, max_len=1024, rope_base=10000.0,
+                 tie=False):
+        super().__init__(V, d, n_layers, n_heads, n_kv_heads, d_ff, max_len, rope_base, tie=False)
+        if self.mistake == "no_final_norm":
+            self.norm = nn.Identity()
+        if tie:
+            if self.mistake == "tie_by_copy":
+                self.head.weight = nn.Parameter(self.emb.weight.detach().clone())
+            else:
+                self.head.weight = self.emb.weight
+        if self.mistake == "persistent_tables":
+            self.register_buffer("cos", self.cos.clone(), persistent=True)
+        if self.mistake == "base_ignored":
+            cos, sin = mb.rope_cache(max_len, d // n_heads)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("no_final_norm", "the final RMSNorm (self.norm, before the head) is missing"),
+    ("tie_by_copy", "not a copy"), ("persistent_tables", "persistent=False"),
+    ("base_ignored", "rope_base is ignored"),
+])
+def test_check_llama_lm_diagnoses(mistake, diagnosis):
+    rejects(checks.check_llama_lm, variant(LMVariant, mistake), diagnosis)
+    checks.check_llama_lm(variant(LMVariant, None))
+
+
+def test_check_llama_param_count_diagnoses():
+    count = llama_param_count_ok
+    rejects(checks.check_llama_param_count, lambda *a, **k: count(*a, **k, kv_full=True), "counted at full size")
+    rejects(checks.check_llama_param_count, lambda *a, **k: count(*a, **k, norms=False),
+            "the RMSNorm scales were not counted")
+    rejects(checks.check_llama_param_count, lambda *a, **k: count(*a, **k, head_if_tied=True),
+            "counted a second time")
+
+
+# ---- the notebooks: solutions are the source, exercises are generated ----------------------------------
+
+
+def test_one_solution_and_one_exercise_notebook_per_lesson():
+    assert [p.stem for p in SOLUTIONS] == LESSONS
+    assert [p.stem for p in EXERCISES] == LESSONS
+
+
+def test_exercises_are_up_to_date_with_the_solutions(capsys):
+    assert exercises.build(ROOT, check=True) == [], "run `python -m modern_block.exercises build`"
+    assert exercises.main(["build", "--check", "--root", str(ROOT)]) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_solution_notebook_structure(path):
+    nb = nbformat.read(path, as_version=4)
+    setup, found, _ = grade.find_exercises(nb)
+    assert 2 <= len(found) <= 5, f"{path.name}: {len(found)} exercises"
+    assert [e.number for e in found] == list(range(1, len(found) + 1))
+    for e in found:
+        cells = [nb.cells[i] for i in e.cells]
+        assert any(exercises.has_solution(c.source) for c in cells), f"{path.name} exercise {e.number}: no solution"
+        assert len(e.checks) == 1 and e.checks[0] in checks.__all__, f"{path.name} exercise {e.number}: {e.checks}"
+        for c in cells:  # solutions are saved with the outputs of a clean run: every check printed its ✓ line
+            if grade.CHECK_CALL.search(c.source):
+                text = "".join(o.get("text", "") for o in c.outputs)
+                assert f"✓ {e.checks[0]} passed" in text, f"{path.name} exercise {e.number}: run the notebook"
+            if exercises.has_solution(c.source):
+                assert c.metadata["nbgrader"]["solution"] is True  # ready for nbgrader's generate_assignment
+    assert nb.cells[setup[0]].source.startswith("# Setup:")
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.stem)
+def test_exercise_notebook_has_stubs_and_no_answers(path):
+    nb = nbformat.read(path, as_version=4)
+    solution = nbformat.read(ROOT / "solutions" / path.name, as_version=4)
+    blocks = sum(c.source.count(exercises.BEGIN) for c in solution.cells)
+    stubs = sum(c.source.count("raise NotImplementedError(") for c in nb.cells if c.cell_type == "code")
+    assert stubs == blocks > 0
+    for cell in nb.cells:
+        assert "SOLUTION" not in cell.source
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+    assert f"blob/main/exercises/{path.name})" in nb.cells[0].source
+
+
+def test_strip_solutions_keeps_the_code_around_the_block():
+    source = (
+        "class RMSNorm(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        ### BEGIN SOLUTION\n"
+        "        # HINT: divide by the \"RMS\"\n"
+        "        return x / x.pow(2).mean(-1, keepdim=True).sqrt()\n"
+        "        ### END SOLUTION\n"
+        "\n"
+        "def f():\n"
+        "    ### BEGIN SOLUTION\n"
+        "    return 1\n"
+        "    ### END SOLUTION\n"
+        "print('kept')")
+    assert exercises.strip_solutions(source) == (
+        "class RMSNorm(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        raise NotImplementedError(\"divide by the \\\"RMS\\\"\")\n"
+        "\n"
+        "def f():\n"
+        f"    raise NotImplementedError(\"{exercises.DEFAULT_HINT}\")\n"
+        "print('kept')")
+
+
+@pytest.mark.parametrize("source, problem", [
+    ("### BEGIN SOLUTION\nx = 1", "never closed"),
+    ("x = 1\n### END SOLUTION", "without a"),
+    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "inside the block"),
+    ("## BEGIN SOLUTION\nx = 1\n### END SOLUTION", "malformed marker"),
+])
+def test_strip_solutions_rejects_bad_markers(source, problem):
+    with pytest.raises(exercises.SolutionMarkerError, match=problem):
+        exercises.strip_solutions(source)
+
+
+def test_build_check_reports_stale_and_orphan_files(tmp_path, capsys):
+    (tmp_path / "solutions").mkdir()
+    src = tmp_path / "solutions" / "01_rmsnorm.ipynb"
+    src.write_bytes((ROOT / "solutions" / "01_rmsnorm.ipynb").read_bytes())
+    assert exercises.main(["build", "--check", "--root", str(tmp_path)]) == 1
+    assert "exercises/01_rmsnorm.ipynb: missing" in capsys.readouterr().out
+    assert exercises.main(["build", "--root", str(tmp_path)]) == 0
+    first = (tmp_path / "exercises" / "01_rmsnorm.ipynb").read_bytes()
+    assert first == (ROOT / "exercises" / "01_rmsnorm.ipynb").read_bytes()  # deterministic, location-free
+    assert exercises.build(tmp_path, check=True) == []
+
+    nb = nbformat.read(src, as_version=4)
+    nb.cells[-1].source += "\n\nOne more sentence."
+    nbformat.write(nb, src)
+    assert exercises.build(tmp_path, check=True) == [
+        "exercises/01_rmsnorm.ipynb: out of date (from solutions/01_rmsnorm.ipynb)"]
+    assert (tmp_path / "exercises" / "01_rmsnorm.ipynb").read_bytes() == first  # --check writes nothing
+
+    src.rename(tmp_path / "solutions" / "09_renamed.ipynb")
+    changes = exercises.build(tmp_path)
+    assert "exercises/01_rmsnorm.ipynb: generated from a solution that no longer exists" in changes
+    assert sorted(p.name for p in (tmp_path / "exercises").iterdir()) == ["09_renamed.ipynb"]
+
+
+def test_a_stub_that_breaks_the_syntax_is_refused(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "x = [\n### BEGIN SOLUTION\n1,\n### END SOLUTION\n]")])
+    with pytest.raises(exercises.SolutionMarkerError, match="not valid Python"):
+        exercises.exercise_notebook(nb, "solutions/x.ipynb", "exercises/x.ipynb")
+
+
+# ---- the grader ---------------------------------------------------------------------------------------
+
+
+def test_grader_finds_exercises_by_heading_and_by_check_call():
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    nb = nbformat.v4.new_notebook(cells=[
+        md("# Title"), code("import torch"), md("## Exercise 1: first\ntext"), code("def f(): ..."),
+        code("checks.check_rms(f)"), md("### a sub-heading stays inside"), code("x = 1"),
+        md("## Exercise 2 — second"), code("checks.check_rmsnorm(g)"), md("## Wrap-up"), code("print(1)")])
+    setup, found, loose = grade.find_exercises(nb)
+    assert setup == [1] and loose == [10]
+    assert [(e.number, e.title, e.cells, e.checks) for e in found] == [
+        (1, "first", [3, 4, 6], ["check_rms"]), (2, "second", [8], ["check_rmsnorm"])]
+    plain = nbformat.v4.new_notebook(cells=[code("import torch"), code("def f(): ..."), code("check_rms(f)"),
+                                            code("g = 2"), code("check_swiglu(g)")])
+    setup, found, _ = grade.find_exercises(plain)
+    assert setup == [0] and [(e.title, e.cells) for e in found] == [("check_rms", [1, 2]), ("check_swiglu", [3, 4])]
+
+
+def test_every_solution_notebook_passes_the_grader():
+    reports = grade.grade_notebooks(SOLUTIONS, timeout=120, jobs=2)
+    for report in reports:
+        assert report.all_passed, grade.format_report(report)
+        assert not report.setup_errors and report.restarts == 0
+
+
+def test_untouched_exercises_are_all_not_attempted(tmp_path):
+    # the seven exercise notebooks, one after the other, graded in one kernel (saves six kernel starts)
+    combined = nbformat.v4.new_notebook(metadata=nbformat.read(EXERCISES[0], as_version=4).metadata)
+    expected = 0
+    for path in EXERCISES:
+        nb = nbformat.read(path, as_version=4)
+        expected += len(grade.find_exercises(nb)[1])
+        for cell in nb.cells:
+            cell.id = f"{path.stem[:2]}-{cell.id}"
+            combined.cells.append(cell)
+    path = tmp_path / "all_exercises.ipynb"
+    nbformat.write(combined, path)
+    report = grade.grade_notebook(path, timeout=120)
+    assert len(report.exercises) == expected == 20
+    assert [e.status for e in report.exercises] == [grade.NOT_ATTEMPTED] * expected, grade.format_report(report)
+    assert all(f"{e.checks[0]}: not implemented yet" in e.detail for e in report.exercises)
+    assert not report.setup_errors
+
+
+def _student_notebook(tmp_path):
+    right = "def rms(x, eps=1e-6):\n    return (x.float().pow(2).mean(-1, keepdim=True) + eps).sqrt()"
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    nb = nbformat.v4.new_notebook(cells=[
+        md("# A student's notebook"), code("import torch\nfrom modern_block import checks"),
+        md("## Exercise 1: right"), code(right), code("checks.check_rms(rms)"),
+        md("## Exercise 2: an endless loop that even ignores the interrupt"),
+        code("def rms(x, eps=1e-6):\n    import signal\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+             "    while True:\n        pass"),
+        code("checks.check_rms(rms)"),
+        md("## Exercise 3: a crash"), code("raise ValueError('boom')"), code("checks.check_rms(rms)"),
+        md("## Exercise 4: a wrong formula"),
+        code("def rms(x, eps=1e-6):\n    return (x.float().var(-1, unbiased=False, keepdim=True) + eps).sqrt()"),
+        code("checks.check_rms(rms)"),
+        md("## Exercise 5: untouched"), code("def rms(x, eps=1e-6):\n    raise NotImplementedError('hint')"),
+        code("checks.check_rms(rms)"),
+        md("## Exercise 6: right again, in the restarted kernel"), code(right), code("checks.check_rms(rms)")])
+    path = tmp_path / "student.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_grader_survives_an_endless_loop_and_a_crash(tmp_path):
+    report = grade.grade_notebook(_student_notebook(tmp_path), timeout=6)
+    statuses = [(e.number, e.status) for e in report.exercises]
+    assert statuses == [(1, "passed"), (2, "failed"), (3, "failed"), (4, "failed"), (5, "not attempted"),
+                        (6, "passed")], grade.format_report(report)
+    details = [e.detail for e in report.exercises]
+    assert details[1].startswith("timed out") and details[2] == "ValueError: boom"
+    assert "the mean was subtracted" in details[3]
+    assert details[4] == "check_rms: not implemented yet (the stub says: hint)"
+    assert report.restarts == 1  # exercise 6 ran in a fresh kernel, after the setup cell ran again
+    text = grade.format_report(report)
+    assert "6 exercises: 2 passed, 3 failed, 1 not attempted" in text and "1 kernel restart" in text
+    summary = json.loads(json.dumps(report.to_dict()))["summary"]
+    assert summary == {"passed": 2, "failed": 3, "not attempted": 1, "total": 6, "all_passed": False}
+
+
+def _pure_python_notebook(path, answer: str, check: str):
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    nb = nbformat.v4.new_notebook(cells=[
+        md("# Tiny"), code("def check_two(v):\n    assert v == 2, f'expected 2, got {v}'"),
+        md("## Exercise 1: two"), code(f"answer = {answer}"), code(check)])
+    nbformat.write(nb, path)
+    return path
+
+
+def test_grader_command_line_exit_status_and_reference_checks(tmp_path, capsys):
+    handed_out = _pure_python_notebook(tmp_path / "handed_out.ipynb", "None", "check_two(answer)")
+    honest = _pure_python_notebook(tmp_path / "honest.ipynb", "1 + 1", "check_two(answer)")
+    tampered = _pure_python_notebook(tmp_path / "tampered.ipynb", "3", "print('looks fine to me')")
+    assert grade.main([str(honest), "--json", "--timeout", "30"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["all_passed"] and out["notebooks"][0]["exercises"][0]["status"] == "passed"
+    assert grade.main([str(tampered), "--reference", str(handed_out), "--timeout", "30"]) == 1
+    out = capsys.readouterr().out
+    assert "✗ Exercise 1: two" in out and "expected 2, got 3" in out
+    assert grade.main([str(tmp_path / "missing.ipynb")]) == 2
