@@ -14,6 +14,9 @@
 Runs are small (10.7M parameters), so one of them leaves an H100 mostly idle between kernel
 launches: ``--jobs`` runs that many trainings at once, each in its own process on the same GPU.
 
+The device machine has no internet: copy tinyshakespeare.txt into a folder of the checkout that git
+ignores (and carry it), and pass that folder as --data.
+
 Writes DIR/gpu_results.json, DIR/loss_curves.png, DIR/ladder.png and DIR/results_snippet.md (a table
 to paste into benchmarks/RESULTS.md), and each run's metrics.jsonl under DIR/runs/.
 """
@@ -106,7 +109,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="runs/gpu", help="output folder")
     parser.add_argument("--data", default=None, help=f"folder holding tinyshakespeare.txt (sets {DATA_ENV})")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--jobs", type=int, default=6, help="trainings at once on the GPU")
+    parser.add_argument("--jobs", type=int, default=None, help="trainings at once (default 6 on a GPU, 1 in --smoke)")
     parser.add_argument("--budget-min", type=float, default=7.5, help="wall-time budget for everything")
     parser.add_argument("--ladder-steps", type=int, default=None, help="fix the ladder's steps (default: fit)")
     parser.add_argument("--skip-ladder", action="store_true")
@@ -117,7 +120,7 @@ def main(argv=None) -> int:
                              "best; adds one round of runs to the time")
     parser.add_argument("--smoke", action="store_true", help="tiny models, 4 steps, on the CPU: checks the code path")
     args = parser.parse_args(argv)
-    if args.jobs < 1 or len(set(args.seeds)) != len(args.seeds):
+    if (args.jobs is not None and args.jobs < 1) or len(set(args.seeds)) != len(args.seeds):
         parser.error("--jobs must be >= 1 and --seeds distinct")
     if args.data:
         os.environ[DATA_ENV] = args.data
@@ -127,12 +130,15 @@ def main(argv=None) -> int:
 
     if args.smoke:
         base = TrainConfig(**SMOKE, device="cpu")
-        jobs, allow_fallback = 1, True
+        jobs, allow_fallback = args.jobs or 1, True
     else:
         if not torch.cuda.is_available():
             parser.error("no CUDA device: this benchmark is for a GPU (use --smoke to check it on a CPU)")
-        base, jobs, allow_fallback = gpu_config(), args.jobs, False
-        load_corpus(fallback=False)  # fail now, clearly, if the real text cannot be found
+        base, jobs, allow_fallback = gpu_config(), args.jobs or 6, False
+        try:  # fail now, clearly, if the real text cannot be found
+            load_corpus(fallback=False, verbose=False)
+        except (OSError, ValueError) as err:
+            parser.error(f"tinyshakespeare is not available ({err}); pass --data FOLDER holding it")
     lrs = {"gpt2": args.lr_gpt2, "llama": args.lr_llama}
     report: dict = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
                     "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available()

@@ -26,7 +26,8 @@ d_ff (each layer's SwiGLU holds 3·d·d_ff weights), so
 With MHA this is the 8/3·d rule (3·d·d_ff = 8·d²), corrected for the dropped biases and position
 table; with GQA the K/V weights it saves go back into the FFN (as Llama 2 70B and Llama 3 widen
 theirs). Rounding to a multiple of 8 moves the total by at most 12·d·n_layers parameters (0.13%
-at the GPU scale), well inside the 2% the comparison allows.
+at the GPU scale), well inside the 2% the comparison allows; in models so small that this step is
+over 1% of the total, d_ff is rounded to the nearest integer instead.
 """
 
 import functools
@@ -201,7 +202,10 @@ def matched_d_ff(rung: Rung | str, shape: ModelShape, V: int, multiple_of: int =
     at_one_step = _count_on_meta(lambda: _ladder(rung, shape, V, multiple_of))
     per_unit = 3 * shape.d * shape.n_layers  # parameters per unit of d_ff
     without_ffn = at_one_step - per_unit * multiple_of
-    return max(multiple_of, multiple_of * round((target - without_ffn) / (per_unit * multiple_of)))
+    d_ff = max(multiple_of, multiple_of * round((target - without_ffn) / (per_unit * multiple_of)))
+    if abs(without_ffn + per_unit * d_ff - target) > 0.01 * target:  # tiny models: the multiple is too coarse
+        d_ff = max(1, round((target - without_ffn) / per_unit))
+    return d_ff
 
 
 def _ladder(rung: Rung, shape: ModelShape, V: int, d_ff: int) -> LadderLM:
@@ -243,22 +247,20 @@ def size_table(shape: ModelShape, V: int) -> list[dict]:
 
 def run_ladder(base, seeds=(0,), rungs=RUNG_NAMES, corpus=None, progress=None, verbose: bool = True) -> list[dict]:
     """Train every rung for every seed on the budget of ``base`` (a ``TrainConfig``); returns one
-    row per rung: name, change, params, val losses per seed, their mean and standard deviation."""
+    row per rung: name, change, params, best val loss per seed, their mean and sample standard
+    deviation, and each seed's evaluation rows (``metrics``, for loss curves)."""
     from .train import train  # imported here: train imports this module
 
     rows = []
     for name in rungs:
         rung = get_rung(name)
-        losses, params = [], None
-        for seed in seeds:
-            result = train(replace(base, arch=f"ladder:{name}", seed=seed), corpus=corpus, progress=progress,
-                           verbose=verbose)
-            losses.append(result.best_val_loss)
-            params = result.n_params
+        results = [train(replace(base, arch=f"ladder:{name}", seed=seed), corpus=corpus, progress=progress,
+                         verbose=verbose) for seed in seeds]
+        losses = [r.best_val_loss for r in results]
         mean = sum(losses) / len(losses)
         std = math.sqrt(sum((x - mean) ** 2 for x in losses) / (len(losses) - 1)) if len(losses) > 1 else 0.0
-        rows.append({"rung": name, "change": rung.change, "params": params, "val_losses": losses,
-                     "mean": mean, "std": std})
+        rows.append({"rung": name, "change": rung.change, "params": results[0].n_params, "val_losses": losses,
+                     "mean": mean, "std": std, "metrics": [r.metrics for r in results]})
     return rows
 
 
@@ -268,7 +270,8 @@ def plot_ladder(rows: list[dict], path=None, title: str = "GPT-2 -> Llama, one c
 
     fig, ax = plt.subplots(figsize=(8, 3.6))
     names = [r["rung"] for r in rows]
-    ax.bar(names, [r["mean"] for r in rows], yerr=[r["std"] for r in rows], capsize=4, color="tab:blue")
+    bars = ax.bar(names, [r["mean"] for r in rows], yerr=[r["std"] for r in rows], capsize=4, color="tab:blue")
+    ax.bar_label(bars, labels=[f"{r['mean']:.3f}" for r in rows], label_type="center", color="white", fontsize=8)
     lo = min(r["mean"] - r["std"] for r in rows)
     hi = max(r["mean"] + r["std"] for r in rows)
     pad = max(hi - lo, 1e-3) * 0.5

@@ -248,7 +248,8 @@ def test_ladder_ends_are_gpt2lm_and_llamastylelm(rung, reference):
     assert torch.equal(generate(lad, prompt, 8), generate(ref, prompt, 8)), "KV-cache decoding too"
 
 
-@pytest.mark.parametrize("shape", [ModelShape(), T.quick_config().shape], ids=["gpu", "quick"])
+@pytest.mark.parametrize("shape", [ModelShape(), T.quick_config().shape, ModelShape(32, 2, 4, 2, 16)],
+                         ids=["gpu", "quick", "tiny"])
 def test_every_rung_is_within_2_percent_of_gpt2(shape):
     rows = size_table(shape, 65)
     assert [r["rung"] for r in rows] == list(RUNG_NAMES)
@@ -266,6 +267,7 @@ def test_run_ladder_gives_mean_and_spread():
     for r in rows:
         assert len(r["val_losses"]) == 2 and r["val_losses"][0] != r["val_losses"][1]
         assert r["mean"] == pytest.approx(sum(r["val_losses"]) / 2) and r["std"] > 0
+        assert [m["step"] for m in r["metrics"][0]] == [0, 2]
 
 
 # ---- command lines --------------------------------------------------------------------------------
