@@ -25,6 +25,7 @@ from .train import (
     add_run_options,
     config_from_args,
     plot_loss_curves,
+    positive_float,
     quick_from_args,
     sample,
     train,
@@ -102,8 +103,8 @@ def write_report(results: dict[str, list], out_dir, mode: str, total_s: float, n
         f"**{first.corpus}**, device {first.device} ({first.precision}"
         f"{', torch.compile' if first.compiled else ''}).",
         f"Same budget for both: {cfg.max_steps} steps × {cfg.batch_size} sequences × {cfg.block_size} characters "
-        f"= {cfg.max_steps * cfg.tokens_per_step:,} training tokens, lr {cfg.lr:g} -> {cfg.min_lr:g} (warmup "
-        f"{cfg.warmup_steps}, cosine), AdamW betas ({cfg.beta1}, {cfg.beta2}), weight decay {cfg.weight_decay}, "
+        f"= {cfg.max_steps * cfg.tokens_per_step:,} training tokens, warmup {cfg.warmup_steps} steps then a cosine "
+        f"to the minimum learning rate, AdamW betas ({cfg.beta1}, {cfg.beta2}), weight decay {cfg.weight_decay}, "
         f"dropout {cfg.dropout}; d = {cfg.d}, {cfg.n_layers} layers, {cfg.n_heads} heads "
         f"(Llama: {cfg.n_kv_heads} KV heads). Seeds: {seeds}. Val loss: mean over {cfg.eval_batches} fixed "
         f"batches of the last 10% of the text.",
@@ -111,6 +112,8 @@ def write_report(results: dict[str, list], out_dir, mode: str, total_s: float, n
         "| | " + " | ".join(LABELS.get(a, a) for a in archs) + " |",
         "|---|" + "---|" * len(archs),
         row("parameters", "params", ","),
+        "| learning rate (peak -> min) | " + " | ".join(
+            f"{results[a][0].config.lr:g} -> {results[a][0].config.min_lr:g}" for a in archs) + " |",
         row("FLOPs per token (6N + 12·L·H·Q·T)", "flops_per_token", ","),
         ("| best val loss, mean ± std | " + " | ".join(
             f"{table[a]['best_val_mean']:.4f} ± {table[a]['best_val_std']:.4f}" for a in archs) + " |")
@@ -149,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_parser.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
     cmp_parser.add_argument("--seeds", type=int, nargs="+", default=None,
                             help="seeds, one run per architecture each (default: 0; 0 1 2 at GPU scale)")
+    for arch in ("gpt2", "llama"):
+        cmp_parser.add_argument(f"--lr-{arch}", type=positive_float, default=None,
+                                help=f"peak learning rate of the {LABELS[arch]} arm only (overrides --lr)")
     add_run_options(cmp_parser)
     return parser
 
@@ -156,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    configs = {arch: config_from_args(parser, args, arch) for arch in ("gpt2", "llama")}
+    configs = {arch: config_from_args(parser, args, arch, lr=getattr(args, f"lr_{arch}"))
+               for arch in ("gpt2", "llama")}
     quick = quick_from_args(args)
     mode = "quick (CPU scale)" if quick else "GPU scale"
     seeds = args.seeds if args.seeds is not None else ([0] if quick else [0, 1, 2])

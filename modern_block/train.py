@@ -603,7 +603,7 @@ def nonneg_float(text: str) -> float:
 CONFIG_OPTIONS = {
     "--max-steps": ("max_steps", positive_int, "training steps"),
     "--lr": ("lr", positive_float, "peak learning rate"),
-    "--min-lr": ("min_lr", nonneg_float, "learning rate at the end of the cosine"),
+    "--min-lr": ("min_lr", nonneg_float, "learning rate at the end of the cosine (default: lr/10 when --lr is given)"),
     "--warmup-steps": ("warmup_steps", int, "linear warmup steps"),
     "--batch-size": ("batch_size", positive_int, "sequences per step"),
     "--block-size": ("block_size", positive_int, "context length (characters)"),
@@ -629,10 +629,15 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int | None = None) -> TrainConfig:
+def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int | None = None,
+                     lr: float | None = None) -> TrainConfig:
     """The TrainConfig the options ask for; invalid combinations end in ``parser.error`` (exit 2)."""
     overrides = {name: getattr(args, option[2:].replace("-", "_")) for option, (name, _, _) in CONFIG_OPTIONS.items()}
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    if lr is not None:
+        overrides["lr"] = lr
+    if "lr" in overrides and "min_lr" not in overrides:
+        overrides["min_lr"] = overrides["lr"] / 10  # nanoGPT's convention
     if seed is not None:
         overrides["seed"] = seed
     if args.no_compile and args.compile:

@@ -323,8 +323,9 @@ def test_train_cli_writes_metrics_and_resumes(tmp_path, capsys):
 
 def test_compare_cli_writes_report_and_plot(tmp_path, capsys):
     out = tmp_path / "cmp"
-    assert cli.main(["compare", "--quick", "--out", str(out), *SMALL]) == 0
+    assert cli.main(["compare", "--quick", "--out", str(out), "--lr-llama", "0.02", *SMALL]) == 0
     report = (out / "report.md").read_text()
+    assert "| learning rate (peak -> min) | 0.003 -> 0.0003 | 0.02 -> 0.002 |" in report
     for needle in ("| parameters |", "FLOPs per token", "best val loss (1 seed)", "tokens/s", "| MFU |",
                    "wall time", "Parameter ratio Llama / GPT-2", "### GPT-2", "### Llama-style", "KV-cache"):
         assert needle in report, needle
