@@ -970,8 +970,13 @@ def _decode64(ref: GQAttention, x, cos, sin, schedule, *, positions="offset", ca
         v = (xt @ p["wv"].T).view(B, T, kv, dh).transpose(1, 2)
         if p["q_norm"] is not None:
             q, k = _rms_norm64(q, p["q_norm"], eps), _rms_norm64(k, p["k_norm"], eps)
-        past = sum(t.shape[2] for t in keys)
-        pos = past if positions == "offset" else 0
+        cached = sum(t.shape[2] for t in keys)
+        if positions != "offset":
+            pos = 0
+        elif not use_cache:  # the cache is kept (so the offset is known) but not attended to
+            pos = start
+        else:
+            pos = cached
         c, s = cos[pos:pos + T], sin[pos:pos + T]
         q = _rope64(q, c, s)
         k_rot = _rope64(k, c, s)
@@ -1054,8 +1059,9 @@ def check_kv_cache(attend_cached) -> str:
         cands = [
             ("the new tokens were rotated as if they started at position 0: their positions are past .. past+T-1, "
              "where past is the number of cached tokens (slice cos[past:past+T]).", partial(run, positions="zero")),
-            ("the cache is not used: the new tokens attend only to themselves. Concatenate the cached K/V with "
-             "the new ones and attend over all of them.", partial(run, use_cache=False)),
+            ("the cache is not used, or never filled: the new tokens attend only to themselves. Store the K/V in "
+             "the dict you are given (cache['k'] = ..., in place, not a new dict), and attend over the cached and "
+             "the new ones together.", partial(run, use_cache=False)),
             ("the cache is not updated after the first call: store the extended K/V back into cache['k'] and "
              "cache['v'].", partial(run, update=False)),
             ("the cache holds keys before RoPE and all of them were rotated at the new token's position: cache "
@@ -1459,7 +1465,11 @@ def check_llama_lm(LlamaStyleLMClass) -> str:
             _fail(name, "the RoPE tables are saved with the weights: register them with "
                         "self.register_buffer('cos', cos, persistent=False) (they are recomputed, not learned).")
         _load(name, student, ref, {"emb": "Name the parts emb, blocks, norm and head.",
-                                   "blocks.": "self.blocks = nn.ModuleList(Block(...) for _ in range(n_layers))."})
+                                   "blocks.": "self.blocks = nn.ModuleList(Block(...) for _ in range(n_layers)).",
+                                   "unexpected cos": "The RoPE tables are computed, not learned: register them "
+                                                     "with persistent=False so they are not saved as weights.",
+                                   "unexpected sin": "The RoPE tables are computed, not learned: register them "
+                                                     "with persistent=False so they are not saved as weights."})
         if cfg.get("tie") and student.head.weight is not student.emb.weight:
             _fail(name, "after loading weights the head is no longer tied to the embedding.")
         idx = torch.randint(0, 50, (B, T), generator=g)

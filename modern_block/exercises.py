@@ -12,7 +12,8 @@ indentation, ``raise NotImplementedError("<hint>")``; the hint is the text of th
 ``# HINT:`` comment, or a default. Everything around the block (imports, ``def`` and ``class``
 lines, docstrings, check cells) stays. Outputs and execution counts are cleared, and the Colab
 badge points at the exercise notebook. The output is deterministic (nbformat's sorted, indented
-JSON, cell ids copied from the solutions), so ``--check`` compares bytes.
+JSON, cell ids copied from the solutions); ``--check`` compares the notebooks' content, so a file that
+another nbformat version laid out differently is not reported as stale.
 
     python -m modern_block.exercises build           # (re)write exercises/ from solutions/
     python -m modern_block.exercises build --check   # list stale files and exit 1; write nothing
@@ -111,6 +112,14 @@ def render(nb) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
+def _content(text: str):
+    """A notebook's content, independent of how its JSON is laid out."""
+    try:
+        return nbformat.reads(text, as_version=4)
+    except Exception:  # unreadable: compare the raw text
+        return text
+
+
 def default_root() -> Path:
     """The current directory if it has solutions/, else the checkout this package lives in."""
     cwd = Path.cwd()
@@ -143,7 +152,12 @@ def build(root: Path | None = None, check: bool = False) -> list[str]:
         current = dst.read_text(encoding="utf-8") if dst.exists() else None
         if current == text:
             continue
-        changes.append(f"{dst_rel}: {'missing' if current is None else 'out of date'} (from {src_rel})")
+        if current is None:
+            changes.append(f"{dst_rel}: missing (from {src_rel})")
+        elif _content(current) != _content(text):
+            changes.append(f"{dst_rel}: out of date (from {src_rel})")
+        elif check:  # same notebook, other JSON formatting (another nbformat version wrote it): not stale
+            continue
         if not check:
             dst_dir.mkdir(exist_ok=True)
             dst.write_text(text, encoding="utf-8")

@@ -419,6 +419,13 @@ def test_check_gqattention_diagnoses(mistake, diagnosis):
     checks.check_gqattention(variant(GQAVariant, None))
 
 
+def test_check_kv_cache_notices_a_cache_that_is_never_filled():
+    def rebinds_the_cache(attn, x, cos, sin, cache):
+        return attend_cached_ok(attn, x, cos, sin, {"k": None, "v": None})
+
+    rejects(checks.check_kv_cache, rebinds_the_cache, "attend only to themselves", "in place, not a new dict")
+
+
 @pytest.mark.parametrize("knob, diagnosis", [
     (dict(positions="zero"), "as if they started at position 0"),
     (dict(mask="is_causal"), "aligns that mask to the top-left"),
@@ -670,6 +677,10 @@ def test_build_check_reports_stale_and_orphan_files(tmp_path, capsys):
     first = (tmp_path / "exercises" / "01_rmsnorm.ipynb").read_bytes()
     assert first == (ROOT / "exercises" / "01_rmsnorm.ipynb").read_bytes()  # deterministic, location-free
     assert exercises.build(tmp_path, check=True) == []
+    reformatted = json.dumps(json.loads(first), indent=2)  # another JSON layout, same notebook: not stale
+    (tmp_path / "exercises" / "01_rmsnorm.ipynb").write_text(reformatted, encoding="utf-8")
+    assert exercises.build(tmp_path, check=True) == []
+    assert exercises.build(tmp_path) == [] and (tmp_path / "exercises" / "01_rmsnorm.ipynb").read_bytes() == first
 
     nb = nbformat.read(src, as_version=4)
     nb.cells[-1].source += "\n\nOne more sentence."
