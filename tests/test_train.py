@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +26,17 @@ ROOT = Path(__file__).resolve().parents[1]
 TEXT = "".join(f"{w} the quick brown fox {i % 7} jumps over the lazy dog; " for i, w in
                enumerate(["First", "Citizen", "Before", "we", "proceed", "any", "further"] * 60))
 CORPUS = Corpus(TEXT, "test-text", "inline")
+
+
+@pytest.fixture(autouse=True)
+def _never_online(monkeypatch, tmp_path):
+    """The command-line tests load the text as users do; they must never reach the internet: they
+    read $MODERN_BLOCK_DATA (CI sets it) or fall back to the standard library's source text."""
+    def refuse(*args, **kwargs):
+        raise urllib.error.URLError("the tests do not use the network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 
 def tiny(arch="llama", **kw) -> T.TrainConfig:
