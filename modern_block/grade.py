@@ -134,8 +134,9 @@ def find_exercises(nb) -> tuple[list[int], list[Exercise], list[int]]:
 
 
 def use_reference_checks(nb, reference) -> list[str]:
-    """Replace the check cells of each exercise in ``nb`` by the reference notebook's. Returns notes."""
-    notes = []
+    """Replace the check cells of each exercise in ``nb`` by the reference notebook's. Returns the
+    reference's exercises that ``nb`` lacks, already marked failed."""
+    missing = []
     _, ref_exercises, _ = find_exercises(reference)
     _, exercises, _ = find_exercises(nb)
     by_number = {e.number: e for e in exercises}
@@ -143,7 +144,8 @@ def use_reference_checks(nb, reference) -> list[str]:
         ref_checks = [reference.cells[i] for i in ref.cells if CHECK_CALL.search(reference.cells[i].source)]
         ex = by_number.get(ref.number)
         if ex is None:
-            notes.append(f"Exercise {ref.number} of the reference is missing from the notebook")
+            missing.append(Exercise(ref.number, ref.title, checks=ref.checks, status=FAILED,
+                                    detail="this exercise is missing from the notebook"))
             continue
         student_checks = [i for i in ex.cells if CHECK_CALL.search(nb.cells[i].source)]
         for i in student_checks:
@@ -154,7 +156,7 @@ def use_reference_checks(nb, reference) -> list[str]:
         # indices after the anchor moved; recompute for the next exercise
         _, exercises, _ = find_exercises(nb)
         by_number = {e.number: e for e in exercises}
-    return notes
+    return missing
 
 
 # ---- running ------------------------------------------------------------------------------------------
@@ -188,9 +190,9 @@ def grade_notebook(path, timeout: float = DEFAULT_TIMEOUT, reference=None, kerne
     started = time.monotonic()
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    notes = use_reference_checks(nb, nbformat.read(reference, as_version=4)) if reference else []
+    missing = use_reference_checks(nb, nbformat.read(reference, as_version=4)) if reference else []
     setup, exercises, loose = find_exercises(nb)
-    report = Report(str(path), exercises, setup_errors=list(notes))
+    report = Report(str(path), sorted(exercises + missing, key=lambda e: e.number))
     if not exercises:
         return report
 

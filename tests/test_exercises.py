@@ -805,3 +805,10 @@ def test_grader_command_line_exit_status_and_reference_checks(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "✗ Exercise 1: two" in out and "expected 2, got 3" in out
     assert grade.main([str(tmp_path / "missing.ipynb")]) == 2
+    nb = nbformat.read(handed_out, as_version=4)  # a reference with a second exercise the student deleted
+    nb.cells += [nbformat.v4.new_markdown_cell("## Exercise 2: two again"),
+                 nbformat.v4.new_code_cell("check_two(None)")]
+    nbformat.write(nb, handed_out)
+    report = grade.grade_notebook(honest, timeout=30, reference=handed_out)
+    assert [(e.number, e.status, e.detail) for e in report.exercises] == [
+        (1, "passed", ""), (2, "failed", "this exercise is missing from the notebook")]
