@@ -22,3 +22,6 @@ test: install
 
 exercises: install
 	$(BIN)/python -m modern_block.exercises build
+
+check-exercises: install
+	$(BIN)/python -m modern_block.exercises build --check
