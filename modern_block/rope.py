@@ -42,7 +42,9 @@ def _broadcast_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         raise ValueError(f"cos/sin last dim must be head_dim/2 = {dh // 2}, got {cos.shape[-1]}")
     if cos.dim() == 3 and x.dim() == 4:  # per-sequence tables [B, T, dh/2] -> [B, 1, T, dh/2]
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return cos.to(x.dtype), sin.to(x.dtype)
+    if cos.dtype != x.dtype:  # bf16/fp16 activations: rotate in their dtype, as Hugging Face does
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return cos, sin
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
