@@ -485,14 +485,23 @@ def cell(panel, index: int):
     return panel.locator(".jp-Notebook .jp-Cell").nth(index)
 
 
-def widget_view(cell_locator):
-    """The rendered widget in a cell's output area; fails if the widget manager showed an error instead."""
+WIDGET_FAILURES = re.compile(r"Error displaying widget|javascript error|Failed to (load|create|display|render)", re.I)
+
+
+def widget_view(cell_locator, timeout_s: float = 60):
+    """The rendered widget in a cell's output area; fails if the widget manager showed an error instead
+    ("Error displaying widget: model not found", "Click to show javascript error", ...)."""
     area = cell_locator.locator(".jp-Cell-outputArea")
     view = area.locator(".jupyter-widgets").first
-    view.wait_for()
-    text = area.inner_text()
-    for bad in ("Error displaying widget", "Loading widget...", "Failed to display"):
-        assert bad not in text, f"the widget did not render: {text[:500]!r}"
+    view.wait_for(timeout=timeout_s * 1000)
+
+    def loaded():
+        text = area.inner_text()
+        return None if "Loading widget" in text else [text]
+
+    (text,) = wait_until(loaded, timeout_s, what="the widget to finish loading", page=cell_locator.page)
+    bad = WIDGET_FAILURES.search(text)
+    assert not bad, f"the widget did not render: {text[:500]!r}"
     return view
 
 
