@@ -13,7 +13,6 @@ torch is not installed again). It is built once and cached in the temporary fold
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -75,7 +74,12 @@ def python77() -> Path:
     venv = Path(tempfile.gettempdir()) / f"modern_block_ipywidgets77_{key}"
     lock = Path(tempfile.gettempdir()) / f"modern_block_ipywidgets77_{key}.lock"
     with open(lock, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)  # another test run may be building the same venv
+        try:
+            import fcntl
+
+            fcntl.flock(fh, fcntl.LOCK_EX)  # another test run may be building the same venv
+        except ImportError:  # Windows: no lock; runs there are rare enough
+            pass
         python, done = _venv_python(venv), venv / "built.ok"
         if not (done.exists() and python.exists()):
             if venv.exists():
