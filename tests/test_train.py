@@ -79,7 +79,15 @@ def test_resume_after_ctrl_c_repeats_the_uninterrupted_run_exactly(arch, tmp_pat
     assert [json.loads(x)["step"] for x in lines] == [0, 4, 8, 10], "each evaluation logged once"
 
 
-def test_real_sigint_finishes_the_step_and_saves(tmp_path):
+@pytest.fixture
+def python_sigint_handler():
+    """Python's usual Ctrl-C handler for the test (a shell starts background jobs with SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_real_sigint_finishes_the_step_and_saves(tmp_path, python_sigint_handler):
     cfg = tiny("gpt2", max_steps=6)
     whole = run(cfg)
 
