@@ -4,6 +4,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# JupyterLab refuses to run as root unless told (containers, CI); ordinary users get no extra flag
+LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: lab test install exercises check-exercises
 
@@ -15,7 +17,7 @@ install: $(BIN)/python
 	$(BIN)/python -m pip install -e ".[dev]"
 
 lab: install
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
 
 test: install
 	$(BIN)/python -m pytest --nbval-lax tests notebooks
