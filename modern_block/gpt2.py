@@ -11,7 +11,7 @@ import torch.nn as nn
 from ._validate import divisible, positive_int, token_ids
 from .attention import causal_attention
 from .ffn import GeluMLP
-from .kv_cache import KVCache, LayerCache, kv_layer_cache
+from .kv_cache import KVCache, LayerCache, kv_layer_cache, new_model_cache
 from .params import count_parameters, init_gpt2_style
 
 
@@ -91,10 +91,8 @@ class GPT2LM(nn.Module):
         return self.head(self.ln_f(x))  # [B, T, V]
 
     def new_cache(self, batch: int, capacity: int, dtype=None, device=None) -> KVCache:
-        """An empty KV cache for ``batch`` sequences of up to ``capacity`` tokens."""
-        ref = self.head.weight
-        dtype, device = dtype or ref.dtype, device or ref.device
-        return KVCache(blk.attn.new_cache(batch, capacity, dtype, device) for blk in self.blocks)
+        """An empty cache for ``batch`` sequences of up to ``capacity`` tokens (K/V, or MLA latents)."""
+        return new_model_cache(self, batch, capacity, dtype, device)
 
     def num_parameters(self) -> int:
         return count_parameters(self)

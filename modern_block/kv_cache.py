@@ -99,3 +99,13 @@ class KVCache:
 
     def __getitem__(self, i) -> LayerCache:
         return self.layers[i]
+
+
+def new_model_cache(model, batch: int, capacity: int, dtype=None, device=None) -> KVCache:
+    """An empty cache for a model whose ``blocks`` each have an ``attn`` with ``new_cache`` (every LM
+    here): ``batch`` sequences of up to ``capacity`` tokens, in the model's dtype and device by default."""
+    positive_int("batch", batch)
+    positive_int("capacity", capacity)
+    ref = model.head.weight
+    dtype, device = dtype or ref.dtype, device or ref.device
+    return KVCache(blk.attn.new_cache(batch, capacity, dtype, device) for blk in model.blocks)

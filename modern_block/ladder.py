@@ -41,7 +41,7 @@ from ._validate import positive_int, token_ids
 from .attention import GQAttention
 from .ffn import GeluMLP, SwiGLU
 from .gpt2 import GPT2LM, CausalSelfAttention
-from .kv_cache import KVCache, LayerCache
+from .kv_cache import KVCache, LayerCache, new_model_cache
 from .llama import LlamaStyleLM
 from .params import count_parameters, init_gpt2_style
 from .rmsnorm import RMSNorm
@@ -154,9 +154,8 @@ class LadderLM(nn.Module):
         return self.head(self.norm(x))  # [B, T, V]
 
     def new_cache(self, batch: int, capacity: int, dtype=None, device=None) -> KVCache:
-        ref = self.head.weight
-        dtype, device = dtype or ref.dtype, device or ref.device
-        return KVCache(blk.attn.new_cache(batch, capacity, dtype, device) for blk in self.blocks)
+        """An empty cache for ``batch`` sequences of up to ``capacity`` tokens (K/V, or MLA latents)."""
+        return new_model_cache(self, batch, capacity, dtype, device)
 
     def num_parameters(self) -> int:
         return count_parameters(self)

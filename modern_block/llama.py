@@ -14,7 +14,7 @@ import torch.nn as nn
 from ._validate import positive_int, token_ids
 from .attention import GQAttention
 from .ffn import SwiGLU
-from .kv_cache import KVCache, LayerCache
+from .kv_cache import KVCache, LayerCache, new_model_cache
 from .mla import MLAConfig
 from .params import count_parameters, init_gpt2_style
 from .rmsnorm import RMSNorm
@@ -105,11 +105,7 @@ class LlamaStyleLM(nn.Module):
 
     def new_cache(self, batch: int, capacity: int, dtype=None, device=None) -> KVCache:
         """An empty cache for ``batch`` sequences of up to ``capacity`` tokens (K/V, or MLA latents)."""
-        positive_int("batch", batch)
-        positive_int("capacity", capacity)
-        ref = self.head.weight
-        dtype, device = dtype or ref.dtype, device or ref.device
-        return KVCache(blk.attn.new_cache(batch, capacity, dtype, device) for blk in self.blocks)
+        return new_model_cache(self, batch, capacity, dtype, device)
 
     def num_parameters(self) -> int:
         return count_parameters(self)
