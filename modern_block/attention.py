@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from ._validate import divisible, even, positive_int
 from .kv_cache import LayerCache, kv_layer_cache
+from .packed import stacked_weight
 from .rmsnorm import RMSNorm
 from .rope import apply_rope
 
@@ -67,6 +68,7 @@ class GQAttention(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.h, self.kv, self.dh = n_heads, n_kv_heads, head_dim
         self.rope_dim = head_dim  # the whole head is rotated
+        self.qk_norm = qk_norm
         self.dropout = dropout
         self.wq = nn.Linear(d, n_heads * head_dim, bias=False)
         self.wk = nn.Linear(d, n_kv_heads * head_dim, bias=False)  # fewer K/V heads
@@ -78,11 +80,20 @@ class GQAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: LayerCache | None = None) -> torch.Tensor:  # x: [B, T, d]
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.h, self.dh).transpose(1, 2)  # [B, h, T, dh]
-        k = self.wk(x).view(B, T, self.kv, self.dh).transpose(1, 2)  # [B, kv, T, dh]
-        v = self.wv(x).view(B, T, self.kv, self.dh).transpose(1, 2)  # [B, kv, T, dh]
-        q, k = self.q_norm(q), self.k_norm(k)  # QK-norm per head, before RoPE
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # positions by rotation
+        h, kv = self.h, self.kv
+        stacked = stacked_weight(self, ("wq", "wk", "wv"), with_autograd=True)
+        if stacked is not None:  # one matmul over [W_q; W_k; W_v]: [(h + 2kv)·dh, d]
+            qkv = F.linear(x, stacked)  # [B, T, (h + 2kv)·dh]
+        else:  # hooks on the projections: call each as a module
+            qkv = torch.cat([self.wq(x), self.wk(x), self.wv(x)], dim=-1)  # [B, T, (h + 2kv)·dh]
+        qkv = qkv.view(B, T, h + 2 * kv, self.dh).transpose(1, 2)  # [B, h + 2kv, T, dh]: q, k, v heads
+        if self.qk_norm:
+            q, k, v = qkv.split_with_sizes([h, kv, kv], dim=1)  # [B, h | kv | kv, T, dh]
+            q, k = self.q_norm(q), self.k_norm(k)  # QK-norm per head, before RoPE
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # positions by rotation
+        else:  # q and k heads take the same rotation: rotate them together
+            qk, v = qkv.split_with_sizes([h + kv, kv], dim=1)  # [B, h + kv, T, dh], [B, kv, T, dh]
+            q, k = apply_rope(qk, cos, sin).split_with_sizes([h, kv], dim=1)  # positions by rotation
         past = 0
         if cache is not None:
             k, v, past = cache.append(k, v)  # [B, kv, past + T, dh] each

@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._validate import positive_int
+from .packed import stacked_weight
 
 
 def swiglu_hidden_dim(d: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None) -> int:
@@ -43,7 +44,14 @@ class SwiGLU(nn.Module):
         self.w_down = nn.Linear(d_ff, d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., d]
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))  # [..., d_ff] -> [..., d]
+        # one matmul over [W_gate; W_up] in inference; two in training, where splitting one output
+        # would cost its backward a copy of the whole [..., 2·d_ff] gradient
+        stacked = stacked_weight(self, ("w_gate", "w_up"), with_autograd=False)
+        if stacked is not None:
+            gate, up = F.linear(x, stacked).chunk(2, dim=-1)  # [..., d_ff] each
+        else:
+            gate, up = self.w_gate(x), self.w_up(x)  # [..., d_ff] each
+        return self.w_down(F.silu(gate) * up)  # [..., d]
 
 
 class GeluMLP(nn.Module):
