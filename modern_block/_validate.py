@@ -26,8 +26,9 @@ def even(name: str, value: int, why: str) -> None:
 def token_ids(idx, vocab_size: int, max_len: int | None, offset: int = 0) -> None:
     """Check a ``[B, T]`` batch of token ids: integer dtype, 2-D, fits ``max_len``, ids in ``[0, V)``.
 
-    The range check runs only for CPU tensors: on a GPU it would force a synchronisation on
-    every step (the embedding lookup still fails there, with CUDA's less friendly message).
+    The range check runs only for CPU tensors in eager mode: on a GPU it would force a
+    synchronisation on every step, and under ``torch.compile`` it would split the graph in two
+    (the embedding lookup still fails there, with a less friendly message).
     """
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"idx must be a torch.Tensor of token ids, got {type(idx).__name__}")
@@ -42,7 +43,7 @@ def token_ids(idx, vocab_size: int, max_len: int | None, offset: int = 0) -> Non
         raise ValueError(
             f"sequence length {offset + T} (idx.shape[1]={T}, cache offset {offset}) exceeds max_len={max_len}"
         )
-    if idx.device.type == "cpu" and idx.numel():
+    if idx.device.type == "cpu" and idx.numel() and not torch.compiler.is_compiling():
         lo, hi = (int(t) for t in torch.aminmax(idx))
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"token ids must lie in [0, V={vocab_size}), got min {lo}, max {hi}")

@@ -1,8 +1,11 @@
 """Regression guards on performance, as ratios inside one process (never absolute times)."""
 
+import importlib.util
 import statistics
 import time
+from pathlib import Path
 
+import pytest
 import torch
 
 from modern_block import LlamaStyleLM, generate
@@ -45,3 +48,21 @@ def test_cache_append_does_not_reallocate():
             model(torch.zeros(1, 1, dtype=torch.long), cache)
     assert cache.length == 38
     assert ptrs == [b.data_ptr() for layer in cache.layers for b in layer.buffers.values()]
+
+
+def test_benchmark_script_measures_both_models_on_the_same_tokens():
+    """benchmarks/cpu_vs_hf.py in miniature: the converted model decodes exactly Hugging Face's
+    tokens, the ratios come out, and the cache holds the formula's bytes."""
+    pytest.importorskip("transformers")
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_vs_hf.py"
+    spec = importlib.util.spec_from_file_location("cpu_vs_hf", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ours, hf = bench.build_pair()
+    row = bench.bench_decode(ours, hf, 8, repeats=1)
+    assert row["decode8_same_tokens"] and row["decode8_ratio"] > 0 and row["decode8_ratio_best"] > 0
+    row = bench.bench_cache_speedup(ours, 8, repeats=1)
+    assert row["speedup8_same_tokens"]
+    sizes = bench.bench_cache_bytes()
+    assert sizes["cache_bytes_gqa"] == sizes["cache_bytes_gqa_formula"] == 307_200
+    assert sizes["cache_bytes_mla"] == sizes["cache_bytes_mla_formula"] == 192_000
