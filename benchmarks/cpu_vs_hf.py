@@ -49,10 +49,10 @@ def build_pair(seed: int = 0):
 CLOCK = time.perf_counter  # --clock cpu switches to this process's CPU time (see main)
 
 
-def alternate(fns: dict, repeats: int) -> tuple[dict, dict]:
+def alternate(fns: dict, repeats: int, warm_up: bool = True) -> tuple[dict, dict]:
     """Median and best (minimum) seconds of each callable, run in turn ``repeats`` times after one
     warm-up each. The best is the run least disturbed by other work on the machine."""
-    for fn in fns.values():
+    for fn in fns.values() if warm_up else ():
         fn()
     times = {name: [] for name in fns}
     for _ in range(repeats):
@@ -143,7 +143,10 @@ def bench_cache_speedup(ours, new_tokens: int, repeats: int) -> dict:
             out[use_cache] = generate(ours, prompt, new_tokens, use_cache=use_cache)
         return fn
 
-    med, best = alternate({"cache": run(True), "no_cache": run(False)}, repeats)
+    long = new_tokens > 1024  # minutes without the cache: one pair, and only the cached run warms up
+    if long:
+        run(True)()
+    med, best = alternate({"cache": run(True), "no_cache": run(False)}, repeats, warm_up=not long)
     return {f"speedup{new_tokens}": med["no_cache"] / med["cache"],
             f"speedup{new_tokens}_best": best["no_cache"] / best["cache"],
             f"speedup{new_tokens}_cache_s": med["cache"], f"speedup{new_tokens}_no_cache_s": med["no_cache"],
@@ -196,17 +199,25 @@ def main(argv=None) -> dict:
                "transformers": transformers.__version__, "cpu": _cpu_name(), "threads": torch.get_num_threads(),
                "clock": args.clock, "config": CONFIG, "repeats": repeats}
     t0 = time.perf_counter()
+    progress("training step, eager" + ("" if args.no_compile else " and torch.compile (about a minute to compile)"))
     results.update(bench_train(ours, hf, repeats, not args.no_compile))
     for n in (128, 512):
+        progress(f"cached greedy decoding of {n} tokens")
         results.update(bench_decode(ours, hf, n, repeats))
     for n in (128, 512) if args.quick else (128, 512, 2048):
-        results.update(bench_cache_speedup(ours, n, min(repeats, 5) if n < 2048 else 1))  # 2048: ~7 min
+        progress(f"decoding {n} tokens with and without the cache" + (" (about 8 minutes)" if n == 2048 else ""))
+        results.update(bench_cache_speedup(ours, n, min(repeats, 5) if n < 2048 else 1))
+    progress("cache bytes")
     results.update(bench_cache_bytes())
     results["total_s"] = time.perf_counter() - t0
     print_table(results)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\n{results['total_s']:.0f} s in all; written to {args.out}")
     return results
+
+
+def progress(what: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {what} ...", file=sys.stderr, flush=True)
 
 
 def _cpu_name() -> str:

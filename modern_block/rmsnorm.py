@@ -22,9 +22,12 @@ class RMSNorm(nn.Module):
             raise ValueError(f"eps must be positive, got {eps}")
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d))  # [d], the learned per-feature scale
-        # d and eps as fp32 0-d tensors: arithmetic with a Python number wraps it in a new tensor on
-        # every call, which costs as much as the op itself when decoding one token on a CPU
-        self._d, self._eps = torch.tensor(float(d)), torch.tensor(eps, dtype=torch.float32)
+        # d and eps as fp32 0-d CPU tensors: arithmetic with a Python number wraps it in a new tensor
+        # on every call, which costs as much as the op itself when decoding one token on a CPU. A 0-d
+        # CPU tensor acts as a scalar on any device, so they stay on the CPU (even under a meta or
+        # CUDA default device) and are not buffers: .to() and state_dict leave them alone.
+        self._d = torch.tensor(float(d), dtype=torch.float32, device="cpu")
+        self._eps = torch.tensor(eps, dtype=torch.float32, device="cpu")
 
     def inv_rms(self, x32: torch.Tensor) -> torch.Tensor:
         """1 / sqrt(mean(x²) + eps) over the last dim of an fp32 tensor: [..., d] -> [..., 1].

@@ -136,3 +136,19 @@ def test_weights_that_cannot_share_a_block_are_left_alone():
     ffn = SwiGLU(16, 32)
     ffn.w_up.to(torch.float64)
     assert packed_weight(ffn, ("w_gate", "w_up")) is None
+
+
+def test_a_model_built_on_the_meta_device_runs_after_to_empty():
+    """The meta-device idiom for big models: RMSNorm's constant scalars stay real CPU tensors."""
+    with torch.device("meta"):
+        model = _model()
+    model = model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.02)
+    reference = _model()
+    reference.load_state_dict(model.state_dict())
+    model.cos.copy_(reference.cos), model.sin.copy_(reference.sin)  # buffers are empty after to_empty
+    idx = torch.randint(0, 97, (2, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), reference(idx), rtol=0, atol=1e-6)
