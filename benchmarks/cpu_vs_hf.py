@@ -32,7 +32,7 @@ CONFIG = dict(V=512, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, seq=2
 
 
 def build_pair(seed: int = 0):
-    """A random-initialised Hugging Face Llama and the course model converted from it."""
+    """A random-initialised Hugging Face Llama and the course model converted from it, on DEVICE."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -43,10 +43,18 @@ def build_pair(seed: int = 0):
                       tie_word_embeddings=False, attn_implementation="sdpa", pad_token_id=0, eos_token_id=None,
                       bos_token_id=None)
     hf = LlamaForCausalLM(cfg).eval()
-    return from_hf(hf).eval(), hf
+    return from_hf(hf).eval().to(DEVICE), hf.to(DEVICE)
 
 
 CLOCK = time.perf_counter  # --clock cpu switches to this process's CPU time (see main)
+DEVICE = torch.device("cpu")  # --device cuda: the same table on a GPU
+
+
+def _now() -> float:
+    """The clock, after the GPU (if any) has finished the work queued so far."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    return CLOCK()
 
 
 def alternate(fns: dict, repeats: int, warm_up: bool = True) -> tuple[dict, dict]:
@@ -57,9 +65,9 @@ def alternate(fns: dict, repeats: int, warm_up: bool = True) -> tuple[dict, dict
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            t0 = CLOCK()
+            t0 = _now()
             fn()
-            times[name].append(CLOCK() - t0)
+            times[name].append(_now() - t0)
     return ({name: statistics.median(t) for name, t in times.items()}, {name: min(t) for name, t in times.items()})
 
 
@@ -81,8 +89,8 @@ def train_step_fn(model, idx, targets, hf: bool = False):
 def bench_train(ours, hf, repeats: int, compile_ours: bool) -> dict:
     c = CONFIG
     g = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, c["V"], (c["batch"], c["seq"]), generator=g)
-    targets = torch.randint(0, c["V"], (c["batch"], c["seq"]), generator=g)
+    idx = torch.randint(0, c["V"], (c["batch"], c["seq"]), generator=g).to(DEVICE)
+    targets = torch.randint(0, c["V"], (c["batch"], c["seq"]), generator=g).to(DEVICE)
     ours.train(), hf.train()
     row = ratios("train_step", *alternate({"ours": train_step_fn(ours, idx, targets),
                                            "hf": train_step_fn(hf, idx, targets, hf=True)}, repeats), "ours", "hf")
@@ -117,7 +125,7 @@ def _env(**values):
 
 def bench_decode(ours, hf, new_tokens: int, repeats: int) -> dict:
     """Cached greedy decoding of ``new_tokens`` after a 16-token prompt, batch 1; same tokens checked."""
-    prompt = torch.randint(0, CONFIG["V"], (1, 16), generator=torch.Generator().manual_seed(2))
+    prompt = torch.randint(0, CONFIG["V"], (1, 16), generator=torch.Generator().manual_seed(2)).to(DEVICE)
     out = {}
 
     def ours_fn():
@@ -135,7 +143,7 @@ def bench_decode(ours, hf, new_tokens: int, repeats: int) -> dict:
 
 def bench_cache_speedup(ours, new_tokens: int, repeats: int) -> dict:
     """Decoding time without the cache / with it (ours, same prompt, same tokens checked)."""
-    prompt = torch.randint(0, CONFIG["V"], (1, 16), generator=torch.Generator().manual_seed(3))
+    prompt = torch.randint(0, CONFIG["V"], (1, 16), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     out = {}
 
     def run(use_cache):
@@ -159,13 +167,13 @@ def bench_cache_bytes(n_tokens: int = 300) -> dict:
     gqa = LlamaStyleLM(c["V"], c["d"], c["n_layers"], c["n_heads"], c["n_kv_heads"], c["d_ff"], max_len=512)
     mla_cfg = MLAConfig(kv_latent_dim=64, rope_dim=16, nope_dim=32, v_head_dim=32)
     mla = LlamaStyleLM(c["V"], c["d"], c["n_layers"], c["n_heads"], d_ff=c["d_ff"], max_len=512, mla=mla_cfg)
-    idx = torch.randint(0, c["V"], (1, n_tokens))
+    idx = torch.randint(0, c["V"], (1, n_tokens), device=DEVICE)
     row = {}
     for name, model, formula in [
         ("gqa", gqa, kv_cache_bytes_per_token(c["n_layers"], c["n_kv_heads"], c["d"] // c["n_heads"], 2)),
         ("mla", mla, mla_cache_bytes_per_token(c["n_layers"], mla_cfg.kv_latent_dim, mla_cfg.rope_dim, 2)),
     ]:
-        model.to(torch.bfloat16).eval()
+        model.to(DEVICE, torch.bfloat16).eval()
         cache = model.new_cache(1, n_tokens)
         with torch.inference_mode():
             model(idx, cache)
@@ -185,18 +193,26 @@ def main(argv=None) -> dict:
                         help="wall time, or this process's CPU time (fairer on a machine busy with other work; "
                              "use it with --threads 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: the same table on a GPU")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results_cpu.json"))
     args = parser.parse_args(argv)
-    global CLOCK
+    global CLOCK, DEVICE
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda" and args.clock == "cpu":
+        parser.error("--clock cpu measures this process's CPU time; on a GPU use the wall clock")
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA GPU is available")
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = args.repeats or (3 if args.quick else 7)
     ours, hf = build_pair()
     import transformers
 
+    gpu = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else None
     results = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-               "transformers": transformers.__version__, "cpu": _cpu_name(), "threads": torch.get_num_threads(),
+               "transformers": transformers.__version__, "cpu": _cpu_name(), "device": gpu or "cpu",
+               "threads": torch.get_num_threads(),
                "clock": args.clock, "config": CONFIG, "repeats": repeats}
     t0 = time.perf_counter()
     progress("training step, eager" + ("" if args.no_compile else " and torch.compile (about a minute to compile)"))
@@ -241,7 +257,8 @@ def print_table(r: dict) -> None:
         if f"speedup{n}" in r:
             target = ">= 5" if n == 512 else ""
             rows.append((f"KV-cache speedup at {n} tokens: uncached / cached", f"speedup{n}", target))
-    print(f"{r['cpu']}, {r['threads']} threads, torch {r['torch']}, transformers {r['transformers']}, "
+    where = r["device"] if r["device"] != "cpu" else f"{r['cpu']}, {r['threads']} threads"
+    print(f"{where}, torch {r['torch']}, transformers {r['transformers']}, "
           f"{r['clock']} clock, {r['repeats']} interleaved pairs, {r['date']}")
     print(f"{'measure':<72} {'median':>7} {'best':>7}  target")
     for name, key, target in rows:
