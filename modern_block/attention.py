@@ -7,6 +7,8 @@
 
 Only the K and V projections (and the cache) shrink; every query head still computes its scores.
 Optional QK-norm (Qwen3, OLMo 2, Gemma 3) normalises each head's q and k, before RoPE.
+The three projections ``wq``, ``wk``, ``wv`` run as one matmul over their stacked weights
+(``packed.py``); the result is the same as calling them one by one.
 """
 
 import torch
