@@ -22,10 +22,10 @@ class RMSNorm(nn.Module):
             raise ValueError(f"eps must be positive, got {eps}")
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d))  # [d], the learned per-feature scale
-        # d and eps as fp32 0-d CPU tensors: arithmetic with a Python number wraps it in a new tensor
-        # on every call, which costs as much as the op itself when decoding one token on a CPU. A 0-d
-        # CPU tensor acts as a scalar on any device, so they stay on the CPU (even under a meta or
-        # CUDA default device) and are not buffers: .to() and state_dict leave them alone.
+        # d and eps also as fp32 0-d CPU tensors: arithmetic with a Python number wraps it in a new
+        # tensor on every call, which costs as much as the op itself when decoding one token on a CPU.
+        # Used only for CPU inputs, so they stay on the CPU (even under a meta or CUDA default device)
+        # and are not buffers: .to() and state_dict leave them alone.
         self._d = torch.tensor(float(d), dtype=torch.float32, device="cpu")
         self._eps = torch.tensor(eps, dtype=torch.float32, device="cpu")
 
@@ -35,7 +35,10 @@ class RMSNorm(nn.Module):
         Bit for bit ``torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)`` (a mean is a sum, then a
         division by d), in fewer and cheaper ops: x·x, then in-place updates of the small sum.
         """
-        return (x32 * x32).sum(-1, keepdim=True).div_(self._d).add_(self._eps).rsqrt_()  # [..., 1]
+        sum_sq = (x32 * x32).sum(-1, keepdim=True)  # [..., 1]
+        if x32.device.type == "cpu":
+            return sum_sq.div_(self._d).add_(self._eps).rsqrt_()
+        return sum_sq.div_(x32.shape[-1]).add_(self.eps).rsqrt_()  # same numbers, as Python scalars
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., d]
         if x.dtype == torch.float32:  # already fp32: the same formula without the casts
