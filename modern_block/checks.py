@@ -108,6 +108,13 @@ def _dt(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+def _require_dtype(name: str, got: torch.Tensor, dtype: torch.dtype, where: str, what: str, advice: str):
+    """After the values have passed: fail, saying so, when ``got`` has another dtype than ``dtype``."""
+    __tracebackhide__ = True
+    if got.dtype != dtype:
+        _fail(name, f"{where}: the values are right but {what} is {_dt(got)}; {advice}")
+
+
 def _close(got, want: torch.Tensor, rtol: float, atol: float) -> bool:
     """Same shape and allclose in float64 (NaN/inf in ``got`` never pass)."""
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
@@ -345,8 +352,7 @@ def check_rms(rms) -> str:
         cands.append(("the reduced dimension was dropped: keep it (keepdim=True) so the result broadcasts "
                       "against x.", want.squeeze(-1)))
         _judge(name, got, want, cands, f"on {desc}", hint=_RMS_HINT)
-        if got.dtype != torch.float32:
-            _fail(name, f"on {desc}: the values are right but the dtype is {_dt(got)}; return float32.")
+        _require_dtype(name, got, torch.float32, f"on {desc}", "the dtype", "return float32.")
     # half precision: the statistic must be computed in float32
     for dtype, scale, why in ((torch.float16, 400.0, "x² overflows float16 above 65,504, i.e. for |x| > 256"),
                               (torch.float16, 1e-3, "x² underflows float16 (below 6e-8) for |x| < 2.4e-4"),
@@ -360,9 +366,8 @@ def check_rms(rms) -> str:
                   "x.float() before squaring.")
         _judge(name, got, want, [(upcast, native)] + _rms_candidates(x, 1e-6), f"on {desc}",
                rtol=4e-3, atol=1e-4 * want.abs().max().item(), hint=upcast if dtype == torch.float16 else "")
-        if got.dtype != torch.float32:
-            _fail(name, f"on {desc}: the values are right but the dtype is {_dt(got)}; return the float32 "
-                        "statistic (x.float()...), as the exercise asks.")
+        _require_dtype(name, got, torch.float32, f"on {desc}", "the dtype",
+                       "return the float32 statistic (x.float()...), as the exercise asks.")
     return "7 cases: float32 / float16 / bfloat16, tiny magnitudes, custom eps"
 
 
@@ -417,9 +422,8 @@ def check_rmsnorm(RMSNormClass) -> str:
                   "mean(x²) and the rsqrt in float32 (x.float()), then cast back with .type_as(x).")
         _judge(name, got, want, [(upcast, native)] + _rms_candidates(x, 1e-6, w), f"on {desc}",
                rtol=1e-2, atol=4e-3 * want.abs().max().item(), hint=upcast if dtype == torch.float16 else "")
-        if got.dtype != dtype:
-            _fail(name, f"on {desc}: the values are right but the output dtype is {_dt(got)}; RMSNorm returns "
-                        "the input's dtype (cast back with .type_as(x) before applying the scale).")
+        _require_dtype(name, got, dtype, f"on {desc}", "the output dtype", "RMSNorm returns the input's dtype "
+                       "(cast back with .type_as(x) before applying the scale).")
     if not init_ok:
         _fail(name, "the formula is right, but self.weight should start as ones (torch.ones(d)) so a fresh "
                     "RMSNorm only normalises.")
@@ -642,8 +646,7 @@ def check_rope_cache(rope_cache_fn) -> str:
             _judge(name, got, want, cands, f"{call}, {which}", atol=atol, rtol=0,
                    hint="angle[m, i] = m·base^(-2i/dh), m = 0 .. T-1, i = 0 .. dh/2-1.")
         for which, got in (("cos", cos), ("sin", sin)):
-            if got.dtype != torch.float32:
-                _fail(name, f"{call}: the values are right but {which} is {_dt(got)}; return float32 tables.")
+            _require_dtype(name, got, torch.float32, call, which, "return float32 tables.")
     return "5 cases incl. base 500,000 and positions up to 4,095"
 
 
@@ -696,9 +699,8 @@ def _check_rope_fn(name, fn, layout) -> str:
     got = _call(name, f"{name[6:]} on {desc}", fn, x, cos, sin)
     _judge(name, got, _rope64(x, cos.to(torch.bfloat16), sin.to(torch.bfloat16), layout), [], f"on {desc}",
            rtol=2e-2, atol=2e-2)
-    if got.dtype != x.dtype:
-        _fail(name, f"on {desc}: the values are right but the output is {_dt(got)}; keep x's dtype "
-                    "(cast cos and sin to x.dtype first).")
+    _require_dtype(name, got, x.dtype, f"on {desc}", "the output",
+                   "keep x's dtype (cast cos and sin to x.dtype first).")
     return "4 cases: batch 1 and 2, positions up to 4,093, one pair, bfloat16"
 
 

@@ -184,6 +184,20 @@ def test_a_crash_in_student_code_is_reported_with_the_call():
 # ---- lesson 01: RMSNorm ------------------------------------------------------------------------------
 
 
+def test_right_values_in_the_wrong_dtype_are_named_as_such():
+    def rms_float64(x, eps=1e-6):
+        return (x.double().pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+    def rope_cache_float64(T, dh, base=10000.0):
+        cos, sin = mb.rope_cache(T, dh, base)
+        return cos.double(), sin.double()
+
+    with pytest.raises(CheckFailed, match="values are right but the dtype is float64; return float32"):
+        checks.check_rms(rms_float64)
+    with pytest.raises(CheckFailed, match="values are right but cos is float64; return float32 tables"):
+        checks.check_rope_cache(rope_cache_float64)
+
+
 def test_check_rms_rejects_wrong_statistics():
     rejects(checks.check_rms, lambda x, eps=1e-6: (x.float().var(-1, unbiased=False, keepdim=True) + eps).sqrt(),
             "the mean was subtracted")
