@@ -8,7 +8,6 @@ shared machine slows both alike; the figures that matter are the ratios.
 """
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -18,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -96,7 +96,7 @@ def bench_train(ours, hf, repeats: int, compile_ours: bool) -> dict:
                                            "hf": train_step_fn(hf, idx, targets, hf=True)}, repeats), "ours", "hf")
     if compile_ours:
         # the Trainer's path: torch.compile(model), loss outside; a fresh cache so the compile time is honest
-        with tempfile.TemporaryDirectory() as cache_dir, _env(TORCHINDUCTOR_CACHE_DIR=cache_dir):
+        with tempfile.TemporaryDirectory() as cache_dir, mock.patch.dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir):
             torch._dynamo.reset()
             compiled = torch.compile(ours)
             t0 = time.perf_counter()
@@ -107,20 +107,6 @@ def bench_train(ours, hf, repeats: int, compile_ours: bool) -> dict:
                 "hf": train_step_fn(hf, idx, targets, hf=True)}, repeats), "compiled", "hf"))
     ours.eval(), hf.eval()
     return row
-
-
-@contextlib.contextmanager
-def _env(**values):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def bench_decode(ours, hf, new_tokens: int, repeats: int) -> dict:

@@ -29,8 +29,8 @@ def packed_weight(owner: nn.Module, names: tuple[str, ...]) -> torch.Tensor | No
     dtypes, devices or input sizes).
     """
     weights = [owner._modules[name]._parameters["weight"] for name in names]
-    key = "_packed_" + "_".join(names)
-    packed, addresses = owner.__dict__.get(key, (None, None))
+    known = owner.__dict__.setdefault("_packed", {})  # names -> (packed block, the weights' addresses)
+    packed, addresses = known.get(names, (None, None))
     if addresses == [w.data_ptr() for w in weights]:
         return packed
     first = weights[0]
@@ -43,7 +43,7 @@ def packed_weight(owner: nn.Module, names: tuple[str, ...]) -> torch.Tensor | No
         for w in weights:
             w.data = packed[start:start + w.shape[0]]  # the Parameter stays; its memory is now a view
             start += w.shape[0]
-    owner.__dict__[key] = packed, [w.data_ptr() for w in weights]
+    known[names] = packed, [w.data_ptr() for w in weights]
     return packed
 
 

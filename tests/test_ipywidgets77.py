@@ -14,7 +14,6 @@ torch is not installed again). It is built once and cached in the temporary fold
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,19 +23,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from repo_files import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 PIN = "ipywidgets>=7.7,<7.8"
 CELL_TIMEOUT_S = 120
-
-
-def _load_harness():
-    spec = importlib.util.spec_from_file_location("lab_harness", ROOT / "tests" / "browser" / "lab_harness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _site_dirs() -> list[str]:
@@ -168,7 +161,7 @@ seen["after"] = f"{want:,.2f} GiB" in report.value
 print(json.dumps(seen))
 '''
 
-harness = _load_harness()
+harness = load_module("tests/browser/lab_harness.py")
 LESSONS_WITH_WIDGETS = [p for p in sorted((ROOT / "notebooks").glob("*.ipynb"))
                         if harness.widget_cells(nbformat.read(p, as_version=4), "all")]
 

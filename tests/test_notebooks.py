@@ -8,12 +8,12 @@
 Parametrised over the notebooks that exist, so lessons added later are covered too.
 """
 
-import importlib.util
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
+from repo_files import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -22,14 +22,7 @@ MAX_BYTES = 1_500_000
 MEMORY_ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+")
 
 
-def _load_stamp_module():
-    spec = importlib.util.spec_from_file_location("stamp_notebooks", ROOT / "scripts" / "stamp_notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-stamp_notebooks = _load_stamp_module()
+stamp_notebooks = load_module("scripts/stamp_notebooks.py")
 
 
 def _output_texts(cell) -> list[str]:

@@ -1,12 +1,11 @@
 """Regression guards on performance, as ratios inside one process (never absolute times)."""
 
-import importlib.util
 import statistics
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from repo_files import load_module
 
 from modern_block import LlamaStyleLM, generate
 
@@ -54,10 +53,7 @@ def test_benchmark_script_measures_both_models_on_the_same_tokens():
     """benchmarks/cpu_vs_hf.py in miniature: the converted model decodes exactly Hugging Face's
     tokens, the ratios come out, and the cache holds the formula's bytes."""
     pytest.importorskip("transformers")
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_vs_hf.py"
-    spec = importlib.util.spec_from_file_location("cpu_vs_hf", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_module("benchmarks/cpu_vs_hf.py")
     ours, hf = bench.build_pair()
     row = bench.bench_decode(ours, hf, 8, repeats=1)
     assert row["decode8_same_tokens"] and row["decode8_ratio"] > 0 and row["decode8_ratio_best"] > 0

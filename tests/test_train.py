@@ -1,6 +1,5 @@
 """The trainer, the command lines, the ladder and the GPU benchmark's smoke mode (tiny models, CPU)."""
 
-import importlib.util
 import json
 import math
 import os
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from repo_files import load_module
 
 from modern_block import GPT2LM, LlamaStyleLM
 from modern_block import __main__ as cli
@@ -373,9 +373,7 @@ def test_sample_uses_the_kv_cache_deterministically():
 
 # ---- the GPU benchmark's smoke mode -----------------------------------------------------------------
 def test_gpu_benchmark_smoke_mode(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpu_train", ROOT / "benchmarks" / "gpu_train.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_module("benchmarks/gpu_train.py")
     assert bench.main(["--smoke", "--out", str(tmp_path), "--seeds", "0", "1"]) == 0
     report = json.loads((tmp_path / "gpu_results.json").read_text())
     assert set(report["comparison"]) == {"gpt2", "llama"}
@@ -396,9 +394,7 @@ def test_ladder_budget_fits_the_time_left():
 
 
 def bench_steps(left_s: float) -> int:
-    spec = importlib.util.spec_from_file_location("gpu_train", ROOT / "benchmarks" / "gpu_train.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_module("benchmarks/gpu_train.py")
     # comparison: 6 runs took 120 s; ladder: 15 runs at the full budget, 21 below it
     return bench.ladder_steps_for(left_s, 0.0, 120.0, 6, 15, 21, 5000, 250)
 
