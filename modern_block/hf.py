@@ -4,7 +4,7 @@
     to_hf(model)             a course model -> the matching transformers model (eval mode)
     load_pretrained(name)    a checkpoint on the Hub (or a local folder) -> course model
     module_pairs(model, hf)  which course module should agree with which Hugging Face module
-                             (for ``modern_block.compare.compare_layers``)
+                             (for ``modern_block.debug.compare_layers``)
 
 Supported families (``config.model_type``):
     llama        LlamaForCausalLM        -> LlamaStyleLM(qk_norm=False)
@@ -396,7 +396,7 @@ def _hf_config(model: nn.Module, rope_interleave: bool):
         raise ValueError("rope_interleave applies to MLA (DeepSeek-V3) models only")
     if not isinstance(attn, GQAttention):
         raise TypeError(f"attention {type(attn).__name__} has no Hugging Face counterpart")
-    qk_norm = not isinstance(attn.q_norm, nn.Identity)
+    qk_norm = attn.qk_norm
     common.update(num_key_value_heads=attn.kv, head_dim=attn.dh)
     if qk_norm:
         if attn.q_norm.eps != model.norm.eps:
