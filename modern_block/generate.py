@@ -12,7 +12,8 @@ from ._validate import positive_int
 from .kv_cache import KVCache
 
 
-def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
+def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
     """logits: [B, V] -> [B, 1]. Greedy at temperature 0, else sample (optionally from the top k)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
@@ -25,13 +26,8 @@ def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None, gen
     return torch.multinomial(probs, 1, generator=generator)  # [B, 1]
 
 
-@torch.inference_mode()
-def generate(model, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = True, temperature: float = 0.0,
-             top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Append ``max_new_tokens`` tokens to each prompt in ``idx`` [B, T0]; returns [B, T0 + new].
-
-    Runs the model in eval mode (restoring its mode afterwards). ``generator`` seeds sampling.
-    """
+def check_request(model, idx, max_new_tokens: int, temperature: float, top_k: int | None) -> int:
+    """Check a decoding request; return the positions the cache must hold (the last new token is never fed back)."""
     positive_int("max_new_tokens", max_new_tokens)
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
@@ -39,11 +35,21 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = Tr
         positive_int("top_k", top_k)
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2:
         raise ValueError(f"idx must be a [batch, seq_len] tensor of token ids, got {getattr(idx, 'shape', idx)}")
-    B, T0 = idx.shape
-    needed = T0 + max_new_tokens - 1  # the last new token is never fed back
+    needed = idx.shape[1] + max_new_tokens - 1
     if needed > model.max_len:
-        raise ValueError(f"prompt length ({T0}) + max_new_tokens ({max_new_tokens}) - 1 = {needed} "
+        raise ValueError(f"prompt length ({idx.shape[1]}) + max_new_tokens ({max_new_tokens}) - 1 = {needed} "
                          f"exceeds the model's max_len ({model.max_len})")
+    return needed
+
+
+@torch.inference_mode()
+def generate(model, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = True, temperature: float = 0.0,
+             top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Append ``max_new_tokens`` tokens to each prompt in ``idx`` [B, T0]; returns [B, T0 + new].
+
+    Runs the model in eval mode (restoring its mode afterwards). ``generator`` seeds sampling.
+    """
+    needed = check_request(model, idx, max_new_tokens, temperature, top_k)
     was_training = model.training
     model.eval()
     try:
@@ -54,7 +60,7 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = Tr
         else:
             logits = model(idx)[:, -1]
         for step in range(max_new_tokens):
-            nxt = _next_token(logits, temperature, top_k, generator)  # [B, 1]
+            nxt = next_token(logits, temperature, top_k, generator)  # [B, 1]
             out.append(nxt)
             if step == max_new_tokens - 1:
                 break

@@ -26,6 +26,8 @@ def causal_attention(q, k, v, past_len: int = 0, dropout_p: float = 0.0, scale: 
     if past_len == 0:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale,
                                               enable_gqa=grouped)  # [B, h, T, dv]
+    if T == 1:  # one new token (a decoding step) sees every key: nothing to mask
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, enable_gqa=grouped)
     mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=past_len)  # [T, S]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
                                           enable_gqa=grouped)  # [B, h, T, dv]
