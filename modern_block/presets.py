@@ -1,6 +1,9 @@
-"""Attention and cache facts of real models (from their published configs), and cache sizes.
+"""Attention and cache facts of real models (from their published configs), cache sizes and weight sizes.
 
-Only what the course uses is recorded. ``sliding_window`` layers keep at most that many tokens
+Only what the course uses is recorded. A dense model's parameter count is computed from its config
+(a Llama-style block: attention, SwiGLU, two norms per layer); for mixture-of-experts models, whose
+experts the course does not record, ``n_params`` holds the published total (every expert must sit in
+memory, even though only a few run per token). ``sliding_window`` layers keep at most that many tokens
 (gpt-oss alternates 128-token windows with full attention; Gemma 3 has 5 local layers of 1,024
 tokens per global layer); the other layers cache the whole context.
 """
@@ -34,6 +37,22 @@ class ModelPreset:
     v_head_dim: int | None = None
     sliding_window: int | None = None
     n_sliding_layers: int = 0  # layers that use the sliding window
+    n_params: int | None = None  # published total, for models not computed from the config (MoE)
+
+    def parameters(self) -> int:
+        """Total parameters: the published total, or counted from the config of a dense model."""
+        if self.n_params is not None:
+            return self.n_params
+        d, L, V = self.d_model, self.n_layers, self.vocab_size
+        attention = d * self.n_heads * self.head_dim * 2 + d * self.n_kv_heads * self.head_dim * 2  # q, o; k, v
+        per_layer = attention + 3 * d * self.d_ff + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
+        return V * d * (1 if self.tied else 2) + L * per_layer + d  # embeddings (and head), layers, final norm
+
+    def weight_bytes(self, dtype: str = "bf16") -> int:
+        """Bytes of all the weights stored in ``dtype``."""
+        if dtype not in BYTES_PER_ELEM:
+            raise ValueError(f"dtype must be one of {sorted(BYTES_PER_ELEM)}, got {dtype!r}")
+        return self.parameters() * BYTES_PER_ELEM[dtype]
 
     def bytes_per_token(self, bytes_per_elem: int = 2) -> int:
         """Cache bytes per token of one sequence, counting every layer as full attention."""
@@ -65,18 +84,18 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in [
     ModelPreset("Qwen3-0.6B", n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, d_model=1024, d_ff=3072,
                 vocab_size=151936, rope_base=1000000.0, tied=True, qk_norm=True),
     ModelPreset("Qwen3-235B-A22B", n_layers=94, n_heads=64, n_kv_heads=4, head_dim=128, d_model=4096,
-                vocab_size=151936, rope_base=1000000.0, tied=False, qk_norm=True),
+                vocab_size=151936, rope_base=1000000.0, tied=False, qk_norm=True, n_params=235_000_000_000),
     ModelPreset("gpt-oss-120b", n_layers=36, n_heads=64, n_kv_heads=8, head_dim=64, d_model=2880,
-                vocab_size=201088, tied=False, sliding_window=128, n_sliding_layers=18),
+                vocab_size=201088, tied=False, sliding_window=128, n_sliding_layers=18, n_params=116_800_000_000),
     ModelPreset("Gemma 3 27B", n_layers=62, n_heads=32, n_kv_heads=16, head_dim=128, d_model=5376, d_ff=21504,
                 vocab_size=262208, rope_base=1000000.0, tied=True, qk_norm=True, sliding_window=1024,
                 n_sliding_layers=52),
     ModelPreset("DeepSeek-V3", n_layers=61, n_heads=128, n_kv_heads=128, head_dim=192, d_model=7168,
                 vocab_size=129280, tied=False, attention="mla", kv_latent_dim=512, rope_dim=64, q_lora_rank=1536,
-                v_head_dim=128),
+                v_head_dim=128, n_params=671_000_000_000),
     ModelPreset("Kimi K2", n_layers=61, n_heads=64, n_kv_heads=64, head_dim=192, d_model=7168,
                 vocab_size=163840, tied=False, attention="mla", kv_latent_dim=512, rope_dim=64, q_lora_rank=1536,
-                v_head_dim=128),
+                v_head_dim=128, n_params=1_040_000_000_000),
 ]}
 
 

@@ -16,8 +16,9 @@ CONTEXT_LENGTHS = tuple(2**k for k in range(10, 21))  # 1,024 .. 1,048,576 token
 def cache_report(preset: str, context_len: int, batch: int = 1, dtype: str = "bf16",
                  gpu_bytes: int = GPU_BYTES) -> dict:
     """What a preset's KV cache costs: bytes per token (all layers), total bytes and GiB for ``batch``
-    sequences of ``context_len`` tokens (sliding-window layers capped at their window), and how many
-    GPUs of ``gpu_bytes`` the cache alone fills."""
+    sequences of ``context_len`` tokens (sliding-window layers capped at their window), how many GPUs
+    of ``gpu_bytes`` the cache alone fills, and how many the weights (in the same dtype) and the cache
+    need together (a lower bound: activations and fragmentation come on top)."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {list(PRESETS)}, got {preset!r}")
     if not isinstance(gpu_bytes, int) or gpu_bytes <= 0:
@@ -31,6 +32,8 @@ def cache_report(preset: str, context_len: int, batch: int = 1, dtype: str = "bf
         "total_bytes": total,
         "total_gib": total / GiB,
         "gpus": math.ceil(total / gpu_bytes),
+        "weight_bytes": p.weight_bytes(dtype),
+        "gpus_with_weights": math.ceil((total + p.weight_bytes(dtype)) / gpu_bytes),
     }
 
 
@@ -45,7 +48,9 @@ def _report_html(r: dict, context_len: int, batch: int, dtype: str) -> str:
             f"bytes per token: <b class='kv-bytes-per-token'>{r['bytes_per_token']:,} B</b><br>"
             f"cache for {batch} × {context_len:,} tokens: <b class='kv-total-gib'>{r['total_gib']:,.2f} GiB</b>"
             f" ({r['total_bytes']:,} B)<br>"
-            f"80 GB GPUs needed for the cache alone: <b class='kv-gpus'>{r['gpus']}</b>{note}</div>")
+            f"80 GB GPUs needed for the cache alone: <b class='kv-gpus'>{r['gpus']}</b>; "
+            f"with the weights ({r['weight_bytes'] / 1e9:,.0f} GB in {dtype}): "
+            f"<b class='kv-gpus-with-weights'>{r['gpus_with_weights']}</b>{note}</div>")
 
 
 def cache_calculator(preset: str = "Llama 3 70B", context_len: int = 131072, batch: int = 1, dtype: str = "bf16"):

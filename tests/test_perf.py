@@ -7,7 +7,7 @@ import pytest
 import torch
 from repo_files import load_module
 
-from modern_block import KVCache, LlamaStyleLM, generate
+from modern_block import KVCache, LlamaStyleLM, fast, generate
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -49,14 +49,24 @@ def test_cache_append_does_not_reallocate():
     assert ptrs == [b.data_ptr() for layer in cache.layers for b in layer.buffers]
 
 
-def test_benchmark_script_measures_both_models_on_the_same_tokens():
-    """benchmarks/cpu_vs_hf.py in miniature: the converted model decodes exactly Hugging Face's
-    tokens, the ratios come out, and the cache holds the formula's bytes."""
+def test_benchmark_script_measures_every_path_on_the_same_tokens():
+    """benchmarks/cpu_vs_hf.py in miniature, without torch.compile: the converted model, the fast layer
+    (uncompiled) and Hugging Face decode exactly the same tokens, the ratios and their spread come out,
+    the floor is computed, and the cache holds the formula's bytes."""
     pytest.importorskip("transformers")
     bench = load_module("benchmarks/cpu_vs_hf.py")
     ours, hf = bench.build_pair()
-    row = bench.bench_decode(ours, hf, 8, repeats=1)
-    assert row["decode8_same_tokens"] and row["decode8_ratio"] > 0 and row["decode8_ratio_best"] > 0
+    fast_model = fast.prepare(ours, compile=False)
+    results = bench.bench_decode(ours, fast_model, hf, 8, repeats=2, compiled=False)
+    assert results["decode8_same_tokens"]
+    for key in ("decode8_plain_vs_hf", "decode8_fast_vs_plain"):
+        lo, hi = results[f"{key}_ratio_range"]
+        assert 0 < lo <= results[f"{key}_ratio"] <= hi and results[f"{key}_ratio_best"] > 0
+    results |= bench.memory_bandwidth(nbytes=8 * 2**20, repeats=2)
+    floor = bench.floor_row(ours, results, 8)
+    weights = sum(p.numel() for p in ours.parameters()) - ours.emb.weight.numel() + ours.emb.weight.shape[1]
+    assert floor["weight_bytes_per_token"] == 4 * weights  # fp32: every matrix once, one embedding row
+    assert 0 < floor["floor_decode8_fast_fraction"] and "floor_decode8_hf_static_fraction" not in floor
     row = bench.bench_cache_speedup(ours, 8, repeats=1)
     assert row["speedup8_same_tokens"]
     sizes = bench.bench_cache_bytes()

@@ -21,3 +21,22 @@ def test_presets_and_sliding_windows():
         cache_size("GPT-5", 10)
     with pytest.raises(ValueError, match="dtype must be one of"):
         cache_size("Llama 3 8B", 10, dtype="int3")
+
+
+# published totals of the dense models (model cards), against the count from the recorded config
+PUBLISHED = {"Llama 2 7B": 6.74e9, "Llama 3 8B": 8.03e9, "Llama 3 70B": 70.6e9, "Mistral 7B": 7.25e9,
+             "Qwen3-0.6B": 0.6e9, "Gemma 3 27B": 27e9}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_dense_parameter_counts_from_the_config_match_the_published_totals(name):
+    assert PRESETS[name].n_params is None  # computed, not typed in
+    assert PRESETS[name].parameters() == pytest.approx(PUBLISHED[name], rel=0.01)
+
+
+def test_weight_bytes():
+    assert PRESETS["Llama 3 70B"].parameters() == 70_553_706_496
+    assert PRESETS["Llama 3 70B"].weight_bytes("bf16") == 2 * 70_553_706_496
+    assert PRESETS["DeepSeek-V3"].weight_bytes("fp8") == 671 * 10**9  # MoE: the published total
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        PRESETS["Llama 3 8B"].weight_bytes("int3")

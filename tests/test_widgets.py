@@ -11,6 +11,8 @@ def test_report_gives_the_chapters_llama3_70b_figure():
     assert r["bytes_per_token"] == 2 * 80 * 8 * 128 * 2 == 327_680
     assert r["total_bytes"] == 327_680 * 131_072 and r["total_gib"] == 40.0
     assert r["gpus"] == 1
+    # the weights (70.55B parameters, 141 GB in bf16) need two 80 GB GPUs on their own, three with the cache
+    assert r["weight_bytes"] == 2 * 70_553_706_496 and r["gpus_with_weights"] == 3
 
 
 def test_report_scales_with_batch_and_dtype_and_counts_gpus():
@@ -45,7 +47,7 @@ def test_widget_updates_when_the_preset_changes():
     preset = next(w for w in controls if w.description == "preset")
     batch = next(w for w in controls if w.description == "batch")
     out = box.children[2]
-    assert "40.00 GiB" in out.value and "327,680 B" in out.value
+    assert "40.00 GiB" in out.value and "327,680 B" in out.value and "141 GB" in out.value
     preset.value = "DeepSeek-V3"
     assert "70,272 B" in out.value and f"{70_272 * 131072 / GiB:,.2f} GiB" in out.value
     batch.value = 10
