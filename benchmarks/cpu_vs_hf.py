@@ -1,10 +1,14 @@
-"""The course's Llama against Hugging Face's, same weights, same process: training step, cached decoding,
-KV-cache speedup and cache bytes. Prints one table and writes it as JSON.
+"""The course's Llama against Hugging Face's, same weights, same process: training step (eager and
+compiled), cached greedy decoding (the plain model, the fast layer, Hugging Face eager and Hugging Face's
+static cache with torch.compile), the memory-bandwidth floor, the KV-cache speedup and cache bytes.
+Prints one table and writes it as JSON.
 
-    python benchmarks/cpu_vs_hf.py [--quick] [--no-compile] [--out benchmarks/results_cpu.json]
+    python benchmarks/cpu_vs_hf.py [--quick] [--no-compile] [--clock cpu --threads 1] [--out FILE]
 
-Timings alternate the two contenders (ours, theirs, ours, theirs, ...) and quote medians, so a noisy,
-shared machine slows both alike; the figures that matter are the ratios.
+Timings alternate the contenders (a, b, c, a, b, c, ...) so that a noisy, shared machine slows them
+alike, and quote three figures per ratio: the ratio of the medians, the ratio of the best runs (the
+runs least disturbed by other work) and the range of the per-round ratios (the spread). Every compile
+starts from an empty inductor cache, so its time is what a first user pays.
 """
 
 import argparse
@@ -16,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
@@ -24,11 +29,15 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from modern_block import KVCache, LlamaStyleLM, generate, kv_cache_bytes_per_token, mla_cache_bytes_per_token  # noqa: E402
+from modern_block import KVCache, LlamaStyleLM, fast, generate  # noqa: E402
 from modern_block.hf import from_hf  # noqa: E402
+from modern_block.kv_cache import kv_cache_bytes_per_token, mla_cache_bytes_per_token  # noqa: E402
 from modern_block.mla import MLAConfig  # noqa: E402
+from modern_block.profiling import decode_weight_bytes, memory_bandwidth  # noqa: E402
 
-CONFIG = dict(V=512, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, seq=256, batch=8)
+CONFIG = dict(V=512, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, seq=256, batch=8, prompt=16)
+CLOCK = time.perf_counter  # --clock cpu switches to this process's CPU time (see main)
+DEVICE = torch.device("cpu")  # --device cuda: the same table on a GPU
 
 
 def build_pair(seed: int = 0):
@@ -46,10 +55,6 @@ def build_pair(seed: int = 0):
     return from_hf(hf).eval().to(DEVICE), hf.to(DEVICE)
 
 
-CLOCK = time.perf_counter  # --clock cpu switches to this process's CPU time (see main)
-DEVICE = torch.device("cpu")  # --device cuda: the same table on a GPU
-
-
 def _now() -> float:
     """The clock, after the GPU (if any) has finished the work queued so far."""
     if DEVICE.type == "cuda":
@@ -57,9 +62,8 @@ def _now() -> float:
     return CLOCK()
 
 
-def alternate(fns: dict, repeats: int, warm_up: bool = True) -> tuple[dict, dict]:
-    """Median and best (minimum) seconds of each callable, run in turn ``repeats`` times after one
-    warm-up each. The best is the run least disturbed by other work on the machine."""
+def alternate(fns: dict, repeats: int, warm_up: bool = True) -> dict[str, list[float]]:
+    """Seconds per call of each callable, run in turn ``repeats`` times (after one warm-up call each)."""
     for fn in fns.values() if warm_up else ():
         fn()
     times = {name: [] for name in fns}
@@ -68,15 +72,37 @@ def alternate(fns: dict, repeats: int, warm_up: bool = True) -> tuple[dict, dict
             t0 = _now()
             fn()
             times[name].append(_now() - t0)
-    return ({name: statistics.median(t) for name, t in times.items()}, {name: min(t) for name, t in times.items()})
+    return times
 
 
-def ratios(prefix: str, med: dict, best: dict, ours: str, theirs: str) -> dict:
-    """Median times of both, and the ratio ours / theirs of the medians and of the bests."""
-    return {f"{prefix}_{ours}_s": med[ours], f"{prefix}_{theirs}_s": med[theirs],
-            f"{prefix}_ratio": med[ours] / med[theirs], f"{prefix}_ratio_best": best[ours] / best[theirs]}
+def ratio(prefix: str, times: dict, ours: str, theirs: str) -> dict:
+    """ours / theirs: the ratio of the medians, of the bests, and the range of the per-round ratios."""
+    a, b = times[ours], times[theirs]
+    per_round = [x / y for x, y in zip(a, b, strict=True)]
+    return {f"{prefix}_ratio": statistics.median(a) / statistics.median(b), f"{prefix}_ratio_best": min(a) / min(b),
+            f"{prefix}_ratio_range": [min(per_round), max(per_round)]}
 
 
+def medians(prefix: str, times: dict) -> dict:
+    return {f"{prefix}_{name}_s": statistics.median(t) for name, t in times.items()} | {
+        f"{prefix}_{name}_best_s": min(t) for name, t in times.items()}
+
+
+@contextmanager
+def fresh_compile_cache():
+    """An empty inductor cache for what runs inside, so a compile time is what a first user pays."""
+    with tempfile.TemporaryDirectory() as cache_dir, mock.patch.dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir):
+        yield
+
+
+def first_call_seconds(fn) -> float:
+    with fresh_compile_cache():
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------- training
 def train_step_fn(model, idx, targets, hf: bool = False):
     def step():
         out = model(input_ids=idx).logits if hf else model(idx)
@@ -92,41 +118,97 @@ def bench_train(ours, hf, repeats: int, compile_ours: bool) -> dict:
     idx = torch.randint(0, c["V"], (c["batch"], c["seq"]), generator=g).to(DEVICE)
     targets = torch.randint(0, c["V"], (c["batch"], c["seq"]), generator=g).to(DEVICE)
     ours.train(), hf.train()
-    row = ratios("train_step", *alternate({"ours": train_step_fn(ours, idx, targets),
-                                           "hf": train_step_fn(hf, idx, targets, hf=True)}, repeats), "ours", "hf")
+    fns = {"ours": train_step_fn(ours, idx, targets), "hf": train_step_fn(hf, idx, targets, hf=True)}
+    if compile_ours:  # the trainer's --compile path: torch.compile(model), the loss outside
+        torch.compiler.reset()
+        compiled = torch.compile(ours)
+        fns["compiled"] = train_step_fn(compiled, idx, targets)
+        first = first_call_seconds(fns["compiled"])  # compiles forward and backward
+    times = alternate(fns, repeats)
+    row = medians("train", times) | ratio("train_eager", times, "ours", "hf")
     if compile_ours:
-        # the Trainer's path: torch.compile(model), loss outside; a fresh cache so the compile time is honest
-        with tempfile.TemporaryDirectory() as cache_dir, mock.patch.dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir):
-            torch._dynamo.reset()
-            compiled = torch.compile(ours)
-            t0 = time.perf_counter()
-            train_step_fn(compiled, idx, targets)()  # first call compiles forward and backward
-            row["compile_s"] = time.perf_counter() - t0
-            row.update(ratios("train_step_compiled", *alternate({
-                "compiled": train_step_fn(compiled, idx, targets),
-                "hf": train_step_fn(hf, idx, targets, hf=True)}, repeats), "compiled", "hf"))
+        row |= ratio("train_compiled", times, "compiled", "hf")
+        row["train_compile_s"] = first - statistics.median(times["compiled"])
     ours.eval(), hf.eval()
     return row
 
 
-def bench_decode(ours, hf, new_tokens: int, repeats: int) -> dict:
-    """Cached greedy decoding of ``new_tokens`` after a 16-token prompt, batch 1; same tokens checked."""
-    prompt = torch.randint(0, CONFIG["V"], (1, 16), generator=torch.Generator().manual_seed(2)).to(DEVICE)
-    out = {}
+# ------------------------------------------------------------------------------------------- decoding
+def hf_static_generate(hf, prompt, new_tokens: int):
+    """Hugging Face's own fast path: a static cache, and the decode step compiled by ``generate``
+    itself (as it does on a GPU; ``_compile_all_devices`` asks for that on the CPU too)."""
+    from transformers import CompileConfig
 
-    def ours_fn():
-        out["ours"] = generate(ours, prompt, new_tokens, use_cache=True)
+    config = CompileConfig()  # Hugging Face's defaults
+    config._compile_all_devices = True
+    with torch.inference_mode():
+        return hf.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                           pad_token_id=0, cache_implementation="static", compile_config=config)
 
-    def hf_fn():
+
+def decode_contenders(ours, fast_model, hf, prompt, new_tokens: int, out: dict) -> dict:
+    """The four ways to decode greedily; each stores its tokens in ``out`` for the same-tokens check."""
+    def plain():
+        out["plain"] = generate(ours, prompt, new_tokens, use_cache=True)
+
+    def fast_layer():
+        out["fast"] = fast.generate(fast_model, prompt, new_tokens)
+
+    def hf_eager():
         with torch.inference_mode():
-            out["hf"] = hf.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                    do_sample=False, pad_token_id=0)
+            out["hf"] = hf.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                    pad_token_id=0)
 
-    row = ratios(f"decode{new_tokens}", *alternate({"ours": ours_fn, "hf": hf_fn}, repeats), "ours", "hf")
-    row[f"decode{new_tokens}_same_tokens"] = torch.equal(out["ours"], out["hf"])
+    def hf_static():
+        out["hf_static"] = hf_static_generate(hf, prompt, new_tokens)
+
+    return {"plain": plain, "fast": fast_layer, "hf": hf_eager, "hf_static": hf_static}
+
+
+def bench_decode(ours, fast_model, hf, new_tokens: int, repeats: int, compiled: bool = True) -> dict:
+    """Cached greedy decoding of ``new_tokens`` after a 16-token prompt, batch 1, four ways, interleaved.
+    The compiled contenders' first calls (the compile, from an empty cache) are timed on their own."""
+    prompt = torch.randint(0, CONFIG["V"], (1, CONFIG["prompt"]), generator=torch.Generator().manual_seed(2))
+    prompt = prompt.to(DEVICE)
+    out = {}
+    fns = decode_contenders(ours, fast_model, hf, prompt, new_tokens, out)
+    if not compiled:
+        del fns["hf_static"]
+    n = new_tokens
+    first = {name: first_call_seconds(fns[name]) for name in ("fast", "hf_static") if name in fns}
+    times = alternate(fns, repeats)
+    # compile time: the first call (compile and one decode), less a steady-state decode
+    row = {f"decode{n}_compile_{name}_s": t - statistics.median(times[name]) for name, t in first.items()}
+    row |= medians(f"decode{n}", times)
+    row |= ratio(f"decode{n}_plain_vs_hf", times, "plain", "hf")
+    row |= ratio(f"decode{n}_fast_vs_plain", times, "fast", "plain")
+    if compiled:
+        row |= ratio(f"decode{n}_fast_vs_hf_static", times, "fast", "hf_static")
+        row |= ratio(f"decode{n}_hf_static_vs_hf", times, "hf_static", "hf")
+    row[f"decode{n}_same_tokens"] = all(torch.equal(t, out["plain"]) for t in out.values())
     return row
 
 
+def bandwidth_row() -> dict:
+    """The machine's memory bandwidth: a 512 MiB copy (read + write), best and median of 10."""
+    bw = memory_bandwidth(512 * 2**20, repeats=10, device=DEVICE)
+    return {"bandwidth_bytes_per_s": bw["best"], "bandwidth_median_bytes_per_s": bw["median"],
+            "bandwidth_copy_bytes": bw["bytes"]}
+
+
+def floor_row(ours, results: dict, n: int) -> dict:
+    """Seconds per token each path takes against the floor: weight bytes per token / bandwidth."""
+    floor = decode_weight_bytes(ours) / results["bandwidth_bytes_per_s"]
+    row = {"weight_bytes_per_token": decode_weight_bytes(ours), "floor_s_per_token": floor}
+    for name in ("plain", "fast", "hf", "hf_static"):
+        if f"decode{n}_{name}_best_s" in results:
+            per_token = results[f"decode{n}_{name}_best_s"] / n
+            row[f"floor_decode{n}_{name}_s_per_token"] = per_token
+            row[f"floor_decode{n}_{name}_fraction"] = floor / per_token
+    return row
+
+
+# ------------------------------------------------------------------------------------------- the cache
 def bench_cache_speedup(ours, new_tokens: int, repeats: int) -> dict:
     """Decoding time without the cache / with it (ours, same prompt, same tokens checked)."""
     prompt = torch.randint(0, CONFIG["V"], (1, 16), generator=torch.Generator().manual_seed(3)).to(DEVICE)
@@ -140,10 +222,12 @@ def bench_cache_speedup(ours, new_tokens: int, repeats: int) -> dict:
     long = new_tokens > 1024  # minutes without the cache: one pair, and only the cached run warms up
     if long:
         run(True)()
-    med, best = alternate({"cache": run(True), "no_cache": run(False)}, repeats, warm_up=not long)
-    return {f"speedup{new_tokens}": med["no_cache"] / med["cache"],
-            f"speedup{new_tokens}_best": best["no_cache"] / best["cache"],
-            f"speedup{new_tokens}_cache_s": med["cache"], f"speedup{new_tokens}_no_cache_s": med["no_cache"],
+    times = alternate({"cache": run(True), "no_cache": run(False)}, repeats, warm_up=not long)
+    r = ratio(f"speedup{new_tokens}", times, "no_cache", "cache")
+    return {f"speedup{new_tokens}": r[f"speedup{new_tokens}_ratio"],
+            f"speedup{new_tokens}_best": r[f"speedup{new_tokens}_ratio_best"],
+            f"speedup{new_tokens}_cache_s": statistics.median(times["cache"]),
+            f"speedup{new_tokens}_no_cache_s": statistics.median(times["no_cache"]),
             f"speedup{new_tokens}_same_tokens": torch.equal(out[True], out[False])}
 
 
@@ -169,12 +253,14 @@ def bench_cache_bytes(n_tokens: int = 300) -> dict:
     return row
 
 
+# ------------------------------------------------------------------------------------------- main
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats; skip the 2048-token uncached decode")
+    parser.add_argument("--quick", action="store_true", help="3 rounds; skip the 2048-token uncached decode")
     parser.add_argument("--no-compile", action="store_true",
-                        help="skip the torch.compile training step (its compile takes about a minute)")
-    parser.add_argument("--repeats", type=int, default=None, help="interleaved pairs per timing (default 7, quick 3)")
+                        help="skip everything torch.compile does (compiled training step, compiled fast "
+                             "layer, Hugging Face's static path): the fast layer then runs uncompiled")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds per timing (default 7, quick 3)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall time, or this process's CPU time (fairer on a machine busy with other work; "
                              "use it with --threads 1)")
@@ -192,20 +278,27 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = args.repeats or (3 if args.quick else 7)
+    compiled = not args.no_compile
     ours, hf = build_pair()
     import transformers
 
+    transformers.logging.set_verbosity_error()
     gpu = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else None
     results = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
                "transformers": transformers.__version__, "cpu": _cpu_name(), "device": gpu or "cpu",
-               "threads": torch.get_num_threads(),
-               "clock": args.clock, "config": CONFIG, "repeats": repeats}
+               "threads": torch.get_num_threads(), "clock": args.clock, "config": CONFIG, "repeats": repeats,
+               "fast_compile_options": fast.COMPILE_OPTIONS if compiled else None}
     t0 = time.perf_counter()
-    progress("training step, eager" + ("" if args.no_compile else " and torch.compile (about a minute to compile)"))
-    results.update(bench_train(ours, hf, repeats, not args.no_compile))
+    progress("memory bandwidth (a 512 MiB copy)")
+    results.update(bandwidth_row())
+    progress("training step, eager" + (" and torch.compile (a minute or more to compile)" if compiled else ""))
+    results.update(bench_train(ours, hf, repeats, compiled))
+    fast_model = fast.prepare(ours, compile=compiled)
     for n in (128, 512):
-        progress(f"cached greedy decoding of {n} tokens")
-        results.update(bench_decode(ours, hf, n, repeats))
+        progress(f"cached greedy decoding of {n} tokens: plain, fast layer, HF"
+                 + (", HF static + compile (compiles first)" if compiled else ""))
+        results.update(bench_decode(ours, fast_model, hf, n, repeats, compiled))
+        results.update(floor_row(ours, results, n))
     for n in (128, 512) if args.quick else (128, 512, 2048):
         progress(f"decoding {n} tokens with and without the cache" + (" (about 8 minutes)" if n == 2048 else ""))
         results.update(bench_cache_speedup(ours, n, min(repeats, 5) if n < 2048 else 1))
@@ -232,25 +325,45 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def print_table(r: dict) -> None:
-    rows = [("training step, eager: ours / HF", "train_step_ratio", "<= 1.0")]
-    if "train_step_compiled_ratio" in r:
-        rows.append((f"training step, torch.compile ({r['compile_s']:.0f} s to compile): ours / HF eager",
-                     "train_step_compiled_ratio", "<= 0.9"))
+def table_rows(r: dict) -> list[tuple[str, str, str]]:
+    """(what, key prefix, target) for every ratio the run measured."""
+    rows = [("training step, eager: ours / HF", "train_eager", "<= 1.0")]
+    if "train_compiled_ratio" in r:
+        rows.append((f"training step, torch.compile(ours) ({r['train_compile_s']:.0f} s to compile) / HF eager",
+                     "train_compiled", "<= 0.9"))
     for n in (128, 512):
-        rows.append((f"cached greedy decode, {n} tokens: ours / HF generate", f"decode{n}_ratio", "<= 0.7"))
-    for n in (128, 512, 2048):
-        if f"speedup{n}" in r:
-            target = ">= 5" if n == 512 else ""
-            rows.append((f"KV-cache speedup at {n} tokens: uncached / cached", f"speedup{n}", target))
+        rows.append((f"decode {n}: plain generate / HF generate", f"decode{n}_plain_vs_hf", "<= 0.85"))
+        rows.append((f"decode {n}: fast layer / plain (compile {r[f'decode{n}_compile_fast_s']:.0f} s)",
+                     f"decode{n}_fast_vs_plain", "<= 0.7"))
+        if f"decode{n}_fast_vs_hf_static_ratio" in r:
+            hf_compile = r[f"decode{n}_compile_hf_static_s"]
+            rows.append((f"decode {n}: fast layer / HF static+compile (compile {hf_compile:.0f} s)",
+                         f"decode{n}_fast_vs_hf_static", "< 1"))
+            rows.append((f"decode {n}: HF static+compile / HF generate", f"decode{n}_hf_static_vs_hf", ""))
+    return rows
+
+
+def print_table(r: dict) -> None:
     where = r["device"] if r["device"] != "cpu" else f"{r['cpu']}, {r['threads']} threads"
     print(f"{where}, torch {r['torch']}, transformers {r['transformers']}, "
-          f"{r['clock']} clock, {r['repeats']} interleaved pairs, {r['date']}")
-    print(f"{'measure':<72} {'median':>7} {'best':>7}  target")
-    for name, key, target in rows:
-        best = r.get(f"{key}_best")
-        best = f"{best:6.2f}x" if best is not None else " " * 7
-        print(f"{name:<72} {r[key]:6.2f}x {best}  {target}")
+          f"{r['clock']} clock, {r['repeats']} interleaved rounds, {r['date']}")
+    print(f"{'measure':<66} {'median':>7} {'best':>7} {'range':>13}  target")
+    for name, key, target in table_rows(r):
+        lo, hi = r[f"{key}_ratio_range"]
+        print(f"{name:<66} {r[f'{key}_ratio']:6.3f}x {r[f'{key}_ratio_best']:6.3f}x {lo:6.3f}-{hi:5.3f}x  {target}")
+    for n in (128, 512, 2048):
+        if f"speedup{n}" in r:
+            print(f"{f'KV-cache speedup at {n} tokens: uncached / cached':<66} {r[f'speedup{n}']:6.1f}x "
+                  f"{r[f'speedup{n}_best']:6.1f}x")
+    bw = r["bandwidth_bytes_per_s"]
+    print(f"\nfloor: {r['weight_bytes_per_token'] / 2**20:.2f} MiB of weights per token / {bw / 2**30:.1f} GiB/s "
+          f"(a 512 MiB copy, best) = {1e3 * r['floor_s_per_token']:.2f} ms per token")
+    for n in (128, 512):
+        parts = [f"{name} {1e3 * r[f'floor_decode{n}_{name}_s_per_token']:.2f} ms "
+                 f"({100 * r[f'floor_decode{n}_{name}_fraction']:.0f}%)"
+                 for name in ("plain", "fast", "hf", "hf_static") if f"floor_decode{n}_{name}_fraction" in r]
+        print(f"  decode {n}, best ms per token (floor / that): " + ", ".join(parts))
+        print(f"  decode {n}: same tokens in all paths: {r[f'decode{n}_same_tokens']}")
     for kind in ("gqa", "mla"):
         held, formula = r[f"cache_bytes_{kind}"], r[f"cache_bytes_{kind}_formula"]
         print(f"{kind.upper()} cache after 300 tokens: {held:,} B held, formula {formula:,} B "

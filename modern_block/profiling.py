@@ -1,0 +1,106 @@
+"""Where a call's time goes: ``torch.profiler`` summarised, and the floor a decoding step cannot beat.
+
+    p = profile_ops(lambda: generate(model, prompt, 32))
+    p.ops                 # PyTorch operators the call dispatched (not counting ops run inside other ops)
+    p.seconds             # its wall time under the profiler
+    p.by_kind             # seconds in matrix multiplications, in attention, in all other PyTorch ops,
+                          # and outside PyTorch ops (Python, and the kernels torch.compile generates)
+
+Each microsecond is counted once, in the operator that spent it (the profiler's "self" time). The
+profiler adds a few microseconds to every operator, so compare summaries taken the same way.
+
+The floor: a decoding step (batch 1) reads every weight once, so it takes at least
+``decode_weight_bytes(model) / memory_bandwidth()`` seconds.
+"""
+
+import os
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile
+
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::dot")
+
+
+@dataclass
+class OpProfile:
+    ops: int  # outermost PyTorch operators dispatched
+    seconds: float  # wall time of the profiled call
+    by_kind: dict[str, float]  # seconds per kind of work; they add up to ``seconds``
+
+    def per(self, n: int) -> "OpProfile":
+        """The same profile divided by n (for example per generated token)."""
+        return OpProfile(self.ops / n, self.seconds / n, {k: v / n for k, v in self.by_kind.items()})
+
+    def __str__(self) -> str:
+        shares = ", ".join(f"{k} {100 * v / self.seconds:.0f}%" for k, v in self.by_kind.items())
+        return f"{self.ops:.0f} ops, {1e3 * self.seconds:.2f} ms ({shares})"
+
+
+@contextmanager
+def _without_stderr():
+    """Send file descriptor 2 to /dev/null: the profiler's C++ library announces every start and stop
+    there, which a notebook would show as an error stream."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def profile_ops(fn) -> OpProfile:
+    """Run ``fn()`` once under ``torch.profiler`` (CPU activity) and summarise it."""
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with _without_stderr():
+        prof.start()
+    try:
+        t0 = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - t0
+    finally:
+        with _without_stderr():
+            prof.stop()
+    aten = [e for e in prof.events() if e.name.startswith("aten::")]
+    outermost = [e for e in aten if not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
+    by_kind = {"matmul": 0.0, "attention": 0.0, "other ops": 0.0}
+    for e in aten:
+        kind = "matmul" if e.name in MATMULS else "attention" if "attention" in e.name else "other ops"
+        by_kind[kind] += e.self_cpu_time_total / 1e6
+    by_kind["outside ops"] = max(0.0, seconds - sum(by_kind.values()))
+    return OpProfile(len(outermost), seconds, by_kind)
+
+
+def decode_weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights one decoding step of a ``LlamaStyleLM`` reads: every parameter once, except the
+    token embedding, of which it reads one row (a tied output head still reads the whole matrix)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied matrix counted once
+    emb = model.emb.weight
+    tied = model.head.weight is emb
+    return total - (0 if tied else emb.numel() * emb.element_size()) + emb.shape[1] * emb.element_size()
+
+
+def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, device=None) -> dict:
+    """Bytes per second of a copy of ``nbytes`` (bytes read plus bytes written): what memory delivers
+    when the data does not fit the caches. Returns the best and the median of ``repeats`` copies."""
+    src = torch.ones(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch the pages once
+    times = []
+    for _ in range(repeats):
+        if src.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if src.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return {"best": 2 * nbytes / min(times), "median": 2 * nbytes / statistics.median(times), "bytes": nbytes}
