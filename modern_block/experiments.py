@@ -65,7 +65,12 @@ class Diverged:
 
 
 def _key(cfg: TrainConfig, corpus: Corpus) -> tuple:
-    return (corpus.name, len(corpus.text)) + tuple(sorted(asdict(cfg).items()))
+    """What determines a run: the text and the configuration, with a ladder model named by its switches
+    (two names for one model share their runs)."""
+    settings = asdict(cfg)
+    if cfg.arch.startswith("ladder:"):
+        settings["arch"] = get_rung(cfg.arch.removeprefix("ladder:")).switches
+    return (corpus.name, len(corpus.text)) + tuple(sorted(settings.items(), key=lambda kv: kv[0]))
 
 
 def _run_dir(out_dir, cfg: TrainConfig):
@@ -114,7 +119,8 @@ class WorkerPool:
         return self._pool.submit(_worker_train, cfg, run_dir)
 
     def close(self) -> None:
-        self._pool.shutdown()
+        """Stop the workers (runs not yet started are dropped)."""
+        self._pool.shutdown(cancel_futures=True)
 
     def __enter__(self):
         return self
@@ -147,10 +153,15 @@ def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers
             cache[k] = _train_or_diverge(cfg, _run_dir(out_dir, cfg), corpus, progress, verbose)
     elif todo:
         pool = workers if isinstance(workers, WorkerPool) else WorkerPool(corpus, min(workers, len(todo)))
+        futures = {}
         try:
             futures = {k: pool.submit(cfg, _run_dir(out_dir, cfg)) for k, cfg in todo.items()}
             for k, future in futures.items():
                 cache[k] = future.result()
+        except BaseException:  # an error or Ctrl-C: drop the runs not started yet
+            for future in futures.values():
+                future.cancel()
+            raise
         finally:
             if pool is not workers:
                 pool.close()

@@ -85,8 +85,14 @@ class Rung:
         if self.attention == "gpt2" and (self.positions == "rope" or self.gqa or self.qk_norm):
             raise ValueError("positions='rope', gqa and qk_norm need attention='llama' (GQAttention)")
 
+    @property
+    def switches(self) -> tuple:
+        """What makes the model: every field but the name and the description. Two names can make one model
+        (the ladder's ``gqa`` is Llama without QK-norm, ``no_qk_norm``)."""
+        return tuple(getattr(self, f.name) for f in fields(self) if f.name not in ("name", "change"))
+
     def differences(self, other: "Rung") -> list[str]:
-        """The switches (not the name or description) in which two models differ."""
+        """The switches in which two models differ."""
         return [f.name for f in fields(self) if f.name not in ("name", "change")
                 and getattr(self, f.name) != getattr(other, f.name)]
 
