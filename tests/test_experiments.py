@@ -2,7 +2,10 @@
 
 import json
 import math
+import re
+from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 from training_setup import CORPUS, SMALL, never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
@@ -25,6 +28,7 @@ from modern_block.experiments import (
 )
 from modern_block.ladder import ABLATION_NAMES, LADDER_NAMES, LLAMA_END
 
+ROOT = Path(__file__).resolve().parents[1]
 BASE = tiny("gpt2", max_steps=4, eval_interval=2, dropout=0.0)
 
 
@@ -111,6 +115,10 @@ def test_ladder_and_ablation_rows_share_runs_through_the_cache():
     loo = run_ablations(BASE, rates=(1e-2,), seeds=(0, 1), rungs=("no_gqa",), corpus=CORPUS, cache=cache)
     assert [r["rung"] for r in rows] == ["untied", LLAMA_END] and [r["rung"] for r in loo] == [LLAMA_END, "no_gqa"]
     assert len(cache) == n + 2, "the reference came from the ladder's runs"
+    no_qk_norm = run_ablations(BASE, rates=(1e-2,), seeds=(0, 1), rungs=("no_qk_norm",), corpus=CORPUS, cache=cache)
+    gqa = run_ladder(BASE, rates=(1e-2,), seeds=(0, 1), rungs=("gqa",), corpus=CORPUS, cache=cache)
+    assert len(cache) == n + 4, "no_qk_norm is the ladder's gqa model under another name: trained once"
+    assert no_qk_norm[1]["val_losses"] == gqa[0]["val_losses"]
     assert loo[0]["val_losses"] == rows[1]["val_losses"]
     for r in rows + loo:
         assert r["lr"] == 1e-2 and len(r["val_losses"]) == 2 and r["std"] > 0
@@ -162,3 +170,17 @@ def test_compare_cli_writes_report_and_plots(tmp_path, capsys):
     assert cli.main(["compare", "--quick", "--tied", "--out", str(tmp_path / "tied"), "--lr", "0.01", *SMALL]) == 0
     assert "Output head: tied in every arm" in (tmp_path / "tied" / "report.md").read_text()
     assert "report:" in capsys.readouterr().out
+
+
+def test_readme_quotes_the_committed_lesson_08_run():
+    """The README's lesson-08 paragraph states what the committed run shows: every decimal figure it quotes is in
+    the notebook's saved outputs, and so is the verdict on the tied pair."""
+    readme = (ROOT / "README.md").read_text()
+    paragraph = readme.split("Lesson 08 in quick mode", 1)[1].split("\n\n", 1)[0]
+    nb = nbformat.read(ROOT / "notebooks" / "08_train_llama_vs_gpt2.ipynb", as_version=4)
+    outputs = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    quoted = re.findall(r"[−-]?\d+\.\d+|\d{1,3}(?:,\d{3})+", paragraph)
+    assert len(quoted) >= 8, quoted
+    for number in quoted:
+        assert number.replace("−", "-") in outputs, f"README quotes {number}, which lesson 08's outputs do not show"
+    assert "tied heads" in paragraph and re.search(r"tied heads +[+-]\d\.\d+ ± \d\.\d+: no difference", outputs)
