@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from modern_block import LlamaStyleLM, generate, kv_cache_bytes_per_token, mla_cache_bytes_per_token  # noqa: E402
+from modern_block import KVCache, LlamaStyleLM, generate, kv_cache_bytes_per_token, mla_cache_bytes_per_token  # noqa: E402
 from modern_block.hf import from_hf  # noqa: E402
 from modern_block.mla import MLAConfig  # noqa: E402
 
@@ -160,7 +160,7 @@ def bench_cache_bytes(n_tokens: int = 300) -> dict:
         ("mla", mla, mla_cache_bytes_per_token(c["n_layers"], mla_cfg.kv_latent_dim, mla_cfg.rope_dim, 2)),
     ]:
         model.to(DEVICE, torch.bfloat16).eval()
-        cache = model.new_cache(1, n_tokens)
+        cache = KVCache(len(model.blocks), n_tokens)
         with torch.inference_mode():
             model(idx, cache)
         assert cache.length == n_tokens

@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from modern_block.data import DATA_ENV, load_corpus  # noqa: E402
-from modern_block.ladder import RUNGS, plot_ladder, size_table  # noqa: E402
-from modern_block.train import TrainConfig, gpu_config, plot_loss_curves, train  # noqa: E402
+from modern_block.experiments import plot_ladder, plot_loss_curves  # noqa: E402
+from modern_block.ladder import RUNGS, size_table  # noqa: E402
+from modern_block.train import TrainConfig, gpu_config, train  # noqa: E402
 
 SMOKE = dict(d=32, n_layers=2, n_heads=4, n_kv_heads=2, block_size=16, batch_size=4, max_steps=4,
              eval_interval=2, eval_batches=1, warmup_steps=1, dropout=0.0, log_interval=1, compile=False)

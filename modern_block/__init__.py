@@ -1,18 +1,19 @@
 """modern_block: the components of the modern transformer block, from the GPT-2 baseline to Llama.
 
-Modules in course order: gpt2 (the 2019 baseline), rmsnorm, ffn (SwiGLU), rope, attention
-(MHA/MQA/GQA), kv_cache, mla (multi-head latent attention), llama (Block, LlamaStyleLM), generate,
-presets, compare (layer-by-layer comparison of two models). ``modern_block.hf`` converts to and
-from Hugging Face models (imports transformers lazily); ``modern_block.data`` and ``modern_block.train``
-load the text and train the models; ``modern_block.checks``, ``exercises`` and ``grade`` serve the
-classroom assignments.
+The model, in course order (each file imports only torch and the files of earlier lessons):
+gpt2 (the 2019 baseline, lesson 00), rmsnorm (01), ffn (SwiGLU, 02), rope (03), attention and
+kv_cache (MHA/MQA/GQA and the cache, 04), mla (multi-head latent attention, 05), llama (Block,
+LlamaStyleLM, 07), generate. Around it: presets (real models' attention facts), debug
+(``compare_layers``: where two models diverge), ``modern_block.hf`` (to and from Hugging Face models;
+imports transformers lazily); ``data``, ``train``, ``ladder`` and ``experiments`` train the models
+and compare them; ``checks``, ``exercises`` and ``grade`` serve the classroom assignments.
 """
 
-from .attention import GQAttention, causal_attention
-from .compare import compare_layers
-from .ffn import GeluMLP, SwiGLU, swiglu_hidden_dim
+from .attention import GQAttention
+from .debug import compare_layers
+from .ffn import SwiGLU, swiglu_hidden_dim
 from .generate import generate
-from .gpt2 import GPT2LM, CausalSelfAttention, GPT2Block
+from .gpt2 import GPT2LM, CausalSelfAttention, GeluMLP, GPT2Block, causal_attention
 from .kv_cache import KVCache, LayerCache, kv_cache_bytes_per_token, mla_cache_bytes_per_token
 from .llama import Block, LlamaStyleLM
 from .mla import MLAConfig, MLAttention

@@ -23,8 +23,9 @@ def even(name: str, value: int, why: str) -> None:
         raise ValueError(f"{name} must be even {why}, got {value}")
 
 
-def token_ids(idx, vocab_size: int, max_len: int | None, offset: int = 0) -> None:
-    """Check a ``[B, T]`` batch of token ids: integer dtype, 2-D, fits ``max_len``, ids in ``[0, V)``.
+def token_ids(idx, vocab_size: int, max_len: int | None, offset: int = 0, cache=None, n_layers: int = 0) -> None:
+    """Check a ``[B, T]`` batch of token ids: int64/int32, 2-D, fits ``max_len``, ids in ``[0, V)``; and that a
+    KV ``cache``, if given, has one layer per block (``n_layers``).
 
     The range check runs only for CPU tensors in eager mode: on a GPU it would force a
     synchronisation on every step, and under ``torch.compile`` it would split the graph in two
@@ -32,8 +33,8 @@ def token_ids(idx, vocab_size: int, max_len: int | None, offset: int = 0) -> Non
     """
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"idx must be a torch.Tensor of token ids, got {type(idx).__name__}")
-    if idx.dtype.is_floating_point or idx.dtype == torch.bool or idx.dtype.is_complex:
-        raise TypeError(f"idx must hold integer token ids, got dtype {idx.dtype}")
+    if idx.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"idx must hold integer token ids of dtype torch.long (int64) or int32, got {idx.dtype}")
     if idx.dim() != 2:
         raise ValueError(f"idx must have shape [batch, seq_len], got {list(idx.shape)}")
     T = idx.shape[1]
@@ -43,7 +44,23 @@ def token_ids(idx, vocab_size: int, max_len: int | None, offset: int = 0) -> Non
         raise ValueError(
             f"sequence length {offset + T} (idx.shape[1]={T}, cache offset {offset}) exceeds max_len={max_len}"
         )
+    if cache is not None and len(cache) != n_layers:
+        raise ValueError(f"the cache has {len(cache)} layers but the model has {n_layers}: build it with "
+                         f"KVCache(n_layers={n_layers}, capacity=...)")
     if idx.device.type == "cpu" and idx.numel() and not torch.compiler.is_compiling():
         lo, hi = (int(t) for t in torch.aminmax(idx))
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"token ids must lie in [0, V={vocab_size}), got min {lo}, max {hi}")
+
+
+def check_positions(positions: torch.Tensor, idx: torch.Tensor, max_len: int) -> None:
+    """Explicit positions: integer, [T] or [B, T] like idx, each in [0, max_len) (a negative index
+    would silently read the end of the RoPE table)."""
+    if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"positions must be an int64 or int32 tensor, got {getattr(positions, 'dtype', positions)}")
+    if positions.shape not in (idx.shape[1:], idx.shape):
+        raise ValueError(f"positions must have shape [T] or [B, T] = {list(idx.shape)}, got {list(positions.shape)}")
+    if positions.device.type == "cpu" and not torch.compiler.is_compiling():
+        lo, hi = int(positions.min()), int(positions.max())
+        if lo < 0 or hi >= max_len:
+            raise ValueError(f"positions must lie in [0, max_len={max_len}), got min {lo}, max {hi}")

@@ -4,16 +4,20 @@ Without a cache every step runs the whole sequence again: O(T²) work for T toke
 prompt is run once (prefill) and each later step runs one token against the cached keys/values.
 """
 
+import math
+
 import torch
 
 from ._validate import positive_int
+from .kv_cache import KVCache
 
 
 def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
     """logits: [B, V] -> [B, 1]. Greedy at temperature 0, else sample (optionally from the top k)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    # shift so the largest logit is 0 before dividing: a tiny temperature then gives -inf, not inf - inf
+    logits = (logits.float() - logits.float().amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [B, 1], the k-th largest
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -29,8 +33,8 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = Tr
     Runs the model in eval mode (restoring its mode afterwards). ``generator`` seeds sampling.
     """
     positive_int("max_new_tokens", max_new_tokens)
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if top_k is not None:
         positive_int("top_k", top_k)
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2:
@@ -45,7 +49,7 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = Tr
     try:
         out = [idx]
         if use_cache:
-            cache = model.new_cache(B, needed)
+            cache = KVCache(len(model.blocks), capacity=needed)
             logits = model(idx, cache)[:, -1]  # prefill: [B, V]
         else:
             logits = model(idx)[:, -1]

@@ -7,12 +7,28 @@ head tied to the token embedding. Everything the modern block later replaces is 
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ._validate import divisible, positive_int, token_ids
-from .attention import causal_attention
-from .ffn import GeluMLP
-from .kv_cache import KVCache, LayerCache, kv_layer_cache, new_model_cache
 from .params import count_parameters, init_gpt2_style
+
+
+def causal_attention(q, k, v, past_len: int = 0, dropout_p: float = 0.0, scale: float | None = None):
+    """softmax(q·kᵀ · scale + causal mask) · v, fused (``F.scaled_dot_product_attention``).
+
+    q: [B, h, T, dq] for T new tokens; k: [B, n_kv, S, dq] and v: [B, n_kv, S, dv] for all S = past_len + T
+    tokens (past_len > 0 when earlier ones come from a KV cache). New token i sits at position
+    past_len + i and sees keys 0 .. past_len + i. Fewer K/V heads than query heads (GQA, lesson 04)
+    are shared by groups of h / n_kv query heads. The scale defaults to 1/sqrt(dq).
+    """
+    T, S = q.shape[-2], k.shape[-2]
+    grouped = q.shape[1] != k.shape[1]
+    if past_len == 0:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale,
+                                              enable_gqa=grouped)  # [B, h, T, dv]
+    mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=past_len)  # [T, S]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
+                                          enable_gqa=grouped)  # [B, h, T, dv]
 
 
 class CausalSelfAttention(nn.Module):
@@ -27,17 +43,29 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d, bias=bias)
         self.proj = nn.Linear(d, d, bias=bias)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:  # x: [B, T, d]
+    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:  # x: [B, T, d]
+        """``cache``: the layer's ``kv_cache.LayerCache`` when decoding (lesson 04), else None."""
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.h, self.dh).permute(2, 0, 3, 1, 4)  # 3 × [B, h, T, dh]
         past = 0
         if cache is not None:
-            k, v, past = cache.append(k, v)  # [B, h, past + T, dh]
+            k, v, past = cache.append(k, v)  # [B, h, past + T, dh]: every token so far
         out = causal_attention(q, k, v, past, self.dropout if self.training else 0.0)  # [B, h, T, dh]
         return self.proj(out.transpose(1, 2).reshape(B, T, d))  # [B, T, d]
 
-    def new_cache(self, batch: int, capacity: int, dtype=None, device=None) -> LayerCache:
-        return kv_layer_cache(batch, self.h, self.dh, capacity, dtype=dtype, device=device)
+
+class GeluMLP(nn.Module):
+    """GPT-2's MLP: expand to d_ff (4d by default), GELU with the tanh approximation, project back."""
+
+    def __init__(self, d: int, d_ff: int | None = None, bias: bool = True):
+        super().__init__()
+        positive_int("d", d)
+        d_ff = 4 * d if d_ff is None else positive_int("d_ff", d_ff)
+        self.fc = nn.Linear(d, d_ff, bias=bias)
+        self.proj = nn.Linear(d_ff, d, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., d]
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # [..., d_ff] -> [..., d]
 
 
 class GPT2Block(nn.Module):
@@ -52,7 +80,7 @@ class GPT2Block(nn.Module):
         self.mlp = GeluMLP(d, d_ff, bias=bias)
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:  # x: [B, T, d]
+    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:  # x: [B, T, d]
         x = x + self.drop(self.attn(self.ln1(x), cache))
         return x + self.drop(self.mlp(self.ln2(x)))
 
@@ -80,19 +108,16 @@ class GPT2LM(nn.Module):
         if tie:
             self.head.weight = self.wte.weight  # one matrix, two uses
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:  # idx: [B, T]
-        start = cache.length if cache is not None else 0
-        token_ids(idx, self.V, self.max_len, offset=start)
+    def forward(self, idx: torch.Tensor, cache=None) -> torch.Tensor:  # idx: [B, T]
+        """Logits for ``idx``. With a ``cache`` (a ``kv_cache.KVCache``), idx continues the sequences it holds."""
+        start = 0 if cache is None else cache.length
+        token_ids(idx, self.V, self.max_len, offset=start, cache=cache, n_layers=len(self.blocks))
         T = idx.shape[1]
         pos = torch.arange(start, start + T, device=idx.device)  # [T]
         x = self.drop(self.wte(idx) + self.wpe(pos))  # [B, T, d]
         for i, blk in enumerate(self.blocks):
-            x = blk(x, cache[i] if cache is not None else None)
+            x = blk(x, None if cache is None else cache[i])
         return self.head(self.ln_f(x))  # [B, T, V]
-
-    def new_cache(self, batch: int, capacity: int, dtype=None, device=None) -> KVCache:
-        """An empty cache for ``batch`` sequences of up to ``capacity`` tokens (K/V, or MLA latents)."""
-        return new_model_cache(self, batch, capacity, dtype, device)
 
     def num_parameters(self) -> int:
         return count_parameters(self)

@@ -4,7 +4,7 @@
     to_hf(model)             a course model -> the matching transformers model (eval mode)
     load_pretrained(name)    a checkpoint on the Hub (or a local folder) -> course model
     module_pairs(model, hf)  which course module should agree with which Hugging Face module
-                             (for ``modern_block.compare.compare_layers``)
+                             (for ``modern_block.debug.compare_layers``)
 
 Supported families (``config.model_type``):
     llama        LlamaForCausalLM        -> LlamaStyleLM(qk_norm=False)   Llama 2/3/3.1/3.2, SmolLM2
@@ -440,7 +440,7 @@ def _hf_rope(model: LlamaStyleLM) -> tuple[dict, int]:
 def _llama_family(attn: GQAttention, family: str | None) -> str:
     """Which transformers family expresses a GQA course model: Qwen3 (QK-norm), Qwen2 (q/k/v biases),
     else Llama (or Mistral, the same architecture, when asked for)."""
-    qk_norm, bias = not isinstance(attn.q_norm, nn.Identity), attn.wq.bias is not None
+    qk_norm, bias = attn.qk_norm, attn.wq.bias is not None
     if qk_norm and bias:
         raise ValueError("a model with both QK-norm and q/k/v biases has no Hugging Face counterpart here")
     natural = "qwen3" if qk_norm else "qwen2" if bias else "llama"

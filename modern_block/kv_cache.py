@@ -5,8 +5,9 @@ and layer:    bytes/token = 2 · L · n_kv · d_h · bytes_per_elem
 An MLA model caches one latent of size d_c and one shared RoPE key of size d_R per layer:
               bytes/token = L · (d_c + d_R) · bytes_per_elem
 
-The buffers are allocated once, for a fixed capacity, and written in place: appending never
-copies the past (``torch.cat`` every step would copy the whole cache each token).
+Each layer's buffers are allocated once, for a fixed capacity, at the first append (in the shape,
+dtype and device of what the attention layer hands over), and then written in place: appending
+never copies the past, as ``torch.cat`` every step would.
 """
 
 import torch
@@ -31,55 +32,42 @@ def mla_cache_bytes_per_token(n_layers: int, kv_latent_dim: int, rope_dim: int, 
 
 
 class LayerCache:
-    """Preallocated buffers of one attention layer, each [B, ..., capacity, ...] along ``seq_dim``.
-
-    ``append`` writes the new entries after the ones already held and returns views of everything
-    held so far, plus the number of tokens that were there before (the position offset).
+    """The cache of one attention layer: up to ``capacity`` tokens of whatever the layer stores
+    (K and V of shape [B, n_kv, T, d_h]; MLA's latent [B, T, d_c] and RoPE key [B, T, d_R]).
+    The sequence runs along the second-to-last dimension of every stored tensor.
     """
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], seq_dim: int, dtype=None, device=None):
-        self.seq_dim = seq_dim
-        self.buffers = {name: torch.zeros(shape, dtype=dtype, device=device) for name, shape in shapes.items()}
-        self.capacity = next(iter(shapes.values()))[seq_dim]
-        self.length = 0
+    def __init__(self, capacity: int):
+        self.capacity = positive_int("capacity", capacity)
+        self.buffers: list[torch.Tensor] = []  # one [..., capacity, dim] buffer per stored tensor
+        self.length = 0  # tokens held so far
 
     def append(self, *new: torch.Tensor):
-        start, T = self.length, new[0].shape[self.seq_dim]
-        end = start + T
-        if end > self.capacity:
+        """Store T new entries after those held; return views of everything held and the old length."""
+        start, T = self.length, new[0].shape[-2]
+        if start + T > self.capacity:
             raise ValueError(f"the cache holds at most {self.capacity} tokens; {start} + {T} new would exceed it")
-        held = []
-        for buf, x in zip(self.buffers.values(), new, strict=True):
-            if x.shape[0] != buf.shape[0]:
-                raise ValueError(f"batch size {x.shape[0]} does not match the cache's {buf.shape[0]}")
-            buf.narrow(self.seq_dim, start, T).copy_(x)
-            held.append(buf.narrow(self.seq_dim, 0, end))
-        self.length = end
-        return (*held, start)
+        if not self.buffers:  # first call: allocate room for `capacity` tokens, once
+            self.buffers = [x.new_zeros(*x.shape[:-2], self.capacity, x.shape[-1]) for x in new]
+        for buf, x in zip(self.buffers, new, strict=True):
+            if x.shape[:-2] != buf.shape[:-2] or x.shape[-1] != buf.shape[-1]:
+                raise ValueError(f"cache entries of shape {list(x.shape)} do not match the cache's "
+                                 f"{list(buf.shape[:-2])} + [T, {buf.shape[-1]}] (batch size or heads changed?)")
+            buf[..., start:start + T, :] = x
+        self.length = start + T
+        return (*(buf[..., :self.length, :] for buf in self.buffers), start)
 
     def nbytes(self) -> int:
-        """Bytes allocated by this layer's buffers."""
-        return sum(b.numel() * b.element_size() for b in self.buffers.values())
-
-
-def kv_layer_cache(batch, n_kv_heads, head_dim, capacity, v_head_dim=None, dtype=None, device=None) -> LayerCache:
-    """K and V buffers of shape [B, n_kv, capacity, d_h] (V may have its own head dim)."""
-    v_head_dim = head_dim if v_head_dim is None else v_head_dim
-    shapes = {"k": (batch, n_kv_heads, capacity, head_dim), "v": (batch, n_kv_heads, capacity, v_head_dim)}
-    return LayerCache(shapes, seq_dim=2, dtype=dtype, device=device)
-
-
-def mla_layer_cache(batch, kv_latent_dim, rope_dim, capacity, dtype=None, device=None) -> LayerCache:
-    """MLA's buffers: latent [B, capacity, d_c] and shared RoPE key [B, capacity, d_R], nothing per head."""
-    shapes = {"latent": (batch, capacity, kv_latent_dim), "k_rope": (batch, capacity, rope_dim)}
-    return LayerCache(shapes, seq_dim=1, dtype=dtype, device=device)
+        """Bytes allocated by this layer's buffers (0 before the first append)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers)
 
 
 class KVCache:
-    """One ``LayerCache`` per layer. Build it with ``model.new_cache(batch, capacity)``."""
+    """One ``LayerCache`` per layer: ``model(idx, cache)`` reads and extends it."""
 
-    def __init__(self, layers):
-        self.layers = list(layers)
+    def __init__(self, n_layers: int, capacity: int):
+        positive_int("n_layers", n_layers)
+        self.layers = [LayerCache(capacity) for _ in range(n_layers)]
 
     @property
     def length(self) -> int:
@@ -99,13 +87,3 @@ class KVCache:
 
     def __getitem__(self, i) -> LayerCache:
         return self.layers[i]
-
-
-def new_model_cache(model, batch: int, capacity: int, dtype=None, device=None) -> KVCache:
-    """An empty cache for a model whose ``blocks`` each have an ``attn`` with ``new_cache`` (every LM
-    here): ``batch`` sequences of up to ``capacity`` tokens, in the model's dtype and device by default."""
-    positive_int("batch", batch)
-    positive_int("capacity", capacity)
-    ref = model.head.weight
-    dtype, device = dtype or ref.dtype, device or ref.device
-    return KVCache(blk.attn.new_cache(batch, capacity, dtype, device) for blk in model.blocks)

@@ -31,17 +31,15 @@ over 1% of the total, d_ff is rounded to the nearest integer instead.
 """
 
 import functools
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from ._validate import positive_int, token_ids
 from .attention import GQAttention
-from .ffn import GeluMLP, SwiGLU
-from .gpt2 import GPT2LM, CausalSelfAttention
-from .kv_cache import KVCache, LayerCache, new_model_cache
+from .ffn import SwiGLU
+from .gpt2 import GPT2LM, CausalSelfAttention, GeluMLP
 from .llama import LlamaStyleLM
 from .params import count_parameters, init_gpt2_style
 from .rmsnorm import RMSNorm
@@ -104,7 +102,7 @@ class LadderBlock(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.rope = rung.positions == "rope"
 
-    def forward(self, x, cos=None, sin=None, cache: LayerCache | None = None):  # x: [B, T, d]
+    def forward(self, x, cos=None, sin=None, cache=None):  # x: [B, T, d]
         h = self.norm1(x)
         h = self.attn(h, cos, sin, cache) if self.rope else self.attn(h, cache)
         x = x + self.drop(h)
@@ -138,9 +136,9 @@ class LadderLM(nn.Module):
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:  # idx: [B, T]
+    def forward(self, idx: torch.Tensor, cache=None) -> torch.Tensor:  # idx: [B, T]
         start = cache.length if cache is not None else 0
-        token_ids(idx, self.V, self.max_len, offset=start)
+        token_ids(idx, self.V, self.max_len, offset=start, cache=cache, n_layers=len(self.blocks))
         T = idx.shape[1]
         x = self.emb(idx)  # [B, T, d]
         cos = sin = None
@@ -152,10 +150,6 @@ class LadderLM(nn.Module):
         for i, blk in enumerate(self.blocks):
             x = blk(x, cos, sin, cache[i] if cache is not None else None)
         return self.head(self.norm(x))  # [B, T, V]
-
-    def new_cache(self, batch: int, capacity: int, dtype=None, device=None) -> KVCache:
-        """An empty cache for ``batch`` sequences of up to ``capacity`` tokens (K/V, or MLA latents)."""
-        return new_model_cache(self, batch, capacity, dtype, device)
 
     def num_parameters(self) -> int:
         return count_parameters(self)
@@ -243,41 +237,3 @@ def size_table(shape: ModelShape, V: int) -> list[dict]:
         rows.append({"rung": rung.name, "change": rung.change, "d_ff": d_ff, "params": n, "ratio": n / target})
     return rows
 
-
-def run_ladder(base, seeds=(0,), rungs=RUNG_NAMES, corpus=None, progress=None, verbose: bool = True) -> list[dict]:
-    """Train every rung for every seed on the budget of ``base`` (a ``TrainConfig``); returns one
-    row per rung: name, change, params, best val loss per seed, their mean and sample standard
-    deviation, and each seed's evaluation rows (``metrics``, for loss curves)."""
-    from .train import train  # imported here: train imports this module
-
-    rows = []
-    for name in rungs:
-        rung = get_rung(name)
-        results = [train(replace(base, arch=f"ladder:{name}", seed=seed), corpus=corpus, progress=progress,
-                         verbose=verbose) for seed in seeds]
-        losses = [r.best_val_loss for r in results]
-        mean = sum(losses) / len(losses)
-        std = math.sqrt(sum((x - mean) ** 2 for x in losses) / (len(losses) - 1)) if len(losses) > 1 else 0.0
-        rows.append({"rung": name, "change": rung.change, "params": results[0].n_params, "val_losses": losses,
-                     "mean": mean, "std": std, "metrics": [r.metrics for r in results]})
-    return rows
-
-
-def plot_ladder(rows: list[dict], path=None, title: str = "GPT-2 -> Llama, one change at a time"):
-    """Bar chart of best val loss per rung, error bars = standard deviation across seeds."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    names = [r["rung"] for r in rows]
-    bars = ax.bar(names, [r["mean"] for r in rows], yerr=[r["std"] for r in rows], capsize=4, color="tab:blue")
-    ax.bar_label(bars, labels=[f"{r['mean']:.3f}" for r in rows], label_type="center", color="white", fontsize=8)
-    lo = min(r["mean"] - r["std"] for r in rows)
-    hi = max(r["mean"] + r["std"] for r in rows)
-    pad = max(hi - lo, 1e-3) * 0.5
-    ax.set_ylim(lo - pad, hi + pad)
-    ax.set_ylabel("best val loss")
-    ax.set_title(title)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig

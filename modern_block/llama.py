@@ -3,18 +3,16 @@
     x ─► RMSNorm ─► attention (GQA, RoPE, optional QK-norm) ─► + ─► RMSNorm ─► SwiGLU ─► + ─►
 
 Pre-norm residuals, no biases, no position embedding (RoPE rotates q and k inside attention),
-and an output head that may share the embedding matrix (``tie=True``).
+and an output head that may share the embedding matrix (``tie=True``). With ``mla=MLAConfig(...)``
+the attention is DeepSeek's multi-head latent attention (lesson 05) instead of GQA.
 """
-
-from functools import partial
 
 import torch
 import torch.nn as nn
 
-from ._validate import positive_int, token_ids
+from ._validate import check_positions, positive_int, token_ids
 from .attention import GQAttention
 from .ffn import SwiGLU
-from .kv_cache import KVCache, LayerCache, new_model_cache
 from .mla import MLAConfig
 from .params import count_parameters, init_gpt2_style
 from .rmsnorm import RMSNorm
@@ -26,17 +24,19 @@ class Block(nn.Module):
 
     def __init__(self, d: int, n_heads: int, n_kv_heads: int, d_ff: int, *, qk_norm: bool = True,
                  norm_eps: float = 1e-6, head_dim: int | None = None, dropout: float = 0.0,
-                 attn: nn.Module | None = None, qkv_bias: bool = False):
+                 mla: MLAConfig | None = None, qkv_bias: bool = False):
         super().__init__()
         self.attn_norm, self.ffn_norm = RMSNorm(d, norm_eps), RMSNorm(d, norm_eps)
-        self.attn = attn if attn is not None else GQAttention(
-            d, n_heads, n_kv_heads, qk_norm, head_dim=head_dim, norm_eps=norm_eps, dropout=dropout,
-            qkv_bias=qkv_bias)
+        if mla is None:
+            self.attn = GQAttention(d, n_heads, n_kv_heads, qk_norm, head_dim=head_dim, norm_eps=norm_eps,
+                                    dropout=dropout, qkv_bias=qkv_bias)
+        else:
+            self.attn = mla.build(d, n_heads, dropout)
         self.ffn = SwiGLU(d, d_ff)
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: LayerCache | None = None) -> torch.Tensor:  # x: [B, T, d]
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
+        """x: [B, T, d]; cos, sin: the RoPE tables of these positions; cache: this layer's ``LayerCache`` or None."""
         x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, cache))
         return x + self.drop(self.ffn(self.ffn_norm(x)))
 
@@ -46,44 +46,38 @@ class LlamaStyleLM(nn.Module):
 
     Keyword options beyond the chapter's signature: ``qk_norm`` (the chapter's model has it, Llama
     proper does not), ``norm_eps``, ``head_dim`` (heads × head_dim may differ from d, as in Qwen3),
-    ``dropout``, ``attn_factory`` (a callable returning the attention module of each layer) and
-    ``mla`` (an ``MLAConfig``: multi-head latent attention as in DeepSeek-V3; ``n_kv_heads``,
-    ``head_dim`` and ``qk_norm`` then do not apply), ``qkv_bias`` (biases on q, k and v, as in
-    Qwen2) and ``rope_scaling`` (a RoPE scaling dict for a longer context, see ``modern_block.rope``:
-    linear, dynamic, yarn or llama3).
+    ``dropout``, ``mla`` (an ``MLAConfig``: multi-head latent attention as in DeepSeek-V3;
+    ``n_kv_heads``, ``head_dim`` and ``qk_norm`` then do not apply), ``qkv_bias`` (biases on q, k
+    and v, as in Qwen2) and ``rope_scaling`` (a RoPE scaling dict for a longer context, see
+    ``modern_block.rope``: linear, dynamic, yarn or llama3).
     """
 
     def __init__(self, V: int, d: int = 256, n_layers: int = 4, n_heads: int = 8, n_kv_heads: int = 2,
                  d_ff: int = 688, max_len: int = 1024, rope_base: float = 10000.0, tie: bool = False, *,
                  qk_norm: bool = True, norm_eps: float = 1e-6, head_dim: int | None = None,
-                 dropout: float = 0.0, attn_factory=None, mla: MLAConfig | None = None,
-                 qkv_bias: bool = False, rope_scaling: dict | None = None):
+                 dropout: float = 0.0, mla: MLAConfig | None = None, qkv_bias: bool = False,
+                 rope_scaling: dict | None = None):
         super().__init__()
-        if mla is not None:
-            if attn_factory is not None:
-                raise ValueError("give either attn_factory or mla, not both")
-            if not isinstance(mla, MLAConfig):
-                raise TypeError(f"mla must be an MLAConfig, got {type(mla).__name__}")
-            positive_int("n_heads", n_heads)
-            attn_factory = partial(mla.build, d, n_heads, dropout)
         for name, value in (("V", V), ("d", d), ("n_layers", n_layers), ("max_len", max_len)):
             positive_int(name, value)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if mla is not None and not isinstance(mla, MLAConfig):
+            raise TypeError(f"mla must be an MLAConfig, got {type(mla).__name__}")
         self.V, self.max_len, self.rope_base = V, max_len, rope_base
         self.rope_scaling = check_rope_scaling(rope_scaling)
         self.emb = nn.Embedding(V, d)
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(
             Block(d, n_heads, n_kv_heads, d_ff, qk_norm=qk_norm, norm_eps=norm_eps, head_dim=head_dim,
-                  dropout=dropout, attn=attn_factory() if attn_factory is not None else None, qkv_bias=qkv_bias)
+                  dropout=dropout, mla=mla, qkv_bias=qkv_bias)
             for _ in range(n_layers))
         self.norm = RMSNorm(d, norm_eps)
         self.head = nn.Linear(d, V, bias=False)
         init_gpt2_style(self, n_layers)
         if tie:
             self.head.weight = self.emb.weight  # tied embeddings: one matrix, two uses
-        # one RoPE table for all layers, sized for the rotated part of each head
+        # one RoPE table for all layers and positions, sized for the rotated part of each head
         cos, sin = rope_cache(max_len, self.blocks[0].attn.rope_dim, rope_base,
                               scaling=self.rope_scaling)  # [max_len, rope_dim/2]
         self.register_buffer("cos", cos, persistent=False)
@@ -93,13 +87,14 @@ class LlamaStyleLM(nn.Module):
     def tied(self) -> bool:
         return self.head.weight is self.emb.weight
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:  # idx: [B, T]
-        """Logits for ``idx``. With a ``cache``, idx continues the sequences it holds. ``positions``
-        ([T] or [B, T]) overrides the default positions start .. start + T - 1."""
-        start = cache.length if cache is not None else 0
-        token_ids(idx, self.V, self.max_len, offset=start)
+    def forward(self, idx: torch.Tensor, cache=None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, V] for idx [B, T]. With a ``cache`` (a ``kv_cache.KVCache``), idx continues the
+        sequences it holds. ``positions`` ([T] or [B, T]) overrides the default positions start .. start + T - 1."""
+        start = 0 if cache is None else cache.length
+        token_ids(idx, self.V, self.max_len, offset=start, cache=cache, n_layers=len(self.blocks))
         T = idx.shape[1]
+        if positions is not None:
+            check_positions(positions, idx, self.max_len)
         table_cos, table_sin = self.cos, self.sin
         if self.rope_scaling is not None and self.rope_scaling["rope_type"] == "dynamic":
             # dynamic NTK: the frequencies depend on the length seen so far (Hugging Face's rule)
@@ -112,12 +107,9 @@ class LlamaStyleLM(nn.Module):
             cos, sin = table_cos[positions], table_sin[positions]  # [T or B×T, rope_dim/2]
         x = self.drop(self.emb(idx))  # [B, T, d]; no position embedding: RoPE does it
         for i, blk in enumerate(self.blocks):
-            x = blk(x, cos, sin, cache[i] if cache is not None else None)
+            x = blk(x, cos, sin, None if cache is None else cache[i])
         return self.head(self.norm(x))  # [B, T, V]
-
-    def new_cache(self, batch: int, capacity: int, dtype=None, device=None) -> KVCache:
-        """An empty cache for ``batch`` sequences of up to ``capacity`` tokens (K/V, or MLA latents)."""
-        return new_model_cache(self, batch, capacity, dtype, device)
 
     def num_parameters(self) -> int:
         return count_parameters(self)
+

@@ -26,8 +26,7 @@ import torch
 import torch.nn as nn
 
 from ._validate import even, positive_int
-from .attention import causal_attention
-from .kv_cache import LayerCache, mla_layer_cache
+from .gpt2 import causal_attention
 from .rmsnorm import RMSNorm
 from .rope import apply_rope
 
@@ -102,8 +101,8 @@ class MLAttention(nn.Module):
         k_rope = apply_rope(self.w_kr(x).unsqueeze(1), cos, sin).squeeze(1)  # [B, T, d_R]
         return latent, k_rope
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: LayerCache | None = None) -> torch.Tensor:  # x: [B, T, d]
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
+        """x: [B, T, d]; cos, sin: RoPE tables [T, d_R/2]; cache: a ``kv_cache.LayerCache`` (latents) or None."""
         B, T, _ = x.shape
         q_nope, q_rope = self.queries(x, cos, sin)  # [B, h, T, d_nope], [B, h, T, d_R]
         latent, k_rope = self.latents(x, cos, sin)  # [B, T, d_c], [B, T, d_R]
@@ -137,10 +136,6 @@ class MLAttention(nn.Module):
         v = latent.unsqueeze(1)  # [B, 1, S, d_c]: the values are latents too
         mixed = causal_attention(q, k, v, past, self.dropout if self.training else 0.0, scale=self.scale)
         return torch.einsum("bhtc,hvc->bhtv", mixed, w_uv)  # [B, h, T, d_v] = W_UV,m · (mixed latent)
-
-    def new_cache(self, batch: int, capacity: int, dtype=None, device=None) -> LayerCache:
-        """Latent [B, capacity, d_c] and RoPE key [B, capacity, d_R] buffers: nothing per head."""
-        return mla_layer_cache(batch, self.d_c, self.rope_dim, capacity, dtype=dtype, device=device)
 
     def extra_repr(self) -> str:
         return (f"heads={self.h}, kv_latent_dim={self.d_c}, rope_dim={self.rope_dim}, nope_dim={self.d_nope}, "

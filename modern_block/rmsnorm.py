@@ -1,6 +1,6 @@
 """RMSNorm (Zhang & Sennrich, 2019): LayerNorm without the mean subtraction and without the bias.
 
-    y = x / sqrt(mean(x**2) + eps) * weight
+    y = x / sqrt(mean(x²) + eps) · weight
 
 The statistics are computed in fp32 even when the model runs in bf16/fp16: a sum of squares
 in half precision overflows (fp16) or loses the small entries (bf16). The result goes back to
@@ -22,30 +22,13 @@ class RMSNorm(nn.Module):
             raise ValueError(f"eps must be positive, got {eps}")
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d))  # [d], the learned per-feature scale
-        # d and eps also as fp32 0-d CPU tensors: arithmetic with a Python number wraps it in a new
-        # tensor on every call, which costs as much as the op itself when decoding one token on a CPU.
-        # Used only for CPU inputs, so they stay on the CPU (even under a meta or CUDA default device)
-        # and are not buffers: .to() and state_dict leave them alone.
-        self._d = torch.tensor(float(d), dtype=torch.float32, device="cpu")
-        self._eps = torch.tensor(eps, dtype=torch.float32, device="cpu")
-
-    def inv_rms(self, x32: torch.Tensor) -> torch.Tensor:
-        """1 / sqrt(mean(x²) + eps) over the last dim of an fp32 tensor: [..., d] -> [..., 1].
-
-        Bit for bit ``torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)`` (a mean is a sum, then a
-        division by d), in fewer and cheaper ops: x·x, then in-place updates of the small sum.
-        """
-        sum_sq = (x32 * x32).sum(-1, keepdim=True)  # [..., 1]
-        if x32.device.type == "cpu":
-            return sum_sq.div_(self._d).add_(self._eps).rsqrt_()
-        return sum_sq.div_(x32.shape[-1]).add_(self.eps).rsqrt_()  # same numbers, as Python scalars
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., d]
-        if x.dtype == torch.float32:  # already fp32: the same formula without the casts
-            return x * self.inv_rms(x) * self.weight
-        x32 = x.float()
-        # back to x's dtype, then the scale (in x's dtype too, so fp32 weights under autocast keep bf16 out)
-        return (x32 * self.inv_rms(x32)).type_as(x) * self.weight.to(x.dtype)  # [..., d]
+        if not x.is_floating_point():
+            raise TypeError(f"RMSNorm needs a floating-point input, got dtype {x.dtype}")
+        x32 = x.float()  # the statistics in fp32, whatever the model's dtype
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)  # [..., d]
+        return normed.type_as(x) * self.weight.to(x.dtype)  # back to x's dtype, then the learned scale
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -541,33 +541,6 @@ def sample(model: nn.Module, tokenizer: CharTokenizer, prompt: str = "\n", max_n
     return tokenizer.decode(out[0])
 
 
-def plot_loss_curves(results: dict[str, list], path=None, title: str = "validation loss"):
-    """Val (solid) and train (dashed) loss against step; ``results`` maps a label to the
-    ``TrainResult``s (or metric lists) of its seeds."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    colors = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray")
-    for k, (label, runs) in enumerate(results.items()):
-        color = colors[k % len(colors)]
-        for i, run in enumerate(runs):
-            rows = run.metrics if hasattr(run, "metrics") else run
-            steps = [m["step"] for m in rows]
-            ax.plot(steps, [m["val_loss"] for m in rows], color=color, alpha=0.9,
-                    label=f"{label} val" if i == 0 else None)
-            ax.plot(steps, [m["train_loss"] for m in rows], color=color, alpha=0.5, linestyle="--",
-                    label=f"{label} train" if i == 0 else None)
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/char)")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig
-
-
 # ---- command line --------------------------------------------------------------------------------
 def positive_int(text: str) -> int:
     try:

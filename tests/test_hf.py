@@ -15,7 +15,7 @@ import torch
 
 import modern_block
 from modern_block import GPT2LM, LlamaStyleLM, generate
-from modern_block.compare import compare_layers
+from modern_block.debug import compare_layers
 from modern_block.hf import from_hf, load_pretrained, module_pairs, to_hf
 from modern_block.mla import MLAConfig, MLAttention
 from modern_block.rmsnorm import RMSNorm
@@ -112,7 +112,7 @@ def test_converted_models_have_the_configured_shape():
     attn = qwen.blocks[0].attn
     assert (attn.h, attn.kv, attn.dh) == (6, 1, 8) and isinstance(attn.q_norm, RMSNorm)
     llama = from_hf(hf_model("llama-mha-tied"))
-    assert isinstance(llama.blocks[0].attn.q_norm, torch.nn.Identity) and llama.norm.eps == 1e-5
+    assert not llama.blocks[0].attn.qk_norm and llama.norm.eps == 1e-5
     deepseek = from_hf(hf_model("deepseek-qlora-v10"))
     mla = deepseek.blocks[1].attn
     assert isinstance(mla, MLAttention)

@@ -12,7 +12,7 @@ import torch
 from test_hf import ATOL, V, hf_logits, randomise, transformers
 
 from modern_block import LlamaStyleLM, generate
-from modern_block.compare import compare_layers
+from modern_block.debug import compare_layers
 from modern_block.hf import from_hf, to_hf
 
 L0, MAX_POS, T_LONG = 16, 64, 40

@@ -4,7 +4,8 @@ of every attention: the bytes it holds equal the formulas."""
 import pytest
 import torch
 
-from modern_block import GPT2LM, LlamaStyleLM, generate, kv_cache_bytes_per_token, mla_cache_bytes_per_token
+from modern_block import GPT2LM, KVCache, LlamaStyleLM, generate, kv_cache_bytes_per_token, mla_cache_bytes_per_token
+from modern_block.kv_cache import LayerCache
 from modern_block.mla import MLAConfig, MLAttention
 from modern_block.rope import rope_cache
 
@@ -75,7 +76,7 @@ def test_absorption_is_the_associativity_of_the_key_up_projection():
 def test_cached_decoding_equals_recomputation(name):
     model, idx = mla_model(name), tokens(length=12)
     full = model(idx)
-    cache = model.new_cache(2, 12)
+    cache = KVCache(len(model.blocks), 12)
     pieces = [model(idx[:, :5], cache), model(idx[:, 5:6], cache), model(idx[:, 6:7], cache), model(idx[:, 7:], cache)]
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=0)
     assert cache.length == 12
@@ -100,10 +101,10 @@ def test_decoding_uses_the_absorbed_path_over_cached_latents():
 @torch.no_grad()
 def test_cache_holds_only_the_latent_and_the_rope_key():
     model = mla_model("q-lora")
-    cache = model.new_cache(3, 20)
-    for layer in cache.layers:
-        assert {name: tuple(b.shape) for name, b in layer.buffers.items()} == {
-            "latent": (3, 20, 16), "k_rope": (3, 20, 8)}  # [B, capacity, d_c] and [B, capacity, d_R]
+    cache = KVCache(len(model.blocks), 20)
+    model(tokens(batch=3, length=4), cache)
+    for layer in cache.layers:  # latent [B, capacity, d_c] and k_R [B, capacity, d_R], nothing per head
+        assert [tuple(b.shape) for b in layer.buffers] == [(3, 20, 16), (3, 20, 8)]
 
 
 @torch.no_grad()
@@ -152,8 +153,6 @@ def test_bad_dimensions_are_refused_naming_the_argument(kwargs, name):
 
 
 def test_llama_style_lm_with_mla_rejects_conflicting_options():
-    with pytest.raises(ValueError, match="attn_factory"):
-        LlamaStyleLM(V, d=32, n_heads=4, mla=MLA_CONFIGS["q-lora"], attn_factory=lambda: None)
     with pytest.raises(TypeError, match="MLAConfig"):
         LlamaStyleLM(V, d=32, n_heads=4, mla={"kv_latent_dim": 16})
 
@@ -179,13 +178,13 @@ def test_cache_bytes_after_n_tokens_equal_the_formula(name):
     make, per_token = CACHED_MODELS[name]
     model, B, n = make().eval(), 2, 11
     idx = tokens(batch=B, length=n)
-    cache = model.new_cache(B, n)  # room for exactly the n tokens decoded
+    cache = KVCache(len(model.blocks), n)  # room for exactly the n tokens decoded
     model(idx[:, :6], cache)  # prefill, then one token at a time
     for t in range(6, n):
         model(idx[:, t:t + 1], cache)
     assert cache.length == n
     assert cache.nbytes() == per_token * n * B
-    assert all(b.dtype == torch.float32 for layer in cache.layers for b in layer.buffers.values())
+    assert all(b.dtype == torch.float32 for layer in cache.layers for b in layer.buffers)
 
 
 def test_mla_cache_is_smaller_than_the_mha_cache_it_replaces():
@@ -194,6 +193,9 @@ def test_mla_cache_is_smaller_than_the_mha_cache_it_replaces():
     heads = 4
     mha = kv_cache_bytes_per_token(1, heads, c.nope_dim + c.rope_dim, 4) // 2 + \
         kv_cache_bytes_per_token(1, heads, c.v_head_dim, 4) // 2  # keys of d_nope + d_R, values of d_v
-    mla_cache = c.build(32, heads).new_cache(1, 1)
+    attn, cache = c.build(32, heads), LayerCache(1)
+    cos, sin = rope_cache(1, c.rope_dim)
+    attn(torch.randn(1, 1, 32), cos, sin, cache)
+    mla_cache = cache
     assert mla_cache.nbytes() == mla_cache_bytes_per_token(1, c.kv_latent_dim, c.rope_dim, 4)
     assert mla_cache.nbytes() < mha / 4  # 96 vs 480 bytes here

@@ -7,7 +7,7 @@ import pytest
 import torch
 from repo_files import load_module
 
-from modern_block import LlamaStyleLM, generate
+from modern_block import KVCache, LlamaStyleLM, generate
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -39,14 +39,14 @@ def test_cached_decoding_beats_recomputation_by_a_wide_margin():
 def test_cache_append_does_not_reallocate():
     """The cache is written in place: its buffers keep their storage while it fills."""
     model = LlamaStyleLM(V=64, d=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_len=64).eval()
-    cache = model.new_cache(1, 40)
-    ptrs = [b.data_ptr() for layer in cache.layers for b in layer.buffers.values()]
+    cache = KVCache(len(model.blocks), 40)
     with torch.inference_mode():
         model(torch.zeros(1, 8, dtype=torch.long), cache)
+        ptrs = [b.data_ptr() for layer in cache.layers for b in layer.buffers]  # allocated by the prefill
         for _ in range(30):
             model(torch.zeros(1, 1, dtype=torch.long), cache)
     assert cache.length == 38
-    assert ptrs == [b.data_ptr() for layer in cache.layers for b in layer.buffers.values()]
+    assert ptrs == [b.data_ptr() for layer in cache.layers for b in layer.buffers]
 
 
 def test_benchmark_script_measures_both_models_on_the_same_tokens():

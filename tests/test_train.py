@@ -1,4 +1,4 @@
-"""The trainer, the command lines, the ladder and the GPU benchmark's smoke mode (tiny models, CPU)."""
+"""The trainer and its command line: exact resume, interruption, non-finite losses, the schedule, validation."""
 
 import json
 import math
@@ -6,56 +6,16 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
-from repo_files import load_module
+from training_setup import CORPUS, ROOT, SMALL, TEXT, evals, never_online, run, tiny  # noqa: F401 (never_online is an autouse fixture)
 
-from modern_block import GPT2LM, LlamaStyleLM
-from modern_block import __main__ as cli
+from modern_block import GPT2LM, generate
 from modern_block import train as T
-from modern_block.data import Corpus
-from modern_block.device import autocast_dtype, choose_device, flops_per_token, matmul_parameters, mfu, peak_flops
-from modern_block.ladder import RUNG_NAMES, ModelShape, build_model, ladder_model, run_ladder, size_table
-
-ROOT = Path(__file__).resolve().parents[1]
-TEXT = "".join(f"{w} the quick brown fox {i % 7} jumps over the lazy dog; " for i, w in
-               enumerate(["First", "Citizen", "Before", "we", "proceed", "any", "further"] * 60))
-CORPUS = Corpus(TEXT, "test-text", "inline")
 
 
-@pytest.fixture(autouse=True)
-def _never_online(monkeypatch, tmp_path):
-    """The command-line tests load the text as users do; they must never reach the internet: they
-    read $MODERN_BLOCK_DATA (CI sets it) or fall back to the standard library's source text."""
-    def refuse(*args, **kwargs):
-        raise urllib.error.URLError("the tests do not use the network")
-
-    monkeypatch.setattr(urllib.request, "urlopen", refuse)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-
-
-def tiny(arch="llama", **kw) -> T.TrainConfig:
-    base = dict(d=32, n_layers=2, n_heads=4, n_kv_heads=2, block_size=16, batch_size=4, max_steps=10, lr=1e-2,
-                min_lr=1e-3, warmup_steps=2, eval_interval=4, eval_batches=2, dropout=0.1, log_interval=1,
-                compile=False, device="cpu", seed=5)
-    base.update(kw)
-    return T.TrainConfig(arch=arch, **base)
-
-
-def run(cfg, out=None, **kw):
-    return T.train(cfg, out, corpus=CORPUS, progress=False, verbose=False, **kw)
-
-
-def evals(result):
-    return [(m["step"], m["train_loss"], m["val_loss"]) for m in result.metrics]
-
-
-# ---- exact resume, interruption, non-finite loss --------------------------------------------------
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_resume_after_ctrl_c_repeats_the_uninterrupted_run_exactly(arch, tmp_path):
     cfg = tiny(arch)  # dropout > 0: the torch RNG state matters too
@@ -167,7 +127,6 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
     assert not result.compiled and len(result.losses) == 2
 
 
-# ---- schedule, optimizer, device, FLOPs -------------------------------------------------------------
 def test_learning_rate_schedule():
     cfg = tiny(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110)
     assert T.lr_at(0, cfg) == pytest.approx(1e-3 / 11)
@@ -188,45 +147,6 @@ def test_weight_decay_only_on_matrices():
     assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
 
 
-def test_mfu_arithmetic_by_hand():
-    # GPT2LM(V=65, d=32, 2 layers, 4 heads, max_len=16), counted by hand:
-    # wte 65·32 = 2080, wpe 16·32 = 512, final LayerNorm 64, and per layer:
-    # ln1 64 + qkv 32·96+96 = 3168 + proj 32·32+32 = 1056 + ln2 64 + fc 32·128+128 = 4224 + proj 128·32+32 = 4128
-    per_layer = 64 + 3168 + 1056 + 64 + 4224 + 4128  # 12,704
-    total = 2080 + 512 + 2 * per_layer + 64  # 28,064 (the head is the tied wte)
-    gpt2 = GPT2LM(65, 32, 2, 4, 16)
-    assert gpt2.num_parameters() == total == 28_064
-    assert matmul_parameters(gpt2) == total - 512, "the position table is only looked up"
-    fpt = flops_per_token(matmul_parameters(gpt2), n_layers=2, n_heads=4, head_dim=8, seq_len=16)
-    assert fpt == 6 * 27_552 + 12 * 2 * 4 * 8 * 16 == 177_600
-    assert mfu(fpt, 1e6, 312e12) == pytest.approx(177_600e6 / 312e12)  # 1M tokens/s on an A100: 0.0569%
-    assert mfu(fpt, 1e6, None) is None
-    # an untied Llama: the input embedding is only looked up, the head is a matrix multiply
-    llama = LlamaStyleLM(65, 32, 2, 4, 2, d_ff=64, max_len=16, tie=False)
-    # per layer: 2 norms 64 + wq 1024 + wk 512 + wv 512 + wo 1024 + QK-norm 16 + SwiGLU 3·32·64 = 6144
-    assert llama.num_parameters() == 2080 + 2080 + 2 * 9296 + 32 == 22_784
-    assert matmul_parameters(llama) == 22_784 - 2080
-    tied = LlamaStyleLM(65, 32, 2, 4, 2, d_ff=64, max_len=16, tie=True)
-    assert matmul_parameters(tied) == tied.num_parameters() == 20_704
-
-
-def test_peak_flops_table_and_precision_rule():
-    assert peak_flops("NVIDIA H100 80GB HBM3") == ("H100 SXM", 989e12)
-    assert peak_flops("NVIDIA H100 PCIe") == ("H100 PCIe", 756e12)
-    assert peak_flops("NVIDIA H200") == ("H200 SXM", 989e12)
-    assert peak_flops("NVIDIA A100-SXM4-40GB") == ("A100", 312e12)
-    assert peak_flops("NVIDIA L4") == ("L4", 121e12) and peak_flops("NVIDIA L40S") == ("L40S", 362e12)
-    assert peak_flops("NVIDIA A10") == ("A10", 125e12)
-    assert peak_flops("Tesla T4") == ("T4 (fp16)", 65e12)
-    assert peak_flops("NVIDIA A10G") is None and peak_flops("some new GPU") is None
-    assert autocast_dtype((7, 5)) == torch.float16, "T4: fp16 + GradScaler, even if bf16 is 'supported'"
-    assert autocast_dtype((8, 0)) == autocast_dtype((9, 0)) == torch.bfloat16
-    cpu = choose_device("cpu")
-    assert cpu.amp_dtype is None and cpu.peak is None and not cpu.needs_scaler and cpu.precision == "fp32"
-    with pytest.raises(ValueError, match="device must be"):
-        choose_device("tpu")
-
-
 def test_config_validation_and_quick_env(monkeypatch):
     with pytest.raises(ValueError, match="lr must be a positive finite"):
         tiny(lr=float("inf"))
@@ -241,57 +161,11 @@ def test_config_validation_and_quick_env(monkeypatch):
     assert T.default_config("llama", quick=False) == T.quick_config("llama")
 
 
-# ---- the ladder -----------------------------------------------------------------------------------
-RENAME = {"wte": "emb", "wpe": "pos", "ln1": "norm1", "ln2": "norm2", "mlp": "ffn", "ln_f": "norm",
-          "attn_norm": "norm1", "ffn_norm": "norm2"}
+def test_replace_keeps_validation():
+    with pytest.raises(ValueError):
+        replace(tiny(), max_steps=0)
 
 
-def _ladder_name(name: str) -> str:
-    return ".".join(RENAME.get(part, part) for part in name.split("."))
-
-
-@pytest.mark.parametrize("rung, reference", [("gpt2", "gpt2"), ("untied", "llama")])
-def test_ladder_ends_are_gpt2lm_and_llamastylelm(rung, reference):
-    shape = ModelShape(d=48, n_layers=2, n_heads=6, n_kv_heads=2, block_size=32)
-    torch.manual_seed(0)
-    ref = build_model(reference, shape, 65)
-    torch.manual_seed(0)
-    lad = ladder_model(rung, shape, 65)
-    assert lad.num_parameters() == ref.num_parameters()
-    ref_state, lad_state = ref.state_dict(), lad.state_dict()
-    assert sorted(map(_ladder_name, ref_state)) == sorted(lad_state)
-    for name, value in ref_state.items():  # same seed, same draws in the same order: the same weights
-        assert torch.equal(lad_state[_ladder_name(name)], value), name
-    idx = torch.randint(0, 65, (2, 32))
-    assert torch.equal(lad(idx), ref(idx))
-    prompt = idx[:, :5]
-    from modern_block import generate
-    assert torch.equal(generate(lad, prompt, 8), generate(ref, prompt, 8)), "KV-cache decoding too"
-
-
-@pytest.mark.parametrize("shape", [ModelShape(), T.quick_config().shape, ModelShape(32, 2, 4, 2, 16)],
-                         ids=["gpu", "quick", "tiny"])
-def test_every_rung_is_within_2_percent_of_gpt2(shape):
-    rows = size_table(shape, 65)
-    assert [r["rung"] for r in rows] == list(RUNG_NAMES)
-    assert rows[0]["ratio"] == 1.0
-    for row in rows:
-        assert 0.98 <= row["ratio"] <= 1.02, row
-    with torch.device("meta"):  # count without allocating
-        assert build_model("llama", shape, 65).num_parameters() == rows[-1]["params"]
-
-
-def test_run_ladder_gives_mean_and_spread():
-    rows = run_ladder(tiny(max_steps=2, eval_interval=2), seeds=(0, 1), rungs=("gpt2", "rope"), corpus=CORPUS,
-                      progress=False, verbose=False)
-    assert [r["rung"] for r in rows] == ["gpt2", "rope"]
-    for r in rows:
-        assert len(r["val_losses"]) == 2 and r["val_losses"][0] != r["val_losses"][1]
-        assert r["mean"] == pytest.approx(sum(r["val_losses"]) / 2) and r["std"] > 0
-        assert [m["step"] for m in r["metrics"][0]] == [0, 2]
-
-
-# ---- command lines --------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, message", [
     ([], "the following arguments are required: --arch"),
     (["--arch", "bert"], "invalid choice: 'bert'"),
@@ -310,24 +184,11 @@ def test_train_cli_rejects_bad_arguments_with_exit_code_2(argv, message, capsys)
     assert message in capsys.readouterr().err
 
 
-def test_compare_cli_rejects_bad_arguments(capsys):
-    for argv, message in ((["compare", "--seeds", "1", "1"], "--seeds must be distinct"),
-                          (["compare", "--lr", "0"], "expected a positive finite number"),
-                          (["fit"], "invalid choice: 'fit'")):
-        with pytest.raises(SystemExit) as exc:
-            cli.main(argv)
-        assert exc.value.code == 2 and message in capsys.readouterr().err
-
-
 def test_a_bad_argument_prints_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "modern_block.train", "--arch", "llama", "--batch-size", "-1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "expected a positive integer" in proc.stderr and "Traceback" not in proc.stderr
-
-
-SMALL = ["--max-steps", "4", "--eval-interval", "2", "--batch-size", "4", "--block-size", "16",
-         "--eval-batches", "1", "--no-progress"]
 
 
 def test_train_cli_writes_metrics_and_resumes(tmp_path, capsys):
@@ -342,24 +203,6 @@ def test_train_cli_writes_metrics_and_resumes(tmp_path, capsys):
     assert exc.value.code == 2 and "these differ: lr" in capsys.readouterr().err
 
 
-def test_compare_cli_writes_report_and_plot(tmp_path, capsys):
-    out = tmp_path / "cmp"
-    assert cli.main(["compare", "--quick", "--out", str(out), "--lr-llama", "0.02", *SMALL]) == 0
-    report = (out / "report.md").read_text()
-    assert "| learning rate (peak -> min) | 0.003 -> 0.0003 | 0.02 -> 0.002 |" in report
-    for needle in ("| parameters |", "FLOPs per token", "best val loss (1 seed)", "tokens/s", "| MFU |",
-                   "wall time", "Parameter ratio Llama / GPT-2", "### GPT-2", "### Llama-style", "KV-cache"):
-        assert needle in report, needle
-    assert (out / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
-    results = json.loads((out / "results.json").read_text())
-    assert set(results["table"]) == {"gpt2", "llama"}
-    for arch in ("gpt2", "llama"):
-        assert (out / f"{arch}-seed0" / T.METRICS).exists()
-        assert not (out / f"{arch}-seed0" / T.CHECKPOINT).exists(), "compare keeps no checkpoints"
-    ratio = results["table"]["llama"]["params"] / results["table"]["gpt2"]["params"]
-    assert 0.98 <= ratio <= 1.02
-
-
 def test_sample_uses_the_kv_cache_deterministically():
     result = run(tiny("llama", max_steps=2))
     a = T.sample(result.model, result.tokenizer, "the ", 10, seed=1)
@@ -367,38 +210,4 @@ def test_sample_uses_the_kv_cache_deterministically():
     assert a.startswith("the ") and len(a) == 14
     greedy = T.sample(result.model, result.tokenizer, "the ", 10, temperature=0.0)
     ids = result.tokenizer.encode("the ")[None]
-    from modern_block import generate
     assert greedy == result.tokenizer.decode(generate(result.model, ids, 10, use_cache=False)[0])
-
-
-# ---- the GPU benchmark's smoke mode -----------------------------------------------------------------
-def test_gpu_benchmark_smoke_mode(tmp_path):
-    bench = load_module("benchmarks/gpu_train.py")
-    assert bench.main(["--smoke", "--out", str(tmp_path), "--seeds", "0", "1"]) == 0
-    report = json.loads((tmp_path / "gpu_results.json").read_text())
-    assert set(report["comparison"]) == {"gpt2", "llama"}
-    assert [r["rung"] for r in report["ladder"]["rows"]] == list(RUNG_NAMES)
-    assert report["ladder"]["ends_from_comparison"]
-    assert report["ladder"]["rows"][0]["val_losses"] == report["comparison"]["gpt2"]["best_val_losses"]
-    for png in ("loss_curves.png", "ladder.png"):
-        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
-    assert "| rung | change |" in (tmp_path / "results_snippet.md").read_text()
-
-
-def test_ladder_budget_fits_the_time_left():
-    fit = lambda left_s: bench_steps(left_s)  # noqa: E731
-    assert fit(10_000) == 5000, "plenty of time: the full budget, ends reused"
-    assert fit(5) == 250, "never below one unit"
-    mid = fit(200)
-    assert 250 <= mid < 5000 and mid % 250 == 0
-
-
-def bench_steps(left_s: float) -> int:
-    bench = load_module("benchmarks/gpu_train.py")
-    # comparison: 6 runs took 120 s; ladder: 15 runs at the full budget, 21 below it
-    return bench.ladder_steps_for(left_s, 0.0, 120.0, 6, 15, 21, 5000, 250)
-
-
-def test_replace_keeps_validation():
-    with pytest.raises(ValueError):
-        replace(tiny(), max_steps=0)

@@ -1,0 +1,34 @@
+"""SwiGLU and the sizing rule against the chapter's figures."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from modern_block import (
+    SwiGLU,
+    swiglu_hidden_dim,
+)
+
+GiB, MiB, KiB = 2**30, 2**20, 2**10
+
+
+def test_swiglu_is_silu_gate_times_up_then_down():
+    torch.manual_seed(0)
+    ffn = SwiGLU(32, 80)
+    x = torch.randn(2, 5, 32)
+    expected = (F.silu(x @ ffn.w_gate.weight.T) * (x @ ffn.w_up.weight.T)) @ ffn.w_down.weight.T
+    torch.testing.assert_close(ffn(x), expected)
+    assert sum(p.numel() for p in ffn.parameters()) == 3 * 32 * 80
+
+
+def test_swiglu_sizing_figures():
+    assert 8 / 3 * 4096 == pytest.approx(10922.67, abs=0.01)
+    assert swiglu_hidden_dim(4096) == 11008 == 43 * 256
+    assert swiglu_hidden_dim(5120) == 13824 == 54 * 256
+    assert swiglu_hidden_dim(4096, multiple_of=1024, ffn_dim_multiplier=1.3) == 14336 == 3.5 * 4096
+    assert swiglu_hidden_dim(256, multiple_of=16) == 688  # the chapter's d_ff
+    d = 4096
+    gelu, swiglu = 8 * d * d, 3 * d * 11008
+    assert round(gelu / 1e6, 1) == 134.2 and round(swiglu / 1e6, 1) == 135.3
+    assert abs(swiglu / gelu - 1) < 0.01
+    assert 3 * d * (4 * d) / gelu == 1.5  # copying d_ff = 4d into SwiGLU: +50%

@@ -1,0 +1,48 @@
+"""What the training tests share: a small inline corpus, a tiny configuration, a runner, and a
+
+fixture that keeps every test offline (import it into a test module to apply it there)."""
+
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from modern_block import train as T
+from modern_block.data import Corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "".join(f"{w} the quick brown fox {i % 7} jumps over the lazy dog; " for i, w in
+               enumerate(["First", "Citizen", "Before", "we", "proceed", "any", "further"] * 60))
+CORPUS = Corpus(TEXT, "test-text", "inline")
+
+
+@pytest.fixture(autouse=True)
+def never_online(monkeypatch, tmp_path):
+    """The command-line tests load the text as users do; they must never reach the internet: they
+    read $MODERN_BLOCK_DATA (CI sets it) or fall back to the standard library's source text."""
+    def refuse(*args, **kwargs):
+        raise urllib.error.URLError("the tests do not use the network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+def tiny(arch="llama", **kw) -> T.TrainConfig:
+    base = dict(d=32, n_layers=2, n_heads=4, n_kv_heads=2, block_size=16, batch_size=4, max_steps=10, lr=1e-2,
+                min_lr=1e-3, warmup_steps=2, eval_interval=4, eval_batches=2, dropout=0.1, log_interval=1,
+                compile=False, device="cpu", seed=5)
+    base.update(kw)
+    return T.TrainConfig(arch=arch, **base)
+
+
+def run(cfg, out=None, **kw):
+    return T.train(cfg, out, corpus=CORPUS, progress=False, verbose=False, **kw)
+
+
+def evals(result):
+    return [(m["step"], m["train_loss"], m["val_loss"]) for m in result.metrics]
+
+
+SMALL = ["--max-steps", "4", "--eval-interval", "2", "--batch-size", "4", "--block-size", "16",
+         "--eval-batches", "1", "--no-progress"]
