@@ -9,7 +9,7 @@ band of each rule is used and the positions beyond L₀ are the ones compared.
 
 import pytest
 import torch
-from test_hf import ATOL, V, hf_logits, randomise, transformers
+from test_hf import ATOL, V, hf_logits, randomise, tokens, transformers
 
 from modern_block import LlamaStyleLM, generate
 from modern_block.debug import compare_layers
@@ -63,8 +63,8 @@ def hf_family(name: str, seed: int = 0, **overrides):
     return model
 
 
-def long_tokens(length: int = T_LONG, batch: int = 2, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, V, (batch, length), generator=torch.Generator().manual_seed(seed))
+def long_tokens(length: int = T_LONG) -> torch.Tensor:
+    return tokens(length=length)  # [2, length], past L₀
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
