@@ -4,6 +4,8 @@ candidate mistakes, and loading reference weights into the student's module."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 
@@ -22,9 +24,49 @@ class CheckFailed(AssertionError):
 # ---- machinery ---------------------------------------------------------------------------------------
 
 
-def _check(fn):
+_SECRET: contextvars.ContextVar[int | None] = contextvars.ContextVar("modern_block_checks_secret", default=None)
+
+
+@contextlib.contextmanager
+def graded(secret: int):
+    """The grader's mode (``modern_block.grade``): every input is drawn from ``secret`` as well as the
+    check's own seed, so no answer can be computed in advance; the integer checks add hidden cases; no
+    success line is printed (the grader writes the report). In a notebook the checks use their fixed seeds."""
+    token = _SECRET.set(int(secret))
+    try:
+        yield
+    finally:
+        _SECRET.reset(token)
+
+
+def _graded() -> bool:
+    return _SECRET.get() is not None
+
+
+def _seed(seed: int) -> int:
+    """``seed`` in a notebook; under ``graded``, ``seed`` mixed with the grader's secret."""
+    secret = _SECRET.get()
+    return seed if secret is None else (seed * 1_000_003 + secret) % 2**63
+
+
+def _gen(seed: int) -> torch.Generator:
+    """The generator a check draws its inputs from."""
+    return torch.Generator().manual_seed(_seed(seed))
+
+
+def _pick(g: torch.Generator, options):
+    """One of ``options``, drawn from ``g`` (for the hidden cases of the integer checks)."""
+    return options[int(torch.randint(len(options), (1,), generator=g))]
+
+
+def _check(fn=None, *, components: tuple[str, ...] = ()):
     """Run a check with a private random state, without autograd, turning a stub's
-    NotImplementedError into NotAttempted, and print the success line."""
+    NotImplementedError into NotAttempted, and print the success line.
+
+    ``components`` names the package's own objects that implement what the exercise asks for (a class or
+    function name, ``Class.method`` for one method): the grader reports a submission that calls them."""
+    if fn is None:
+        return functools.partial(_check, components=components)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -34,15 +76,17 @@ def _check(fn):
         torch.set_num_threads(1)  # the tensors are tiny: one thread is fastest, and immune to a busy machine
         try:
             with torch.random.fork_rng(devices=[]), torch.no_grad():
-                torch.manual_seed(1234)
+                torch.manual_seed(_seed(1234))
                 summary = fn(*args, **kwargs)
         except NotImplementedError as err:
             hint = f" (the stub says: {err})" if str(err) else ""
             raise NotAttempted(f"{name}: not implemented yet{hint}") from None
         finally:
             torch.set_num_threads(threads)
-        print(f"✓ {name} passed ({summary})")
+        if not _graded():
+            print(f"✓ {name} passed ({summary})")
 
+    wrapper.components = tuple(components)
     return wrapper
 
 
@@ -135,7 +179,7 @@ def _judge_int(name: str, got, want: int, candidates, case: str, hint: str = "")
 def _randomize(module: nn.Module, seed: int) -> nn.Module:
     """Reference weights with structure: random Linear/Embedding weights and norm scales that are
     far from 1 and differ per feature (so a forgotten or misplaced scale shows)."""
-    g = torch.Generator().manual_seed(seed)
+    g = _gen(seed)
     for name, p in module.named_parameters():
         if name.endswith("norm.weight") or name == "weight" and p.dim() == 1:
             p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=g))

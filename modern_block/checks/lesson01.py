@@ -10,6 +10,7 @@ from .core import (
     _check,
     _dt,
     _fail,
+    _gen,
     _judge,
     _require_dtype,
     _shape,
@@ -82,12 +83,12 @@ def _rms_candidates(x, eps, weight=None):
     return cands
 
 
-@_check
+@_check(components=("RMSNorm",))
 def check_rms(rms) -> str:
     """``rms(x, eps=1e-6)``: sqrt(mean(x², last dim, keepdim) + eps), computed and returned in float32."""
     __tracebackhide__ = True
     name = "check_rms"
-    g = torch.Generator().manual_seed(0)
+    g = _gen(0)
     cases = [  # (description, x, eps or None for the default)
         ("x of shape [2, 3, 16]", torch.randn(2, 3, 16, generator=g) * 2, None),
         ("x of shape [5, 8] with tiny magnitudes (|x| ≈ 1e-3, where eps matters)",
@@ -125,13 +126,13 @@ def check_rms(rms) -> str:
     return "7 cases: float32 / float16 / bfloat16, tiny magnitudes, custom eps"
 
 
-@_check
+@_check(components=("RMSNorm",))
 def check_rmsnorm(RMSNormClass) -> str:
     """``RMSNorm(d, eps=1e-6)`` with ``.weight`` (ones at init) and ``.eps``; float32 statistics, output in
     the input's dtype."""
     __tracebackhide__ = True
     name = "check_rmsnorm"
-    g = torch.Generator().manual_seed(1)
+    g = _gen(1)
     d = 16
     m = _call(name, "RMSNorm(16)", RMSNormClass, d)
     if not isinstance(getattr(m, "weight", None), nn.Parameter) or tuple(m.weight.shape) != (d,):

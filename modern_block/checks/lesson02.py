@@ -14,9 +14,12 @@ from .core import (
     _check,
     _dt,
     _fail,
+    _gen,
+    _graded,
     _judge,
     _judge_int,
     _load,
+    _pick,
     _randomize,
 )
 
@@ -54,13 +57,17 @@ def _hidden_candidates(d, multiple_of, mult):
     return c
 
 
-@_check
+@_check(components=("swiglu_hidden_dim",))
 def check_swiglu_hidden_dim(swiglu_hidden_dim_fn) -> str:
     """``swiglu_hidden_dim(d, multiple_of=256, ffn_dim_multiplier=None)``: Llama's rule."""
     __tracebackhide__ = True
     name = "check_swiglu_hidden_dim"
     cases = [(4096, None, None), (5120, None, None), (4096, 1024, 1.3), (256, 16, None), (1000, None, None),
              (4096, 1, None), (768, 64, None), (100, 8, 1.5), (7, 1, None)]
+    if _graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
+        g = _gen(20)
+        cases += [(64 * int(torch.randint(2, 256, (1,), generator=g)), _pick(g, [16, 64, 128, 256, 1024]),
+                   _pick(g, [None, 1.3, 1.5])) for _ in range(3)]
     for d, m, mult in cases:
         args = (d,) if m is None else (d, m) if mult is None else (d, m, mult)
         call = f"swiglu_hidden_dim({', '.join(map(str, args))})"
@@ -83,7 +90,7 @@ def _swiglu64(x, wg, wu, wd, act="silu", mode="gate"):
     return hidden @ wd.double().T
 
 
-@_check
+@_check(components=("SwiGLU",))
 def check_swiglu(SwiGLUClass) -> str:
     """``SwiGLU(d, d_ff)`` with bias-free ``w_gate``, ``w_up`` (d → d_ff) and ``w_down`` (d_ff → d)."""
     __tracebackhide__ = True
@@ -94,7 +101,7 @@ def check_swiglu(SwiGLUClass) -> str:
     _load(name, student, ref, {"w_gate": "Name the layers w_gate, w_up (d → d_ff) and w_down (d_ff → d).",
                                "w_down": "w_down maps d_ff back to d: nn.Linear(d_ff, d, bias=False)."})
     wg, wu, wd = ref.w_gate.weight, ref.w_up.weight, ref.w_down.weight
-    g = torch.Generator().manual_seed(3)
+    g = _gen(3)
     cases = [("x of shape [2, 5, 16]", torch.randn(2, 5, d, generator=g)),
              ("x of shape [1, 1, 16]", torch.randn(1, 1, d, generator=g)),
              ("x of shape [3, 16] (no batch dimension)", torch.randn(3, d, generator=g) * 3)]
@@ -132,13 +139,17 @@ def check_swiglu(SwiGLUClass) -> str:
     return "4 cases: 3-D and 2-D inputs, batch 1, bfloat16"
 
 
-@_check
+@_check(components=("SwiGLU", "GeluMLP", "count_parameters", "parameter_breakdown"))
 def check_ffn_weight_count(ffn_weight_count) -> str:
     """``ffn_weight_count(d, d_ff, gated)``: weights of a bias-free FFN: 2·d·d_ff (GELU MLP) or
     3·d·d_ff (SwiGLU)."""
     __tracebackhide__ = True
     name = "check_ffn_weight_count"
     cases = [(4096, 16384, False), (4096, 11008, True), (5120, 13824, True), (64, 256, False), (64, 170, True)]
+    if _graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
+        g = _gen(21)
+        cases += [(int(torch.randint(8, 9000, (1,), generator=g)), int(torch.randint(8, 30000, (1,), generator=g)),
+                   _pick(g, [False, True])) for _ in range(3)]
     for d, d_ff, gated in cases:
         call = f"ffn_weight_count({d}, {d_ff}, gated={gated})"
         got = _call(name, call, ffn_weight_count, d, d_ff, gated)

@@ -11,6 +11,7 @@ from .core import (
     _call,
     _check,
     _fail,
+    _gen,
     _judge,
     _require_dtype,
     _shape,
@@ -40,7 +41,7 @@ def _rope_tables64(T, dh, base, *, exponent="2i/dh", positions_from=0, full=None
     return ang.cos(), ang.sin()
 
 
-@_check
+@_check(components=("rope_cache", "rope_frequencies"))
 def check_rope_cache(rope_cache_fn) -> str:
     """``rope_cache(T, dh, base=10000.0)`` → ``(cos, sin)``, each float32 of shape [T, dh/2], angle
     m·θ_i with θ_i = base^(-2i/dh)."""
@@ -111,7 +112,7 @@ def _rope_cases(g):
 def _check_rope_fn(name, fn, layout) -> str:
     __tracebackhide__ = True
     other = "interleaved" if layout == "half" else "half"
-    g = torch.Generator().manual_seed(4)
+    g = _gen(4)
     layouts = {"half": "half-split (pair i with i + dh/2: x1, x2 = x.chunk(2, -1))",
                "interleaved": "interleaved (pair 2i with 2i+1: x[..., 0::2], x[..., 1::2])"}
     for desc, x, cos, sin in _rope_cases(g):
@@ -148,14 +149,14 @@ def _check_rope_fn(name, fn, layout) -> str:
     return "4 cases: batch 1 and 2, positions up to 4,093, one pair, bfloat16"
 
 
-@_check
+@_check(components=("apply_rope", "_broadcast_tables"))
 def check_apply_rope(apply_rope_fn) -> str:
     """``apply_rope(x, cos, sin)``: half-split layout; x [B, heads, T, dh], tables [T, dh/2]."""
     __tracebackhide__ = True
     return _check_rope_fn("check_apply_rope", apply_rope_fn, "half")
 
 
-@_check
+@_check(components=("apply_rope_interleaved", "interleaved_to_half_split", "permute_qk_weight"))
 def check_apply_rope_interleaved(apply_rope_interleaved_fn) -> str:
     """``apply_rope_interleaved(x, cos, sin)``: pairs (2i, 2i+1); same shapes as apply_rope."""
     __tracebackhide__ = True

@@ -17,6 +17,7 @@ from .core import (
     _close,
     _dt,
     _fail,
+    _gen,
     _judge,
     _load,
     _randomize,
@@ -25,13 +26,13 @@ from .core import (
 from .reference import _rms_norm64, _rope64
 
 
-@_check
+@_check(components=("GQAttention", "causal_attention"))
 def check_repeat_kv(repeat_kv) -> str:
     """``repeat_kv(k, n_rep)``: [B, n_kv, T, dh] → [B, n_kv·n_rep, T, dh], query head j reading KV head
     j // n_rep (grouped)."""
     __tracebackhide__ = True
     name = "check_repeat_kv"
-    g = torch.Generator().manual_seed(5)
+    g = _gen(5)
     cases = [(torch.randn(2, 2, 3, 4, generator=g), 3), (torch.randn(1, 1, 5, 4, generator=g), 4),
              (torch.randn(2, 3, 2, 4, generator=g), 1), (torch.randn(1, 4, 1, 2, generator=g), 2)]
     for k, n_rep in cases:
@@ -191,7 +192,7 @@ def _attention_cases(g):
 
 def _check_attention_module(name, make_student, qk_norm_cases=None, load_hints=None):
     __tracebackhide__ = True
-    g = torch.Generator().manual_seed(6)
+    g = _gen(6)
     n = 0
     for desc, d, h, kv, qk_norm, B, T, offset in _attention_cases(g):
         if qk_norm_cases is not None:
@@ -243,7 +244,7 @@ _GQA_LOAD_HINTS = {
 }
 
 
-@_check
+@_check(components=("GQAttention", "causal_attention"))
 def check_gqattention(GQAttentionClass) -> str:
     """``GQAttention(d, n_heads, n_kv_heads, qk_norm=True)`` with wq/wk/wv/wo/q_norm/k_norm and
     ``forward(x, cos, sin)``, causal."""
@@ -330,14 +331,14 @@ def _decode64(ref: GQAttention, x, cos, sin, schedule, *, positions="offset", ca
     return torch.cat(outs, dim=1)
 
 
-@_check
+@_check(components=("GQAttention.forward", "causal_attention", "LayerCache", "KVCache", "kv_layer_cache"))
 def check_kv_cache(attend_cached) -> str:
     """``attend_cached(attn, x, cos, sin, cache)``: attention of the new tokens x [B, T, d] (which follow
     the cached ones) through the package's GQAttention ``attn``; ``cache`` is a dict with "k" and "v"
     (None when empty, else [B, n_kv, past, dh]) that the function extends; cos/sin are the full tables."""
     __tracebackhide__ = True
     name = "check_kv_cache"
-    g = torch.Generator().manual_seed(7)
+    g = _gen(7)
     configs = [  # (description, d, h, kv, qk_norm, B, schedule)
         ("GQA 4 over 2 heads, batch 2, prefill 3 tokens then 1, 1, a chunk of 2, then 1", 32, 4, 2, False, 2,
          [3, 1, 1, 2, 1]),

@@ -12,17 +12,24 @@ from .core import (
     _call,
     _check,
     _fail,
+    _gen,
+    _graded,
     _judge,
     _judge_int,
+    _pick,
 )
 
 
-@_check
+@_check(components=("mla_cache_bytes_per_token", "ModelPreset", "cache_size"))
 def check_mla_cache_bytes(mla_cache_bytes) -> str:
     """``mla_cache_bytes(n_layers, kv_latent_dim, rope_dim, bytes_per_elem=2)``: bytes per token."""
     __tracebackhide__ = True
     name = "check_mla_cache_bytes"
     cases = [(61, 512, 64, 2), (61, 512, 64, 1), (4, 32, 8, 4), (1, 16, 2, 2)]
+    if _graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
+        g = _gen(22)
+        cases += [(int(torch.randint(2, 128, (1,), generator=g)), _pick(g, [96, 128, 256, 384, 512, 768]),
+                   _pick(g, [16, 32, 48, 64]), _pick(g, [1, 2, 4])) for _ in range(3)]
     for L, dc, dr, b in cases:
         call = f"mla_cache_bytes({L}, {dc}, {dr}, {b})"
         got = _call(name, call, mla_cache_bytes, L, dc, dr, b)
@@ -92,13 +99,13 @@ def _mla_out64(s, v, keep, softmax_dim):
     return s.softmax(softmax_dim).nan_to_num(0.0) @ v
 
 
-@_check
+@_check(components=("MLAttention",))
 def check_absorb_query(absorb_query) -> str:
     """``absorb_query(q_nope, w_uk)``: q_nope [B, h, T, d_nope], w_uk [h, d_nope, d_c] (head m's W_UK,m) →
     [B, h, T, d_c] = W_UK,mᵀ q per head, so that (W_UK,mᵀ q)·c = q·(W_UK,m c)."""
     __tracebackhide__ = True
     name = "check_absorb_query"
-    g = torch.Generator().manual_seed(8)
+    g = _gen(8)
     for desc, B, h, T, S, dn, dc, dr, dv in _MLA_CASES:
         i = _mla_inputs(g, B, h, T, S, dn, dc, dr, dv)
         got = _call(name, f"absorb_query with {desc}", absorb_query, i["q_nope"].clone(), i["w_uk"].clone())
@@ -121,13 +128,13 @@ def check_absorb_query(absorb_query) -> str:
     return "3 cases: square and rectangular W_UK, batch 1 and 2, one head"
 
 
-@_check
+@_check(components=("MLAttention",))
 def check_absorbed_scores(absorbed_scores) -> str:
     """``absorbed_scores(q_nope, q_rope, latent, k_rope, w_uk, scale)`` → [B, h, T, S]: the pre-softmax
     scores (W_UK,mᵀ q_nope)·c_s + q_rope·k_R,s, times scale, computed from the latents without keys."""
     __tracebackhide__ = True
     name = "check_absorbed_scores"
-    g = torch.Generator().manual_seed(9)
+    g = _gen(9)
     for desc, B, h, T, S, dn, dc, dr, dv in _MLA_CASES:
         i = _mla_inputs(g, B, h, T, S, dn, dc, dr, dv)
         scale = (dn + dr) ** -0.5
@@ -154,13 +161,13 @@ def check_absorbed_scores(absorbed_scores) -> str:
     return "3 cases: square and rectangular W_UK, T < S, one head"
 
 
-@_check
+@_check(components=("MLAttention",))
 def check_mla_absorption(absorbed_attention) -> str:
     """``absorbed_attention(q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale)`` → [B, h, T, d_v]: causal
     attention of the T newest positions over all S latents, absorbed, equal to the naive computation."""
     __tracebackhide__ = True
     name = "check_mla_absorption"
-    g = torch.Generator().manual_seed(10)
+    g = _gen(10)
     cases = _MLA_CASES + [("a chunk of 3 new tokens over 7 latents (T < S, causal with an offset)",
                            2, 2, 3, 7, 6, 6, 4, 6)]
     for desc, B, h, T, S, dn, dc, dr, dv in cases:

@@ -10,6 +10,7 @@ from .core import (
     _call,
     _check,
     _fail,
+    _gen,
     _judge,
     _randomize,
 )
@@ -17,13 +18,13 @@ from .lesson04 import _GQA_LOAD_HINTS, _check_attention_module
 from .reference import _rms_norm64, _rope64
 
 
-@_check
+@_check(components=("GQAttention",))
 def check_qk_norm_rope(qk_norm_rope) -> str:
     """``qk_norm_rope(q, k, q_norm, k_norm, cos, sin)`` → (q, k): each head's q and k normalised by their
     own RMSNorm, then rotated by RoPE."""
     __tracebackhide__ = True
     name = "check_qk_norm_rope"
-    g = torch.Generator().manual_seed(11)
+    g = _gen(11)
     for desc, B, h, kv, T, dh in (("q [2, 4, 5, 8], k [2, 2, 5, 8]", 2, 4, 2, 5, 8),
                                   ("q [1, 2, 3, 16], k [1, 1, 3, 16] (one KV head)", 1, 2, 1, 3, 16)):
         qn, kn = _randomize(RMSNorm(dh), 50), _randomize(RMSNorm(dh), 51)
@@ -57,7 +58,7 @@ def check_qk_norm_rope(qk_norm_rope) -> str:
     return "2 cases: GQA and one KV head, random norm scales"
 
 
-@_check
+@_check(components=("GQAttention", "causal_attention"))
 def check_qk_norm_attention(QKNormAttentionClass) -> str:
     """``QKNormAttention(d, n_heads, n_kv_heads)``: GQA attention with per-head RMSNorm on q and k (before
     RoPE), attributes wq/wk/wv/wo/q_norm/k_norm, ``forward(x, cos, sin)``."""

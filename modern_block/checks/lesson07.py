@@ -13,9 +13,12 @@ from .core import (
     _call,
     _check,
     _fail,
+    _gen,
+    _graded,
     _judge,
     _judge_int,
     _load,
+    _pick,
     _randomize,
 )
 
@@ -59,13 +62,13 @@ def _block_candidates(ref: Block, x, cos, sin):
     ]
 
 
-@_check
+@_check(components=("Block",))
 def check_block(BlockClass) -> str:
     """``Block(d, n_heads, n_kv_heads, d_ff)``: pre-norm residual block with attn_norm, attn (GQAttention),
     ffn_norm, ffn (SwiGLU); ``forward(x, cos, sin)``."""
     __tracebackhide__ = True
     name = "check_block"
-    g = torch.Generator().manual_seed(12)
+    g = _gen(12)
     hints = {"attn_norm": "Name the parts attn_norm, attn, ffn_norm and ffn (RMSNorm, GQAttention, RMSNorm, "
                           "SwiGLU).",
              "ffn.": "self.ffn = SwiGLU(d, d_ff)."}
@@ -88,7 +91,7 @@ def check_block(BlockClass) -> str:
 _CHAPTER_PARAMS = 3_283_456
 
 
-@_check
+@_check(components=("LlamaStyleLM",))
 def check_llama_lm(LlamaStyleLMClass) -> str:
     """``LlamaStyleLM(V, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, max_len=1024,
     rope_base=10000.0, tie=False)``: emb, blocks, norm, head, non-persistent cos/sin buffers;
@@ -116,7 +119,7 @@ def check_llama_lm(LlamaStyleLMClass) -> str:
     if count_parameters(tied) != _CHAPTER_PARAMS - 256_000:
         _fail(name, f"with tie=True the model has {count_parameters(tied):,} parameters; expected "
                     f"{_CHAPTER_PARAMS - 256_000:,} (V·d = 256,000 fewer).")
-    g = torch.Generator().manual_seed(13)
+    g = _gen(13)
     cases = [("V=50, d=32, 2 layers, 4 heads over 2 KV heads, idx of shape [2, 7]", dict(), 2, 7),
              ("the same model with tie=True, batch 1, one token", dict(tie=True), 1, 1),
              ("rope_base=500000, idx of shape [1, 16] (= max_len)", dict(rope_base=500000.0), 1, 16)]
@@ -180,7 +183,7 @@ def _param_count(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie, qk_norm, *, kv_
     return total
 
 
-@_check
+@_check(components=("LlamaStyleLM", "count_parameters", "parameter_breakdown"))
 def check_llama_param_count(llama_param_count) -> str:
     """``llama_param_count(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie=False, qk_norm=True)``: the
     parameters of LlamaStyleLM, by formula."""
@@ -189,6 +192,15 @@ def check_llama_param_count(llama_param_count) -> str:
     cases = [((1000, 256, 4, 8, 2, 688), {}), ((1000, 256, 4, 8, 2, 688), dict(tie=True)),
              ((1000, 256, 4, 8, 2, 688), dict(qk_norm=False)), ((500, 64, 3, 4, 1, 160), {}),
              ((32000, 4096, 32, 32, 32, 11008), dict(qk_norm=False)), ((300, 48, 2, 6, 3, 128), dict(tie=True))]
+    if _graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
+        g = _gen(23)
+        for _ in range(3):
+            kv = _pick(g, [1, 2, 4])
+            h = kv * _pick(g, [1, 2, 4])
+            d = h * _pick(g, [8, 16, 32, 64])
+            args = (int(torch.randint(50, 60000, (1,), generator=g)), d, int(torch.randint(1, 40, (1,), generator=g)),
+                    h, kv, int(torch.randint(8, 4 * d, (1,), generator=g)))
+            cases.append((args, dict(tie=_pick(g, [False, True]), qk_norm=_pick(g, [False, True]))))
     for args, kw in cases:
         tie, qk_norm = kw.get("tie", False), kw.get("qk_norm", True)
         call = f"llama_param_count{args}" + "".join(f", {k}={v}" for k, v in kw.items())
