@@ -70,7 +70,8 @@ def _read(path: Path) -> tuple[bytes | None, str | None]:
 
 
 def collect(paths, exclude=()) -> list[Submission]:
-    """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``), read into memory."""
+    """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``, ``exclude`` left
+    out of the search), read into memory."""
     excluded = {Path(p).resolve() for p in exclude}
     found: list[tuple[Path, str, str]] = []
     for given in map(Path, paths):
@@ -81,7 +82,7 @@ def collect(paths, exclude=()) -> list[Submission]:
                     continue
                 student = rel.parts[0] if len(rel.parts) > 1 else rel.stem
                 found.append((nb, str(nb), student))
-        elif given.exists() or given.suffix == ".ipynb" or given.is_symlink():
+        elif given.exists() or given.is_symlink():
             found.append((given, str(given), given.stem))
         else:
             raise UsageError(f"no such notebook or folder: {given}")

@@ -5,11 +5,11 @@ import secrets
 
 import pytest
 import torch
+from test_exercises import RIGHT
 
 import modern_block as mb
 from modern_block import checks
 from modern_block.checks.core import graded
-from test_exercises import RIGHT
 
 
 @pytest.mark.parametrize("check, impl", RIGHT, ids=[c.__name__ for c, _ in RIGHT])

@@ -1,10 +1,10 @@
-"""The classroom assignments: solutions, generated exercises, the diagnosing checks and the grader.
+"""The classroom assignments: solutions, generated exercises and the diagnosing checks.
 
 * exercises/ is what ``python -m modern_block.exercises build`` makes from solutions/ (CI fails if stale);
-* every solution notebook passes the grader, every untouched exercise notebook is "not attempted";
+* every solution notebook has its exercises, answers and check outputs (the grader's own tests, in
+  test_grade.py, grade them: every solution passes, every untouched exercise is "not attempted");
 * each check accepts the package's own implementation and rejects realistic wrong ones with the right
   diagnosis (the wrong implementations are written out below, one mistake each);
-* the grader survives a crash and an endless loop in one exercise and still reports the others.
 """
 
 import json
@@ -18,8 +18,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import modern_block as mb
-from modern_block import checks, exercises, grade
+from modern_block import checks, exercises
 from modern_block.checks import CheckFailed, NotAttempted
+from modern_block.grading.notebook import CHECK_CALL, read_notebook, reference_from, sections
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -616,20 +617,23 @@ def test_exercises_are_up_to_date_with_the_solutions(capsys):
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
 def test_solution_notebook_structure(path):
     nb = nbformat.read(path, as_version=4)
-    setup, found, _ = grade.find_exercises(nb)
-    assert 2 <= len(found) <= 5, f"{path.name}: {len(found)} exercises"
-    assert [e.number for e in found] == list(range(1, len(found) + 1))
-    for e in found:
-        cells = [nb.cells[i] for i in e.cells]
-        assert any(exercises.has_solution(c.source) for c in cells), f"{path.name} exercise {e.number}: no solution"
-        assert len(e.checks) == 1 and e.checks[0] in checks.__all__, f"{path.name} exercise {e.number}: {e.checks}"
-        for c in cells:  # solutions are saved with the outputs of a clean run: every check printed its ✓ line
-            if grade.CHECK_CALL.search(c.source):
+    cells = read_notebook(path.read_bytes())
+    reference = reference_from(cells, path.name)
+    assert 2 <= len(reference.exercises) <= 5, f"{path.name}: {len(reference.exercises)} exercises"
+    assert [e.number for e in reference.exercises] == list(range(1, len(reference.exercises) + 1))
+    assert not reference.unchecked
+    for (number, _, section), ex in zip(sections(cells), reference.exercises, strict=True):
+        code = [nb.cells[c.index] for c in section if c.kind == "code"]
+        assert any(exercises.has_solution(c.source) for c in code), f"{path.name} exercise {number}: no solution"
+        assert len(ex.calls) == 1 and ex.calls[0].check in checks.__all__, f"{path.name} exercise {number}"
+        for c in code:  # solutions are saved with the outputs of a clean run: every check printed its ✓ line
+            if CHECK_CALL.search(c.source):
                 text = "".join(o.get("text", "") for o in c.outputs)
-                assert f"✓ {e.checks[0]} passed" in text, f"{path.name} exercise {e.number}: run the notebook"
+                assert f"✓ {ex.calls[0].check} passed" in text, f"{path.name} exercise {number}: run the notebook"
             if exercises.has_solution(c.source):
                 assert c.metadata["nbgrader"]["solution"] is True  # ready for nbgrader's generate_assignment
-    assert nb.cells[setup[0]].source.startswith("# Setup:")
+    first_code = next(c for c in nb.cells if c.cell_type == "code")
+    assert first_code.source.startswith("# Setup:")
 
 
 @pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.stem)
@@ -714,115 +718,3 @@ def test_a_stub_that_breaks_the_syntax_is_refused(tmp_path):
         "x = [\n### BEGIN SOLUTION\n1,\n### END SOLUTION\n]")])
     with pytest.raises(exercises.SolutionMarkerError, match="not valid Python"):
         exercises.exercise_notebook(nb, "solutions/x.ipynb", "exercises/x.ipynb")
-
-
-# ---- the grader ---------------------------------------------------------------------------------------
-
-
-def test_grader_finds_exercises_by_heading_and_by_check_call():
-    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
-    nb = nbformat.v4.new_notebook(cells=[
-        md("# Title"), code("import torch"), md("## Exercise 1: first\ntext"), code("def f(): ..."),
-        code("checks.check_rms(f)"), md("### a sub-heading stays inside"), code("x = 1"),
-        md("## Exercise 2 — second"), code("checks.check_rmsnorm(g)"), md("## Wrap-up"), code("print(1)")])
-    setup, found, loose = grade.find_exercises(nb)
-    assert setup == [1] and loose == [10]
-    assert [(e.number, e.title, e.cells, e.checks) for e in found] == [
-        (1, "first", [3, 4, 6], ["check_rms"]), (2, "second", [8], ["check_rmsnorm"])]
-    plain = nbformat.v4.new_notebook(cells=[code("import torch"), code("def f(): ..."), code("check_rms(f)"),
-                                            code("g = 2"), code("check_swiglu(g)")])
-    setup, found, _ = grade.find_exercises(plain)
-    assert setup == [0] and [(e.title, e.cells) for e in found] == [("check_rms", [1, 2]), ("check_swiglu", [3, 4])]
-
-
-def test_every_solution_notebook_passes_the_grader():
-    reports = grade.grade_notebooks(SOLUTIONS, timeout=120, jobs=2)
-    for report in reports:
-        assert report.all_passed, grade.format_report(report)
-        assert not report.setup_errors and report.restarts == 0
-
-
-def test_untouched_exercises_are_all_not_attempted(tmp_path):
-    # the seven exercise notebooks, one after the other, graded in one kernel (saves six kernel starts)
-    combined = nbformat.v4.new_notebook(metadata=nbformat.read(EXERCISES[0], as_version=4).metadata)
-    expected = 0
-    for path in EXERCISES:
-        nb = nbformat.read(path, as_version=4)
-        expected += len(grade.find_exercises(nb)[1])
-        for cell in nb.cells:
-            cell.id = f"{path.stem[:2]}-{cell.id}"
-            combined.cells.append(cell)
-    path = tmp_path / "all_exercises.ipynb"
-    nbformat.write(combined, path)
-    report = grade.grade_notebook(path, timeout=120)
-    assert len(report.exercises) == expected == 20
-    assert [e.status for e in report.exercises] == [grade.NOT_ATTEMPTED] * expected, grade.format_report(report)
-    assert all(f"{e.checks[0]}: not implemented yet" in e.detail for e in report.exercises)
-    assert not report.setup_errors
-
-
-def _student_notebook(tmp_path):
-    right = "def rms(x, eps=1e-6):\n    return (x.float().pow(2).mean(-1, keepdim=True) + eps).sqrt()"
-    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
-    nb = nbformat.v4.new_notebook(cells=[
-        md("# A student's notebook"), code("import torch\nfrom modern_block import checks"),
-        md("## Exercise 1: right"), code(right), code("checks.check_rms(rms)"),
-        md("## Exercise 2: an endless loop that even ignores the interrupt"),
-        code("def rms(x, eps=1e-6):\n    import signal\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-             "    while True:\n        pass"),
-        code("checks.check_rms(rms)"),
-        md("## Exercise 3: a crash"), code("raise ValueError('boom')"), code("checks.check_rms(rms)"),
-        md("## Exercise 4: a wrong formula"),
-        code("def rms(x, eps=1e-6):\n    return (x.float().var(-1, unbiased=False, keepdim=True) + eps).sqrt()"),
-        code("checks.check_rms(rms)"),
-        md("## Exercise 5: untouched"), code("def rms(x, eps=1e-6):\n    raise NotImplementedError('hint')"),
-        code("checks.check_rms(rms)"),
-        md("## Exercise 6: right again, in the restarted kernel"), code(right), code("checks.check_rms(rms)")])
-    path = tmp_path / "student.ipynb"
-    nbformat.write(nb, path)
-    return path
-
-
-def test_grader_survives_an_endless_loop_and_a_crash(tmp_path):
-    report = grade.grade_notebook(_student_notebook(tmp_path), timeout=6)
-    statuses = [(e.number, e.status) for e in report.exercises]
-    assert statuses == [(1, "passed"), (2, "failed"), (3, "failed"), (4, "failed"), (5, "not attempted"),
-                        (6, "passed")], grade.format_report(report)
-    details = [e.detail for e in report.exercises]
-    assert details[1].startswith("timed out") and details[2] == "ValueError: boom"
-    assert "the mean was subtracted" in details[3]
-    assert details[4] == "check_rms: not implemented yet (the stub says: hint)"
-    assert report.restarts == 1  # exercise 6 ran in a fresh kernel, after the setup cell ran again
-    text = grade.format_report(report)
-    assert "6 exercises: 2 passed, 3 failed, 1 not attempted" in text and "1 kernel restart" in text
-    summary = json.loads(json.dumps(report.to_dict()))["summary"]
-    assert summary == {"passed": 2, "failed": 3, "not attempted": 1, "total": 6, "all_passed": False}
-
-
-def _pure_python_notebook(path, answer: str, check: str):
-    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
-    nb = nbformat.v4.new_notebook(cells=[
-        md("# Tiny"), code("def check_two(v):\n    assert v == 2, f'expected 2, got {v}'"),
-        md("## Exercise 1: two"), code(f"answer = {answer}"), code(check)])
-    nbformat.write(nb, path)
-    return path
-
-
-def test_grader_command_line_exit_status_and_reference_checks(tmp_path, capsys):
-    handed_out = _pure_python_notebook(tmp_path / "handed_out.ipynb", "None", "check_two(answer)")
-    honest = _pure_python_notebook(tmp_path / "honest.ipynb", "1 + 1", "check_two(answer)")
-    tampered = _pure_python_notebook(tmp_path / "tampered.ipynb", "3", "print('looks fine to me')")
-    assert grade.main([str(honest), "--json", "--timeout", "30"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["all_passed"] and out["notebooks"][0]["exercises"][0]["status"] == "passed"
-    assert grade.main([str(tampered), "--reference", str(handed_out), "--timeout", "30"]) == 1
-    out = capsys.readouterr().out
-    assert "✗ Exercise 1: two" in out and "expected 2, got 3" in out
-    assert grade.main([str(tmp_path / "missing.ipynb")]) == 2
-    nb = nbformat.read(handed_out, as_version=4)  # a reference with a second exercise the student deleted
-    nb.cells += [nbformat.v4.new_markdown_cell("## Exercise 2: two again"),
-                 nbformat.v4.new_code_cell("check_two(None)")]
-    nbformat.write(nb, handed_out)
-    report = grade.grade_notebook(honest, timeout=30, reference=handed_out)
-    assert [(e.number, e.status, e.detail) for e in report.exercises] == [
-        (1, "passed", ""), (2, "failed", "this exercise is missing from the notebook")]

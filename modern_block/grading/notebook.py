@@ -117,7 +117,7 @@ def _normal(source: str) -> str:
     return "\n".join(line.strip() for line in source.strip().splitlines() if line.strip())
 
 
-def _sections(cells: list[Cell]) -> list[tuple[int, str, list[Cell]]]:
+def sections(cells: list[Cell]) -> list[tuple[int, str, list[Cell]]]:
     """(number, title, cells) of each ``Exercise N`` section, in order."""
     found, current, level = [], None, 0
     for cell in cells:
@@ -169,11 +169,11 @@ def _argument(cell: Cell, node: ast.AST) -> tuple:
 def reference_from(cells: list[Cell], name: str) -> Reference:
     """The exercises of a reference notebook. Raises BadReference when it has none the grader can use."""
     exercises, unchecked = [], []
-    sections = _sections(cells)
-    if not sections:  # no headings: each check cell closes an exercise
-        sections = [(n, "", [c]) for n, c in enumerate(
+    found = sections(cells)
+    if not found:  # no headings: each check cell closes an exercise
+        found = [(n, "", [c]) for n, c in enumerate(
             (c for c in cells if c.kind == "code" and CHECK_CALL.search(c.source)), start=1)]
-    for number, title, section in sections:
+    for number, title, section in found:
         ex = RefExercise(number, title)
         for cell in section:
             if cell.kind == "code" and CHECK_CALL.search(cell.source):
@@ -216,13 +216,13 @@ def plan_run(cells: list[Cell], ref: Reference) -> Plan:
     all_ids = set().union(*(e.check_ids for e in ref.exercises))
     all_sources = set().union(*(e.check_sources for e in ref.exercises))
     is_check = {c.index for c in code if (c.id and c.id in all_ids) or _normal(c.source) in all_sources}
-    sections = {number: (title, section) for number, title, section in _sections(cells)}
+    by_number = {number: (title, section) for number, title, section in sections(cells)}
     end = cells[-1].index + 1
     points, matched = {}, 0
     for ex in ref.exercises:
         by_id = [c.index for c in code if c.id and c.id in ex.check_ids]
         by_text = [c.index for c in code if _normal(c.source) in ex.check_sources]
-        title, section = sections.get(ex.number, ("", None))
+        title, section = by_number.get(ex.number, ("", None))
         matched += bool(by_id or by_text or (section is not None and title.lower() == ex.title.lower()))
         if by_id or by_text:
             points[ex.number] = min(by_id or by_text)
