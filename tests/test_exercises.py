@@ -131,20 +131,79 @@ def test_param_formula(config, tie, qk_norm):
         assert model.num_parameters() == 3_283_456
 
 
+def gpt2_block_params_ok(d, d_ff=None):
+    d_ff = 4 * d if d_ff is None else d_ff
+    return 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (2 * d * d_ff + d_ff + d)
+
+
+def causal_attention_ok(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def gpt2_attention_ok(x, w_qkv, b_qkv, w_proj, b_proj, n_heads):
+    """Through the package's own GPT-2 attention, with these weights loaded."""
+    attn = mb.CausalSelfAttention(x.shape[-1], n_heads)
+    attn.load_state_dict({"qkv.weight": w_qkv, "qkv.bias": b_qkv, "proj.weight": w_proj, "proj.bias": b_proj})
+    return attn(x)
+
+
+def lr_at_ok(step, lr, min_lr, warmup_steps, max_steps):
+    """The package's trainer's schedule, the one lesson 08 teaches."""
+    from types import SimpleNamespace
+
+    from modern_block.train import lr_at
+
+    return lr_at(step, SimpleNamespace(lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, max_steps=max_steps))
+
+
+def flops_per_token_ok(n_matmul_params, n_layers, n_heads, head_dim, seq_len):
+    from modern_block.device import flops_per_token
+
+    return flops_per_token(n_matmul_params, n_layers, n_heads, head_dim, seq_len)
+
+
+def unfair_differences_ok(a, b, compared=("arch",), size_tolerance=0.02, *, mistake=None):
+    keys = set(a) if mistake == "keys_of_a" else set(a) | set(b)
+    bad = []
+    for key in keys:
+        if key in compared and mistake != "compared":
+            continue
+        if key not in a or key not in b:
+            bad.append(key)
+        elif key == "n_params" and mistake != "exact":
+            if abs(b[key] - a[key]) > size_tolerance * a[key]:
+                bad.append(key)
+        elif a[key] != b[key]:
+            bad.append(key)
+    return sorted(bad, reverse=mistake == "unsorted")
+
+
+with torch.device("meta"):
+    GPT2_SMALL_PARAMS = mb.GPT2LM(50257, 768, 12, 12, 1024).num_parameters()  # the package's model, counted
+LLAMA3_70B_D_FF = mb.PRESETS["Llama 3 70B"].d_ff
+KIMI_K2_CACHE_BYTES = mb.PRESETS["Kimi K2"].bytes_per_token()
+LLAMA3_8B_TRAIN_FLOPS = 6 * 8.03e9 * 15e12
+
 RIGHT = [
+    (checks.check_gpt2_block_params, gpt2_block_params_ok), (checks.check_causal_attention, causal_attention_ok),
+    (checks.check_gpt2_attention, gpt2_attention_ok), (checks.check_gpt2_small_params, GPT2_SMALL_PARAMS),
     (checks.check_rms, rms_ok), (checks.check_rmsnorm, mb.RMSNorm),
     (checks.check_swiglu_hidden_dim, mb.swiglu_hidden_dim), (checks.check_swiglu, mb.SwiGLU),
-    (checks.check_ffn_weight_count, ffn_weight_count_ok),
+    (checks.check_ffn_weight_count, ffn_weight_count_ok), (checks.check_llama3_70b_d_ff, LLAMA3_70B_D_FF),
     (checks.check_rope_cache, mb.rope_cache), (checks.check_apply_rope, mb.apply_rope),
     (checks.check_apply_rope_interleaved, mb.apply_rope_interleaved),
     (checks.check_repeat_kv, repeat_kv_ok), (checks.check_gqattention, mb.GQAttention),
     (checks.check_kv_cache, attend_cached_ok),
     (checks.check_mla_cache_bytes, mla_cache_bytes_ok), (checks.check_absorb_query, absorb_query_ok),
     (checks.check_absorbed_scores, absorbed_scores_ok), (checks.check_mla_absorption, absorbed_attention_ok),
+    (checks.check_kimi_k2_cache_bytes, KIMI_K2_CACHE_BYTES),
     (checks.check_qk_norm_rope, qk_norm_rope_ok), (checks.check_qk_norm_attention, QKNormAttentionOk),
     (checks.check_block, mb.Block), (checks.check_llama_lm, mb.LlamaStyleLM),
     (checks.check_llama_param_count, llama_param_count_ok),
+    (checks.check_lr_schedule, lr_at_ok), (checks.check_flops_per_token, flops_per_token_ok),
+    (checks.check_fair_comparison, unfair_differences_ok), (checks.check_llama3_8b_train_flops, LLAMA3_8B_TRAIN_FLOPS),
 ]
+FUNCTIONS = [(check, impl) for check, impl in RIGHT if callable(impl)]  # the rest are numbers, graded by value
 
 
 @pytest.mark.parametrize("check, impl", RIGHT, ids=[c.__name__ for c, _ in RIGHT])
@@ -157,7 +216,7 @@ def test_every_check_is_covered_here():
     assert {c.__name__ for c, _ in RIGHT} == {n for n in checks.__all__ if n.startswith("check_")}
 
 
-@pytest.mark.parametrize("check, impl", RIGHT, ids=[c.__name__ for c, _ in RIGHT])
+@pytest.mark.parametrize("check, impl", FUNCTIONS, ids=[c.__name__ for c, _ in FUNCTIONS])
 def test_a_stub_is_not_attempted(check, impl):
     def stub(*args, **kwargs):
         raise NotImplementedError("write this")
@@ -180,6 +239,62 @@ def test_a_crash_in_student_code_is_reported_with_the_call():
 
     message = rejects(checks.check_rms, crashes, "rms on x of shape [2, 3, 16] raised RuntimeError")
     assert "Likely mistake" not in message
+
+
+# ---- lesson 00: the GPT-2 block -------------------------------------------------------------------------
+
+
+def test_the_gpt2_figures_agree_with_the_package():
+    for d, d_ff in [(768, None), (64, 100)]:
+        assert gpt2_block_params_ok(d, d_ff) == mb.count_parameters(mb.GPT2Block(d, 4, d_ff))
+    assert GPT2_SMALL_PARAMS == 124_439_808
+
+
+def test_check_gpt2_block_params_diagnoses():
+    rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: 12 * d * d, "no biases and no LayerNorms")
+    rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: gpt2_block_params_ok(d, d_ff) - 2 * d,
+            "counted with one vector")
+    rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: gpt2_block_params_ok(d), "d_ff was ignored")
+
+
+def test_check_causal_attention_diagnoses():
+    rejects(checks.check_causal_attention, lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "no causal mask")
+    rejects(checks.check_causal_attention, lambda q, k, v: (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(
+        torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).triu(1), 0.0).softmax(-1) @ v,
+        "set to 0 instead of -inf")
+    rejects(checks.check_causal_attention, lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, is_causal=True, scale=1 / q.shape[-1]), "divided by dh")
+
+    def naive_softmax(q, k, v):  # exp without subtracting the maximum overflows on large scores
+        s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        return (s.exp() / s.exp().sum(-1, keepdim=True)) @ v
+
+    rejects(checks.check_causal_attention, naive_softmax, "large scores", "inf or NaN")
+
+
+def test_check_gpt2_attention_diagnoses():
+    def variant(order="qkv", merge="ok", bias=True):
+        def gpt2_attention(x, w_qkv, b_qkv, w_proj, b_proj, n_heads):
+            B, T, d = x.shape
+            parts = dict(zip("qkv", (x @ w_qkv.T + (b_qkv if bias else 0)).split(d, -1), strict=True))
+            q, k, v = (parts[c].view(B, T, n_heads, d // n_heads).transpose(1, 2) for c in order)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = out.transpose(1, 2).reshape(B, T, d) if merge == "ok" else out.reshape(B, T, d)
+            return out @ w_proj.T + b_proj
+
+        return gpt2_attention
+
+    checks.check_gpt2_attention(variant())
+    rejects(checks.check_gpt2_attention, variant(order="kqv"), "the wrong order")
+    rejects(checks.check_gpt2_attention, variant(merge="bad"), "without transposing back")
+    rejects(checks.check_gpt2_attention, variant(bias=False), "b_qkv")
+
+
+def test_check_gpt2_small_params_diagnoses():
+    rejects(checks.check_gpt2_small_params, GPT2_SMALL_PARAMS + 50257 * 768, "ties it to the token embedding")
+    rejects(checks.check_gpt2_small_params, GPT2_SMALL_PARAMS - 1024 * 768, "position table")
+    rejects(checks.check_gpt2_small_params, float(GPT2_SMALL_PARAMS), "return a plain int")
 
 
 # ---- lesson 01: RMSNorm ------------------------------------------------------------------------------
@@ -718,3 +833,59 @@ def test_a_stub_that_breaks_the_syntax_is_refused(tmp_path):
         "x = [\n### BEGIN SOLUTION\n1,\n### END SOLUTION\n]")])
     with pytest.raises(exercises.SolutionMarkerError, match="not valid Python"):
         exercises.exercise_notebook(nb, "solutions/x.ipynb", "exercises/x.ipynb")
+
+
+# ---- value items of lessons 02 and 05 -------------------------------------------------------------------
+
+
+def test_the_value_checks_diagnose():
+    assert LLAMA3_70B_D_FF == 28672 == mb.swiglu_hidden_dim(8192, 4096, 1.3)
+    rejects(checks.check_llama3_70b_d_ff, 4 * 8192, "GPT-2's width")
+    rejects(checks.check_llama3_70b_d_ff, mb.swiglu_hidden_dim(8192, 4096), "the multiplier 1.3 was left out")
+    assert KIMI_K2_CACHE_BYTES == 70_272 == mb.mla_cache_bytes_per_token(61, 512, 64)
+    rejects(checks.check_kimi_k2_cache_bytes, 70_272 // 2, "the head count does not enter")
+    rejects(checks.check_kimi_k2_cache_bytes, 61 * 64 * (192 + 128) * 2, "full multi-head attention")
+
+
+# ---- lesson 08: training ---------------------------------------------------------------------------------
+
+
+def test_check_lr_schedule_diagnoses():
+    def variant(mistake):
+        def lr_at(step, lr, min_lr, warmup_steps, max_steps):
+            if step < warmup_steps:
+                return lr * step / warmup_steps if mistake == "plain" else lr * (step + 1) / (warmup_steps + 1)
+            if step >= max_steps and mistake != "no_clamp":
+                return min_lr
+            progress = (step - warmup_steps) / (max_steps - warmup_steps)
+            floor = 0.0 if mistake == "to_zero" else min_lr
+            return floor + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - floor)
+
+        return lr_at
+
+    checks.check_lr_schedule(variant(None))
+    rejects(checks.check_lr_schedule, variant("plain"), "lr·(step+1)/(warmup_steps+1)")
+    rejects(checks.check_lr_schedule, variant("to_zero"), "goes down to 0")
+    rejects(checks.check_lr_schedule, variant("no_clamp"), "climbs back up")
+
+
+def test_check_flops_per_token_diagnoses():
+    rejects(checks.check_flops_per_token, lambda N, L, H, Q, T: 6 * N, "the attention term is missing")
+    rejects(checks.check_flops_per_token, lambda N, L, H, Q, T: 2 * N + 4 * L * H * Q * T, "forward pass only")
+
+
+def test_check_fair_comparison_diagnoses():
+    def variant(mistake):
+        return lambda a, b, compared=("arch",), size_tolerance=0.02: unfair_differences_ok(
+            a, b, compared, size_tolerance, mistake=mistake)
+
+    rejects(checks.check_fair_comparison, variant("compared"), "leave out the keys in `compared`")
+    rejects(checks.check_fair_comparison, variant("exact"), "n_params was compared exactly")
+    rejects(checks.check_fair_comparison, variant("keys_of_a"), "only a's keys")
+    rejects(checks.check_fair_comparison, variant("unsorted"), "not sorted")
+
+
+def test_check_llama3_8b_train_flops_diagnoses():
+    checks.check_llama3_8b_train_flops(6 * 8e9 * 15e12)  # 8B rounded: within 3%
+    rejects(checks.check_llama3_8b_train_flops, 2 * 8.03e9 * 15e12, "forward pass only")
+    rejects(checks.check_llama3_8b_train_flops, 6 * 8.03e9 * 15e9, "15 trillion")

@@ -176,6 +176,24 @@ def _judge_int(name: str, got, want: int, candidates, case: str, hint: str = "")
                     f"(wrap it in int(...)).")
 
 
+def _judge_number(name: str, got, want: float, candidates, case: str, *, rel: float, hint: str = "") -> None:
+    """A real number (an estimate): ``want`` within ``rel`` (relative), else the candidate mistake it is near."""
+    __tracebackhide__ = True
+    value = got.item() if isinstance(got, torch.Tensor) and got.numel() == 1 else got
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        _fail(name, f"{case}: expected a number, got {type(got).__name__} {got!r}.")
+
+    def near(a, b):
+        return abs(a - b) <= rel * abs(b)
+
+    if near(value, want):
+        return
+    for diagnosis, wrong in candidates:
+        if wrong is not None and not near(wrong, want) and near(value, wrong):
+            _fail(name, f"{case}: got {value:.4g}, expected {want:.4g}.\nLikely mistake: {diagnosis}")
+    _fail(name, f"{case}: got {value:.4g}, expected {want:.4g} (within {100 * rel:g}%). {hint}".rstrip())
+
+
 def _randomize(module: nn.Module, seed: int) -> nn.Module:
     """Reference weights with structure: random Linear/Embedding weights and norm scales that are
     far from 1 and differ per feature (so a forgotten or misplaced scale shows)."""

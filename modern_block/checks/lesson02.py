@@ -166,3 +166,25 @@ def check_ffn_weight_count(ffn_weight_count) -> str:
         ]
         _judge_int(name, got, want, cands, call, hint="GELU MLP: 2·d·d_ff; SwiGLU: 3·d·d_ff (no biases).")
     return "5 cases incl. 8d² = 134,217,728 and Llama's 135,266,304"
+
+
+@_check(components=())
+def check_llama3_70b_d_ff(d_ff) -> str:
+    """``llama3_70b_d_ff``: Llama 3 70B's SwiGLU width by Llama's rule (d = 8192, multiple_of = 4096,
+    ffn_dim_multiplier = 1.3)."""
+    __tracebackhide__ = True
+    d = 8192
+    cands = [
+        ("4d is GPT-2's width: SwiGLU starts from 8/3·d.", 4 * d),
+        ("the multiplier 1.3 was left out: Llama 3 scales int(8/3·d) by ffn_dim_multiplier before rounding.",
+         swiglu_hidden_dim(d, 4096)),
+        ("rounded to a multiple of 256 (Llama 2's multiple_of); Llama 3 70B rounds up to a multiple of 4096.",
+         swiglu_hidden_dim(d, 256, 1.3)),
+        ("rounded to a multiple of 1024 (Llama 3 8B's multiple_of); Llama 3 70B rounds up to a multiple of 4096.",
+         swiglu_hidden_dim(d, 1024, 1.3)),
+        ("not rounded up to a multiple of multiple_of.", int(1.3 * int(8 * d / 3))),
+        ("8/3·d alone: no multiplier, no rounding.", int(8 * d / 3)),
+    ]
+    _judge_int("check_llama3_70b_d_ff", d_ff, swiglu_hidden_dim(d, 4096, 1.3), cands, "llama3_70b_d_ff",
+               hint="swiglu_hidden_dim(8192, multiple_of=4096, ffn_dim_multiplier=1.3).")
+    return "28,672 = 3.5·d"

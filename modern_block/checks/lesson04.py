@@ -331,7 +331,7 @@ def _decode64(ref: GQAttention, x, cos, sin, schedule, *, positions="offset", ca
     return torch.cat(outs, dim=1)
 
 
-@_check(components=("GQAttention.forward", "causal_attention", "LayerCache", "KVCache", "kv_layer_cache"))
+@_check(components=("GQAttention.forward", "causal_attention", "LayerCache", "KVCache"))
 def check_kv_cache(attend_cached) -> str:
     """``attend_cached(attn, x, cos, sin, cache)``: attention of the new tokens x [B, T, d] (which follow
     the cached ones) through the package's GQAttention ``attn``; ``cache`` is a dict with "k" and "v"

@@ -202,3 +202,25 @@ def check_mla_absorption(absorbed_attention) -> str:
                     "space with W_UV,m (w_uv[m] @ mixed).")
         _judge(name, got, want, cands, f"with {desc}", hint=hint)
     return "4 cases: prefill, one new token, a chunk with offset mask, square and rectangular weights"
+
+
+@_check(components=())
+def check_kimi_k2_cache_bytes(n_bytes) -> str:
+    """``kimi_k2_cache_bytes``: Kimi K2's MLA cache per token in bf16 (61 layers, latent 512, RoPE key 64, 64
+    heads)."""
+    __tracebackhide__ = True
+    L, d_c, d_r, heads = 61, 512, 64, 64
+    want = mla_cache_bytes_per_token(L, d_c, d_r, 2)
+    cands = [
+        ("scaled with the heads (64 against DeepSeek-V3's 128): MLA caches one latent and one RoPE key per layer, "
+         "shared by all heads, so the head count does not enter.", want // 2),
+        ("the cache of full multi-head attention (64 heads, 192-dim keys, 128-dim values): MLA caches the latent "
+         "instead.", L * heads * (192 + 128) * 2),
+        ("twice the answer: the latent and the RoPE key are cached once per layer (not as a K and a V), in 2 "
+         "bytes each (bf16).", 2 * want),
+        ("the RoPE key (64 numbers per layer) was left out.", L * d_c * 2),
+        ("one layer only: every one of the 61 layers caches its own latent.", (d_c + d_r) * 2),
+    ]
+    _judge_int("check_kimi_k2_cache_bytes", n_bytes, want, cands, "kimi_k2_cache_bytes",
+               hint="n_layers · (kv_latent_dim + rope_dim) · 2 bytes.")
+    return "70,272 bytes per token, the same as DeepSeek-V3"

@@ -117,6 +117,12 @@ def check_exercise(run: _Run, ex, result: Exercise, plan: Plan, secret: int) -> 
         names = sorted({n for call in ex.calls for n in call.names})
         values = link.get(names)
         missing = [n for n in names if values[n] is MISSING]
+        stubs = [c["error"].split(": ", 1)[1] for c in run.report.cells
+                 if c["cell"] in answers and c["error"].startswith("NotImplementedError: ")]
+        if missing and stubs:  # a value item whose cell is still the stub
+            result.status = NOT_ATTEMPTED
+            result.detail = f"{ex.calls[0].check}: not implemented yet (the stub says: {stubs[0]})"
+            return
         if missing:
             result.status = FAILED
             result.detail = (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not defined when the "
