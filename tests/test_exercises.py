@@ -9,6 +9,7 @@
 
 import json
 import math
+import re
 from pathlib import Path
 
 import nbformat
@@ -25,7 +26,8 @@ from modern_block.grading.notebook import CHECK_CALL, read_notebook, reference_f
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
-LESSONS = ["01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cache", "05_mla", "06_qk_norm", "07_llama_block"]
+LESSONS = ["00_gpt2_block", "01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cache", "05_mla", "06_qk_norm",
+           "07_llama_block", "08_train_llama_vs_gpt2"]
 
 
 def rejects(check, impl, *diagnosis: str) -> str:
@@ -749,6 +751,34 @@ def test_solution_notebook_structure(path):
                 assert c.metadata["nbgrader"]["solution"] is True  # ready for nbgrader's generate_assignment
     first_code = next(c for c in nb.cells if c.cell_type == "code")
     assert first_code.source.startswith("# Setup:")
+
+
+def _in_words(text: str) -> bool:
+    """No code: code spans hold only a bare name (a parameter, say), and nothing reads like a call."""
+    spans = re.findall(r"`([^`]*)`", text)
+    return all(re.fullmatch(r"[A-Za-z_]\w*", s) for s in spans) and not re.search(
+        r"[A-Za-z0-9_]\(", re.sub(r"`[^`]*`", "", text))
+
+
+HINT = re.compile(r"<details><summary>Hint (\d): ([^<]*)</summary>\n\n(.*?)\n\n</details>", re.S)
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.stem)
+def test_hints_come_in_tiers_collapsed_and_the_first_gives_no_code_away(path):
+    nb = nbformat.read(path, as_version=4)
+    specs = [c.id for c in nb.cells if re.fullmatch(r"ex\d+-spec", c.id or "")]
+    assert specs
+    for spec in specs:
+        n = spec.split("-")[0]
+        (hints,) = [c for c in nb.cells if c.id == f"{n}-hints"]
+        tiers = HINT.findall(hints.source)
+        assert [t[0] for t in tiers] == ["1", "2", "3"], f"{path.name} {n}"
+        assert hints.source.count("<details>") == 3 and "<details open" not in hints.source  # collapsed
+        assert _in_words(tiers[0][2]), f"{path.name} {n}: hint 1 shows code: {tiers[0][2]}"
+        assert tiers[2][2] != tiers[0][2]
+        (answer,) = [c for c in nb.cells if c.id == f"{n}-solution"]
+        stubs = re.findall(r'raise NotImplementedError\("([^"]*)"\)', answer.source)
+        assert stubs and all(_in_words(s) for s in stubs), f"{path.name} {n}: {stubs}"
 
 
 @pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.stem)
