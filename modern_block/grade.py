@@ -73,26 +73,25 @@ def collect(paths, exclude=()) -> list[Submission]:
     """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``, ``exclude`` left
     out of the search), read into memory."""
     excluded = {Path(p).resolve() for p in exclude}
-    found: list[tuple[Path, str, str]] = []
+    found: list[tuple[Path, str]] = []
     for given in map(Path, paths):
         if given.is_dir():
             for nb in sorted(given.rglob("*.ipynb")):
                 rel = nb.relative_to(given)
                 if any(part.startswith(".") for part in rel.parts) or nb.resolve() in excluded:
                     continue
-                student = rel.parts[0] if len(rel.parts) > 1 else rel.stem
-                found.append((nb, str(nb), student))
+                found.append((nb, rel.parts[0] if len(rel.parts) > 1 else rel.stem))
         elif given.exists() or given.is_symlink():
-            found.append((given, str(given), given.stem))
+            found.append((given, ""))  # named below
         else:
             raise UsageError(f"no such notebook or folder: {given}")
-    stems = [s for _, _, s in found]
+    stems = [path.stem for path, student in found if not student]
     subs = []
-    for path, shown, student in found:
-        if path.suffix == ".ipynb" and stems.count(student) > 1 and path.parent.name:
-            student = f"{path.parent.name}/{student}"  # files given one by one: folder/name tells them apart
+    for path, student in found:
+        if not student:  # a file given by name: its stem, or folder/stem when two share a stem
+            student = f"{path.parent.name}/{path.stem}" if stems.count(path.stem) > 1 else path.stem
         data, error = _read(path)
-        subs.append(Submission(path, shown, student, data, error))
+        subs.append(Submission(path, str(path), student, data, error))
     return subs
 
 
@@ -253,8 +252,9 @@ def _parser() -> argparse.ArgumentParser:
                                 description="Grade exercise notebooks (a whole class folder at once).")
     p.add_argument("submissions", nargs="+", help="notebooks or folders of notebooks")
     p.add_argument("--reference", default=None,
-                   help="the notebook handed out (or a folder of them, matched by file name); without it each "
-                        "notebook is graded against its own check cells")
+                   help="the notebook handed out (or a folder of them, matched by file name); without it, the "
+                        "course's solution notebook named in a notebook's metadata when this installation has it, "
+                        "else the notebook's own check cells")
     p.add_argument("--jobs", type=_positive(int, 1, 64), default=1, help="submissions graded at once (default 1)")
     p.add_argument("--csv", default=None, help="write the gradebook (one row per submission) to this CSV file")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")

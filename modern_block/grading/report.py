@@ -70,6 +70,8 @@ def format_report(report: Report) -> str:
         lines.append(f"{label} {'.' * max(2, 60 - len(label))} {e.status} ({e.seconds:.1f} s)")
         for line in e.detail.splitlines() if e.status in (FAILED, NOT_GRADED) else []:
             lines.append(f"      {line}")
+    if report.error and not report.exercises:
+        return "\n".join(lines)
     c = report.counts()
     restarts = f", {report.restarts} restart{'s' * (report.restarts != 1)}" if report.restarts else ""
     lines.append(f"  {len(report.exercises)} exercises: {c[PASSED]} passed, {c[FAILED]} failed, "

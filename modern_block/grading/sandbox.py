@@ -56,7 +56,7 @@ class SandboxError(Exception):
 @dataclass(frozen=True)
 class Limits:
     memory_mb: int = 2048  # address space a submission may add to the pre-loaded interpreter
-    cpu_seconds: int = 900  # CPU time of the student's process (a backstop; the grader's clocks act first)
+    cpu_seconds: int = 630  # CPU time of the student's process (a backstop; the grader's clocks act first)
     same_user: bool = False  # when root: run submissions as root, not as users of their own (weaker)
 
 
