@@ -21,7 +21,7 @@ COPY modern_block /tmp/course/modern_block
 RUN pip install /tmp/course && rm -rf /tmp/course
 
 # The grader runs as the container's root, which it needs to run every submission as a user of its own
-# (uid 2,000,000,000 + n): no submission can signal the grader or another submission, or write into the
+# (a uid above 2,000,000,000): no submission can signal the grader or another submission, or write into the
 # mounted folders. Python lives under /usr/local, readable by those users.
 WORKDIR /grades
 ENTRYPOINT ["python", "-m", "modern_block.grade"]

@@ -159,7 +159,7 @@ def _zygote(python: str | None, limits: Limits) -> Zygote:
     key = (python or sys.executable, limits)
     with _ZYGOTE_LOCK:
         if key not in _ZYGOTES:
-            zygote = Zygote(python, limits)
+            zygote = Zygote(python, limits)  # SandboxError off Linux
             try:
                 zygote.start()
             except SandboxError:

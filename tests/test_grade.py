@@ -185,6 +185,7 @@ def test_the_diagnoses_come_through(class_run):
     assert rows["endless_inside_the_check"]["restarts"] == 1
     assert "timed out" in rows["endless_print_loop"]["exercises"][0]["detail"]
     assert "timed out" in rows["slow_setup_cell"]["cells"][0]["error"]
+    assert rows["slow_setup_cell"]["seconds"] < 2 * TIMEOUT + 20  # the cell is stopped once, never re-run
     assert "MemoryError" in rows["allocates_8_gb"]["exercises"][0]["detail"]
     assert "exited with status 0" in rows["exits"]["exercises"][0]["detail"]
 

@@ -128,6 +128,7 @@ class Runner:
 
         config = Config()
         config.HistoryManager.enabled = False
+        config.InteractiveShell.colors = "nocolor"  # tracebacks in the report without terminal escapes
         self.shell = InteractiveShell.instance(config=config)
         self.objects: dict[int, object] = {}
         self.numbers: dict[int, int] = {}  # id(object) -> its number

@@ -7,7 +7,7 @@
 The runner starts in a session of its own, in a private working folder, with stdin from /dev/null and
 stdout/stderr going to a file there (never to the grader), with limits on address space (memory), file
 size, CPU time and core dumps, no new privileges, and, when the grader runs as root, as a user of
-its own (uid 2,000,000,000 + n, group nogroup) that can signal no other process. It sees a copy of the
+its own (a uid above 2,000,000,000, group nogroup) that can signal no other process. It sees a copy of the
 course package without the repository around it (no solutions next to it). The grader closes the
 shield's control socket to end a submission: the shield then kills the runner and every process it
 started (also those that left with ``setsid``) and exits. Linux only.
@@ -20,12 +20,14 @@ import json
 import os
 import pwd
 import resource
+import secrets
 import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -37,7 +39,7 @@ from . import wire
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 8, 36, 38
 FILE_LIMIT = 16 << 20  # bytes a submission may write into one file (its output log included)
 STARTUP_TIMEOUT = 180.0  # seconds for the zygote to import torch on a busy machine
-FIRST_UID = 2_000_000_000  # as root, submission n runs as user FIRST_UID + n (no two can signal each other)
+FIRST_UID = 2_000_000_000  # as root, each submission runs as a user of its own above this (none can signal another)
 
 
 class SandboxLost(BaseException):
@@ -340,12 +342,20 @@ class Zygote:
         self.proc: subprocess.Popen | None = None
         self.control: socket.socket | None = None
         self.count = 0
-        self.run_dir = Path(tempfile.mkdtemp(prefix="modern-block-grade-"))
-        os.chmod(self.run_dir, 0o711)
+        self.first_uid = FIRST_UID + secrets.randbelow(100_000) * 10_000  # two runs at once share no user
+        if not sys.platform.startswith("linux"):
+            raise SandboxError("the grader runs the submissions in Linux processes (fork, /proc, prctl): run it on "
+                               "Linux or in the container of docs/instructors.md; in a notebook the checks work "
+                               "everywhere")
         self.nogroup = None
         if os.geteuid() == 0 and not limits.same_user:
-            self.nogroup = pwd.getpwnam("nobody").pw_gid
+            try:
+                self.nogroup = pwd.getpwnam("nobody").pw_gid
+            except KeyError:
+                self.nogroup = 65534
         self.keep_read = False  # set in start() when other users cannot read the Python installation
+        self.run_dir = Path(tempfile.mkdtemp(prefix="modern-block-grade-"))
+        os.chmod(self.run_dir, 0o711)
         self._copy_package()
 
     def _copy_package(self) -> None:
@@ -377,8 +387,6 @@ class Zygote:
             if name in os.environ:
                 env[name] = os.environ[name]
         flags = ["-I", "-S"] if same_python else ["-I"]
-        import sysconfig
-
         self.keep_read = not all(readable_by_all(p) for p in [sysconfig.get_paths()["stdlib"], *config["paths"]])
         log = open(self.run_dir / "zygote.log", "wb")
         try:
@@ -410,7 +418,7 @@ class Zygote:
                 self.count += 1
                 workdir = self.run_dir / f"w{self.count}"
                 workdir.mkdir(mode=0o700)
-                uid = FIRST_UID + self.count if self.nogroup is not None else None  # one user per submission
+                uid = self.first_uid + self.count if self.nogroup is not None else None  # a user per submission
                 if uid is not None:
                     os.chown(workdir, uid, self.nogroup)
                 spec = {"workdir": str(workdir), "memory_mb": self.limits.memory_mb, "uid": uid,

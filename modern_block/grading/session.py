@@ -78,7 +78,7 @@ class _Run:
         if cell in self.done:
             self.done.remove(cell)
         why = (f"timed out: ran longer than {self.options.timeout:g} s (an endless loop?) and was stopped"
-               if lost.reason == "timed out" else f"{lost.reason}: {lost.detail}".rstrip(": "))
+               if lost.reason == "timed out" else _lost(lost))
         self.lost[cell.index] = why
         self.report.cells.append({"cell": cell.index, "error": why, "output": ""})
 
@@ -94,6 +94,13 @@ class _Run:
         if isinstance(error, list) and len(error) == 2:
             self.report.cells.append({"cell": cell.index, "error": f"{error[0]}: {error[1]}"[:3000],
                                       "output": str(reply.get("output", ""))[:5000]})
+
+
+def _lost(lost: SandboxLost) -> str:
+    """Why the submission's process was lost, in words (the time-outs are worded where they happen)."""
+    if lost.reason == "garbled":
+        return f"the submission's process sent a reply the grader cannot read ({lost.detail})"
+    return f"died: {lost.detail}" if lost.detail else "died: the submission's process ended"
 
 
 def _components(ex) -> set[str]:
@@ -144,8 +151,7 @@ def check_exercise(run: _Run, ex, result: Exercise, plan: Plan, secret: int) -> 
             raise _OutOfTime() from None
         result.status = FAILED
         result.detail = (f"timed out: your code ran longer than {run.options.timeout:g} s (an endless loop?) and "
-                         "was stopped" if lost.reason == "timed out" else
-                         f"the submission's process {lost.reason}: {lost.detail}".rstrip(": "))
+                         "was stopped" if lost.reason == "timed out" else _lost(lost))
     except Exception as err:  # a result the check cannot use (an odd type, say)
         result.status = FAILED
         result.detail = f"the check could not use what your code returned ({type(err).__name__}: {err})"
