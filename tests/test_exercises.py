@@ -143,9 +143,9 @@ def causal_attention_ok(q, k, v):
 
 
 def gpt2_attention_ok(x, w_qkv, b_qkv, w_proj, b_proj, n_heads):
-    """Through the package's own GPT-2 attention, with these weights loaded."""
+    """Through the package's own GPT-2 attention, these weights loaded in its order (fused q/k/v, then output)."""
     attn = mb.CausalSelfAttention(x.shape[-1], n_heads)
-    attn.load_state_dict({"qkv.weight": w_qkv, "qkv.bias": b_qkv, "proj.weight": w_proj, "proj.bias": b_proj})
+    attn.load_state_dict(dict(zip(attn.state_dict(), (w_qkv, b_qkv, w_proj, b_proj), strict=True)))
     return attn(x)
 
 
@@ -181,7 +181,7 @@ def unfair_differences_ok(a, b, compared=("arch",), size_tolerance=0.02, *, mist
 
 
 with torch.device("meta"):
-    GPT2_SMALL_PARAMS = mb.GPT2LM(50257, 768, 12, 12, 1024).num_parameters()  # the package's model, counted
+    GPT2_SMALL_PARAMS = mb.count_parameters(mb.GPT2LM(50257, d=768, n_layers=12, n_heads=12, max_len=1024))
 LLAMA3_70B_D_FF = mb.PRESETS["Llama 3 70B"].d_ff
 KIMI_K2_CACHE_BYTES = mb.PRESETS["Kimi K2"].bytes_per_token()
 LLAMA3_8B_TRAIN_FLOPS = 6 * 8.03e9 * 15e12
@@ -248,7 +248,7 @@ def test_a_crash_in_student_code_is_reported_with_the_call():
 
 def test_the_gpt2_figures_agree_with_the_package():
     for d, d_ff in [(768, None), (64, 100)]:
-        assert gpt2_block_params_ok(d, d_ff) == mb.count_parameters(mb.GPT2Block(d, 4, d_ff))
+        assert gpt2_block_params_ok(d, d_ff) == mb.count_parameters(mb.GPT2Block(d, n_heads=4, d_ff=d_ff))
     assert GPT2_SMALL_PARAMS == 124_439_808
 
 
