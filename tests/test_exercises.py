@@ -937,7 +937,7 @@ def llama3_variant(mistake):
     def llama3_frequencies(theta, factor, low_freq_factor, high_freq_factor, original_len):
         if mistake == "every_frequency":
             return theta / factor
-        wavelength = theta if mistake == "frequency" else 2 * math.pi / theta
+        wavelength = {"frequency": theta, "no_2pi": 1 / theta}.get(mistake, 2 * math.pi / theta)
         short, long = original_len / high_freq_factor, original_len / low_freq_factor
         if mistake == "band":
             short, long = long, short
@@ -966,7 +966,7 @@ def test_the_llama3_cases_populate_every_band():
 
 @pytest.mark.parametrize("mistake, diagnosis", [
     ("every_frequency", "position interpolation"), ("band", "the wrong smoothing band"),
-    ("frequency", "wavelength vs frequency"), ("reversed", "the blend is reversed"),
+    ("frequency", "wavelength vs frequency"), ("no_2pi", "2π / θ"), ("reversed", "the blend is reversed"),
     ("in_place", "changed theta in place"), ("float64", "return theta's dtype"),
 ])
 def test_check_llama3_rope_scaling_diagnoses(mistake, diagnosis):
