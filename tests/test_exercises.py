@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
 LESSONS = ["00_gpt2_block", "01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cache", "05_mla", "06_qk_norm",
-           "07_llama_block", "08_train_llama_vs_gpt2"]
+           "07_llama_block", "08_train_llama_vs_gpt2", "09_real_model"]
 
 
 def rejects(check, impl, *diagnosis: str) -> str:
@@ -185,6 +185,12 @@ with torch.device("meta"):
 LLAMA3_70B_D_FF = mb.PRESETS["Llama 3 70B"].d_ff
 KIMI_K2_CACHE_BYTES = mb.PRESETS["Kimi K2"].bytes_per_token()
 LLAMA3_8B_TRAIN_FLOPS = 6 * 8.03e9 * 15e12
+SMOLLM2_CACHE_BYTES = mb.kv_cache_bytes_per_token(30, 3, 64)
+
+
+def ntk_scaled_base_ok(base, dh, kappa):
+    return base * kappa ** (dh / (dh - 2))
+
 
 RIGHT = [
     (checks.check_gpt2_block_params, gpt2_block_params_ok), (checks.check_causal_attention, causal_attention_ok),
@@ -204,6 +210,8 @@ RIGHT = [
     (checks.check_llama_param_count, llama_param_count_ok),
     (checks.check_lr_schedule, lr_at_ok), (checks.check_flops_per_token, flops_per_token_ok),
     (checks.check_fair_comparison, unfair_differences_ok), (checks.check_llama3_8b_train_flops, LLAMA3_8B_TRAIN_FLOPS),
+    (checks.check_llama3_rope_scaling, mb.llama3_frequencies), (checks.check_ntk_scaled_base, ntk_scaled_base_ok),
+    (checks.check_smollm2_cache_bytes, SMOLLM2_CACHE_BYTES),
 ]
 FUNCTIONS = [(check, impl) for check, impl in RIGHT if callable(impl)]  # the rest are numbers, graded by value
 
@@ -919,3 +927,68 @@ def test_check_llama3_8b_train_flops_diagnoses():
     checks.check_llama3_8b_train_flops(6 * 8e9 * 15e12)  # 8B rounded: within 3%
     rejects(checks.check_llama3_8b_train_flops, 2 * 8.03e9 * 15e12, "forward pass only")
     rejects(checks.check_llama3_8b_train_flops, 6 * 8.03e9 * 15e9, "15 trillion")
+
+
+# ---- lesson 09: RoPE scaling and a real model's cache ----------------------------------------------------
+
+
+def llama3_variant(mistake):
+    """Llama 3's rule as a student might write it, with one mistake (None: right)."""
+    def llama3_frequencies(theta, factor, low_freq_factor, high_freq_factor, original_len):
+        if mistake == "every_frequency":
+            return theta / factor
+        wavelength = {"frequency": theta, "no_2pi": 1 / theta}.get(mistake, 2 * math.pi / theta)
+        short, long = original_len / high_freq_factor, original_len / low_freq_factor
+        if mistake == "band":
+            short, long = long, short
+        a = (original_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        if mistake == "reversed":
+            a = 1 - a
+        blended = (1 - a) * theta / factor + a * theta
+        if mistake == "in_place":
+            theta[wavelength > long] /= factor
+            return torch.where(wavelength < short, theta, torch.where(wavelength > long, theta, blended))
+        out = torch.where(wavelength < short, theta, torch.where(wavelength > long, theta / factor, blended))
+        return out.double() if mistake == "float64" else out
+
+    return llama3_frequencies
+
+
+def test_the_llama3_cases_populate_every_band():
+    from modern_block.checks.lesson09 import _LLAMA3_CASES
+
+    for _, dh, base, s, low, high, L0 in _LLAMA3_CASES:
+        theta = mb.rope_frequencies(dh, base)
+        out = mb.llama3_frequencies(theta, s, low, high, L0)
+        kept, divided = torch.isclose(out, theta), torch.isclose(out, theta / s)
+        assert kept.any() and divided.any() and (~kept & ~divided).any()
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("every_frequency", "position interpolation"), ("band", "the wrong smoothing band"),
+    ("frequency", "wavelength vs frequency"), ("no_2pi", "2π / θ"), ("reversed", "the blend is reversed"),
+    ("in_place", "changed theta in place"), ("float64", "return theta's dtype"),
+])
+def test_check_llama3_rope_scaling_diagnoses(mistake, diagnosis):
+    rejects(checks.check_llama3_rope_scaling, llama3_variant(mistake), diagnosis)
+    checks.check_llama3_rope_scaling(llama3_variant(None))
+
+
+def test_the_ntk_base_is_the_one_the_package_uses():
+    for base, dh, kappa in [(1e4, 128, 4.0), (5e5, 64, 2.0), (1e4, 16, 8.0)]:
+        want = mb.rope_frequencies(dh, ntk_scaled_base_ok(base, dh, kappa))
+        torch.testing.assert_close(mb.dynamic_ntk_frequencies(dh, base, 1.0, round(kappa * 1000), 1000), want)
+
+
+def test_check_ntk_scaled_base_diagnoses():
+    rejects(checks.check_ntk_scaled_base, lambda base, dh, kappa: base * kappa, "the exponent d_h/(d_h - 2) is missing")
+    rejects(checks.check_ntk_scaled_base, lambda base, dh, kappa: base * kappa ** ((dh - 2) / dh), "upside down")
+    rejects(checks.check_ntk_scaled_base, lambda base, dh, kappa: base / kappa ** (dh / (dh - 2)), "must grow")
+
+
+def test_check_smollm2_cache_bytes_diagnoses():
+    assert SMOLLM2_CACHE_BYTES == 23_040
+    rejects(checks.check_smollm2_cache_bytes, 11_520, "both K and V are cached")
+    rejects(checks.check_smollm2_cache_bytes, 69_120, "the cache of MHA")
+    rejects(checks.check_smollm2_cache_bytes, 46_080, "bf16 takes 2")
+    rejects(checks.check_smollm2_cache_bytes, 23_040.0, "return a plain int")

@@ -18,7 +18,7 @@ Both exceptions subclass ``AssertionError``; the grader (``modern_block.grade``)
 Every check runs in well under a second on a CPU and leaves the global random state untouched.
 
 Layout: ``core`` (the shared machinery), ``reference`` (float64 formulas with a knob per mistake) and
-one module per lesson, ``lesson00`` ... ``lesson08``. Under ``graded(secret)`` (the grader's mode) the inputs
+one module per lesson, ``lesson00`` ... ``lesson09``. Under ``graded(secret)`` (the grader's mode) the inputs
 are drawn from the secret and nothing is printed.
 """
 
@@ -38,6 +38,7 @@ from .lesson05 import (
 from .lesson06 import check_qk_norm_attention, check_qk_norm_rope
 from .lesson07 import check_block, check_llama_lm, check_llama_param_count
 from .lesson08 import check_fair_comparison, check_flops_per_token, check_llama3_8b_train_flops, check_lr_schedule
+from .lesson09 import check_llama3_rope_scaling, check_ntk_scaled_base, check_smollm2_cache_bytes
 
 __all__ = [
     "CheckFailed", "NotAttempted", "graded",
@@ -51,4 +52,5 @@ __all__ = [
     "check_qk_norm_rope", "check_qk_norm_attention",
     "check_block", "check_llama_lm", "check_llama_param_count",
     "check_lr_schedule", "check_flops_per_token", "check_fair_comparison", "check_llama3_8b_train_flops",
+    "check_llama3_rope_scaling", "check_ntk_scaled_base", "check_smollm2_cache_bytes",
 ]
