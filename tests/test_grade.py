@@ -60,7 +60,7 @@ def cheats(folder: Path) -> dict[str, list[str]]:
         "subclasses_the_package_answer": (dict(ex2_rmsnorm="import modern_block as mb\n\n\n"
                                                            "class RMSNorm(mb.RMSNorm):\n    pass"), None),
         "calls_the_package_inside": (dict(ex1_rms="import modern_block as mb\n\n\ndef rms(x, eps=1e-6):\n"
-                                                  "    return 1 / mb.RMSNorm(x.shape[-1], eps).inv_rms(x.float())"),
+                                                  "    return (x.float() / mb.RMSNorm(x.shape[-1], eps)(x.float()))[..., :1]"),
                                      None),
         "reads_the_solutions": (dict(ex1_rms="import json, modern_block\nfrom pathlib import Path\n"
                                              "sol = Path(modern_block.__file__).resolve().parents[1] / 'solutions' / "
@@ -179,7 +179,7 @@ def test_the_diagnoses_come_through(class_run):
     for student in ("imports_the_package_answer", "subclasses_the_package_answer"):
         detail = rows[student]["exercises"][1]["detail"]
         assert detail.startswith("uses the package's own implementation (modern_block.RMSNorm"), detail
-    assert "modern_block.RMSNorm.inv_rms" in rows["calls_the_package_inside"]["exercises"][0]["detail"]
+    assert "modern_block.RMSNorm" in rows["calls_the_package_inside"]["exercises"][0]["detail"]
     assert "No such file" in rows["reads_the_solutions"]["exercises"][0]["detail"]
     assert rows["endless_inside_the_check"]["exercises"][0]["detail"].startswith("timed out")
     assert rows["endless_inside_the_check"]["restarts"] == 1
