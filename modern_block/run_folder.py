@@ -128,13 +128,43 @@ else:
 
 
 # ---- writing files atomically ------------------------------------------------------------------------
+class _WriteErrors:
+    """A file that remembers the first OSError its writes raised. ``torch.save`` turns a failed
+    write (a full disk) into "unexpected pos ..." or "basic_ios::clear: iostream error"; this keeps
+    the real cause to report."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data):
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
+def _open_for_writing(fd: int):
+    return os.fdopen(fd, "wb")
+
+
 def write_atomic(path: Path, write) -> None:
     """``write(file)`` into a uniquely named temporary file beside ``path``, then rename it onto
-    ``path``. On any failure the temporary file is removed and ``path`` is left as it was."""
+    ``path``. On any failure the temporary file is removed and ``path`` is left as it was; a
+    failed write raises the ``OSError`` that caused it (ENOSPC: disk full)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
+        with _open_for_writing(fd) as raw:
+            f = _WriteErrors(raw)
+            try:
+                write(f)
+            except Exception as err:
+                if f.error is not None and f.error is not err:
+                    raise f.error from err
+                raise
             f.flush()
             os.fsync(f.fileno())  # on disk before it takes the final name
         os.replace(tmp, path)

@@ -332,8 +332,6 @@ class Trainer:
             elif found and not overwrite:
                 raise RunFolderError(f"{self.out} already holds a run ({found}). Pass --resume to continue it, "
                                      "--overwrite to start it over, or choose another --out")
-            run_folder.clear(self.out)
-            (self.out / METRICS).write_text("")  # a new run: a new metrics file
         return None
 
     def _device(self, device: str | None) -> str | None:
@@ -457,6 +455,9 @@ class Trainer:
         (which copies rank 0's weights to all) and share rank 0's metrics log."""
         if self.ranks.distributed:
             self.ddp = self._wrap(self.forward)
+        if ckpt is None and self.out is not None and self.ranks.is_main:  # every check passed: now replace
+            run_folder.clear(self.out)
+            (self.out / METRICS).write_text("")  # a new run: a new metrics file
         if ckpt is not None:
             if self.ranks.is_main:
                 rows = run_folder.read_metrics(self.out / METRICS, say=self._say)
