@@ -116,14 +116,25 @@ def is_comm_failure(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and ("gloo" in text or "nccl" in text or "connection reset" in text)
 
 
+def as_rank_failure(err: BaseException) -> RankFailedError:
+    """A peer's failure in plain words: gloo's "[.../pair.cc:537] Read error [127.0.0.1]:50406:
+    Connection reset by peer. This is typically caused by ..." keeps only its middle."""
+    if isinstance(err, RankFailedError):
+        return err
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    text = text.split(" This is typically caused")[0].rstrip(".")
+    return RankFailedError(f"another process of this run stopped or cannot be reached ({text[:200]})")
+
+
 def _exchange(fn):
     """Run a collective; a peer's failure becomes a ``RankFailedError`` with a plain message."""
     try:
         return fn()
     except RuntimeError as err:
         if is_comm_failure(err):
-            raise RankFailedError(f"another process of this run stopped or cannot be reached "
-                                  f"({str(err).splitlines()[0][:200]})") from err
+            raise as_rank_failure(err) from err
         raise
 
 

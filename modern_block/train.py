@@ -722,7 +722,8 @@ class Trainer:
                         self.save_checkpoint()  # paused at ``until``
                 except Exception as err:
                     if many and distributed.is_comm_failure(err):
-                        raise RankFailedError(f"rank {self.ranks.rank}: {err} {self._kept_message()}") from err
+                        raise RankFailedError(f"rank {self.ranks.rank}: {distributed.as_rank_failure(err)}. "
+                                              f"{self._kept_message()}") from err
                     raise
             except KeyboardInterrupt:
                 bar.close()
