@@ -208,3 +208,26 @@ def test_torchrun_stops_every_process_when_one_dies_and_the_printed_command_resu
     assert final["step"] == 30 and final["losses"] == reference.losses, "continued exactly"
     rows = [json.loads(x) for x in (out / T.METRICS).read_text().splitlines()]
     assert [(r["step"], r["train_loss"], r["val_loss"]) for r in rows] == evals(reference)
+
+
+# ---- on two GPUs (benchmarks/gpu_check.sh, part 3) ---------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_with_nccl_take_the_steps_of_one(tmp_path):
+    flags = ["--arch", "llama", "--full", "--max-steps", "200", "--eval-interval", "50", "--dropout", "0",
+             "--device", "cuda", "--no-progress"]  # nanoGPT's model and batch of 64, 200 steps
+    launch = _torchrun(["--nproc_per_node", "2", "-m", "modern_block.train", *flags, "--out", str(tmp_path / "two")],
+                       tmp_path)
+    output = launch.communicate(timeout=480)[0]
+    print(output[-3000:])
+    assert launch.returncode == 0 and "2 process(es) × 1 micro-batch(es) of 32 sequences" in output
+    two = [json.loads(x) for x in (tmp_path / "two" / T.METRICS).read_text().splitlines()]
+    cfg = T.gpu_config("llama", max_steps=200, eval_interval=50, dropout=0.0, device="cuda", micro_batch_size=32)
+    one = T.train(cfg, progress=False, verbose=False)
+    summary = json.loads((tmp_path / "two" / T.SUMMARY).read_text())
+    print(f"one GPU: {one.tokens_per_s:,.0f} tok/s, MFU {one.mfu}; two GPUs: {summary['tokens_per_s']:,.0f} tok/s, "
+          f"MFU {summary['mfu']} per device")
+    assert summary["world_size"] == 2
+    # bf16 autocast and kernels that add in varying order: the runs drift apart a little in 200 steps
+    for a, b in zip(two, one.metrics, strict=True):
+        assert a["step"] == b["step"] and abs(a["val_loss"] - b["val_loss"]) < 0.03, (a, b)

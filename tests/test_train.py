@@ -408,3 +408,43 @@ def test_resuming_a_finished_run_keeps_its_summary(tmp_path, capsys):
     for key in ("tokens_per_s", "best_val_loss", "final_val_loss", "steps", "finished", "n_params"):
         assert after[key] == before[key], key
     assert again.tokens_per_s == before["tokens_per_s"]
+
+
+# ---- on a GPU (benchmarks/gpu_check.sh, part 1) ------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_training_with_autocast_and_compile_and_an_exact_enough_resume(tmp_path, recwarn):
+    from modern_block.device import choose_device
+
+    cfg = tiny("llama", device="cuda", compile=True, max_steps=8, dropout=0.0)
+    whole = run(cfg, tmp_path / "whole")
+    assert whole.compiled, "torch.compile fell back to eager: " + "; ".join(str(w.message) for w in recwarn)
+    setup = choose_device("cuda")
+    assert whole.precision == setup.precision and whole.device == torch.cuda.get_device_name()
+    assert all(math.isfinite(x) for x in whole.losses) and whole.metrics[-1]["val_loss"] < whole.metrics[0]["val_loss"]
+    if setup.peak is not None:
+        assert whole.mfu is not None and 0 < whole.mfu < 1
+    run(cfg, tmp_path / "split", until=4)
+    resumed = run(cfg, tmp_path / "split", resume=True)
+    # the same run up to kernel nondeterminism (atomic adds in some backward kernels, autotuned kernels)
+    torch.testing.assert_close(resumed.losses, whole.losses, atol=2e-3, rtol=0)
+
+
+@pytest.mark.gpu
+def test_fp16_with_a_grad_scaler_on_the_gpu(tmp_path, monkeypatch):
+    real_choose = T.choose_device
+
+    def fp16_everywhere(device=None):  # the T4 path (capability < 8.0) on whichever GPU this is
+        setup = real_choose(device)
+        return replace(setup, amp_dtype=torch.float16) if setup.device.type == "cuda" else setup
+
+    monkeypatch.setattr(T, "choose_device", fp16_everywhere)
+    cfg = tiny("gpt2", device="cuda", max_steps=8)
+    first = run(cfg, tmp_path, until=4)
+    assert first.precision == "fp16 autocast + GradScaler"
+    scaler = run_folder.load_checkpoint(tmp_path / T.CHECKPOINT)["scaler"]
+    assert scaler is not None and scaler["scale"] > 0, "the scaler's state is saved for the resume"
+    result = run(cfg, tmp_path, resume=True)
+    assert result.finished and all(math.isfinite(x) for x in result.losses)
+    assert result.metrics[-1]["val_loss"] < result.metrics[0]["val_loss"]
