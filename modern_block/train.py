@@ -66,7 +66,7 @@ ARCHS = ("llama", "gpt2")
 RUNTIME_FIELDS = ("device", "compile", "log_interval", "micro_batch_size")
 MAX_INT = 2**31 - 1  # sizes and counts beyond this are typos (and overflow some kernels)
 MAX_SEED = 2**63 - 1  # torch's generators take 64-bit seeds
-MAX_LR = 1.0  # AdamW moves every weight by about lr per step: beyond 1 nothing trains
+MAX_LR = 1e3  # far above any rate that trains (lesson 08 shows 10 and 100 diverge), far below float32 overflow
 
 
 @dataclass
@@ -114,7 +114,8 @@ class TrainConfig:
                              f"{list(RUNG_NAMES)}, got {self.arch!r}")
         if not (math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
             raise ValueError(f"lr must be a positive finite number of at most {MAX_LR:g} (AdamW moves every weight "
-                             f"by about lr per step; nanoGPT uses 1e-3), got {self.lr}")
+                             f"by about lr per step; nanoGPT uses 1e-3; beyond this AdamW's float32 arithmetic "
+                             f"overflows), got {self.lr}")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
