@@ -36,6 +36,7 @@ import math
 import multiprocessing
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -80,8 +81,9 @@ class ExperimentAPI:
     def run_rung(cfg: TrainConfig, rung: str, seed: int, corpus) -> dict:
         row = experiments.run_ladder(cfg, seeds=(seed,), rungs=(rung,), corpus=corpus, progress=False,
                                      verbose=False)[0]
+        rates = [m["tokens_per_s"] for m in row["metrics"][0] if m["tokens_per_s"]]
         return {"name": row["rung"], "change": row["change"], "params": row["params"],
-                "best_val_loss": row["val_losses"][0]}
+                "best_val_loss": row["val_losses"][0], "tokens_per_s": statistics.median(rates[1:] or rates or [0])}
 
     @staticmethod
     def leave_one_out_names() -> tuple[str, ...] | None:
@@ -162,6 +164,17 @@ def stop_workers(now: bool = False) -> None:
                 proc.terminate()
         _POOL.shutdown(wait=True, cancel_futures=True)
         _POOL = None
+
+
+OVERHEAD_S = 60  # per round of runs: starting, compiling (the inductor cache helps later rounds), evaluating
+
+
+def seconds_per_step(runs: list[dict]) -> float | None:
+    """Seconds per training step while runs share the device as these did: from their measured
+    tokens/s (steady intervals, so compilation is left out); the slowest run counts."""
+    times = [r["config"]["batch_size"] * r["config"]["block_size"] / r["tokens_per_s"]
+             for r in runs if r.get("tokens_per_s") and r.get("config")]
+    return max(times) if times else None
 
 
 def fit_steps(left_s: float, s_per_step: float, rounds: int, full: int, unit: int) -> int:
@@ -274,7 +287,7 @@ def gpu_tests(part: Part, files: list[str] | None = None) -> str:
     # nbval's and hypothesis's plugins cost seconds to import (nbformat's schema checks) and serve no test here
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-q", "-p", "no:cacheprovider", "-p", "no:nbval",
            "-p", "no:hypothesispytest", *files]
-    out = part.run("gpu_tests", cmd, min(part.left(), 240))
+    out = part.run("gpu_tests", cmd, min(part.left(), 180))
     passed = re.findall(r"(\d+) (passed|skipped|failed)", out)
     part.results.setdefault("gpu_tests", {}).update({kind: int(n) for n, kind in passed} | {"files": files})
     if not part.args.dry_run and "passed" not in dict((k, n) for n, k in passed):
@@ -291,7 +304,7 @@ def cpu_vs_hf(part: Part) -> None:
         if missing:
             raise RuntimeError(f"benchmarks/cpu_vs_hf.py no longer takes {missing}")
         return
-    part.run("cpu_vs_hf", [*script, *flags], min(part.left(), 150))
+    part.run("cpu_vs_hf", [*script, *flags], min(part.left(), 150))  # the rest of the part trains
     part.results["cpu_vs_hf"] = json.loads((part.folder / "cpu_vs_hf_cuda.json").read_text())
 
 
@@ -305,7 +318,7 @@ def lr_sweep(part: Part, base: TrainConfig) -> dict[str, float]:
     results = run_tasks(tasks, args.jobs, part.left() * 0.4)
     wall = time.monotonic() - t0
     rounds = math.ceil(len(tasks) / args.jobs)
-    part.results["sweep"] = {"steps": steps, "wall_s": wall, "s_per_step": wall / (rounds * steps),
+    part.results["sweep"] = {"steps": steps, "wall_s": wall, "rounds": rounds, "s_per_step": seconds_per_step(results),
                              "runs": [{"arch": r["arch"], "lr": r["config"]["lr"], "best_val_loss": r["best_val_loss"],
                                        "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"]} for r in results]}
     best = {arch: min((r for r in results if r["arch"] == arch), key=lambda r: r["best_val_loss"])["config"]["lr"]
@@ -320,8 +333,8 @@ def comparison(part: Part, base: TrainConfig, lrs: dict[str, float]) -> None:
     n_tasks = len(ExperimentAPI.arms) * len(args.seeds)
     rounds = math.ceil(n_tasks / args.jobs)
     s_per_step = part.results.get("sweep", {}).get("s_per_step")
-    steps = args.steps or (fit_steps(part.left() * 0.9, s_per_step, rounds, base.max_steps, 250)
-                           if s_per_step and not args.dry_run else base.max_steps)
+    steps = args.steps or (fit_steps(part.left() * 0.85 - OVERHEAD_S * rounds, s_per_step, rounds, base.max_steps,
+                                     250) if s_per_step and not args.dry_run else base.max_steps)
     cfg = replace(base, max_steps=steps, eval_interval=min(base.eval_interval, steps))
     tasks = [_task("arm", replace(cfg, lr=lrs[arch], min_lr=lrs[arch] / 10), args, arch=arch, seed=seed,
                    out=str(part.folder / "runs" / "compare")) for arch in ExperimentAPI.arms for seed in args.seeds]
@@ -341,6 +354,7 @@ def comparison(part: Part, base: TrainConfig, lrs: dict[str, float]) -> None:
                        "compiled": runs[0]["compiled"], "sample": runs[0]["sample"]}
     part.results["comparison"] = {"steps": steps, "full_budget": steps == base.max_steps, "seeds": args.seeds,
                                   "concurrent_runs": min(args.jobs, n_tasks), "wall_s": time.monotonic() - t0,
+                                  "s_per_step": seconds_per_step(results),
                                   "table": table, "runs": results}
     ExperimentAPI.plot_loss_curves({ExperimentAPI.labels.get(a, a): [r["metrics"] for r in runs]
                                     for a, runs in by_arch.items()}, part.folder / "loss_curves.png",
@@ -376,29 +390,26 @@ def part1(part: Part) -> None:
 
 
 # ---- part 2 ------------------------------------------------------------------------------------------
-def _per_step_estimate(part: Part, base: TrainConfig) -> float | None:
-    """Seconds per step of a round of concurrent runs, from part 1's comparison if it ran here."""
+def _per_step_estimate(part: Part) -> float | None:
+    """Seconds per step of concurrent runs, from part 1's comparison or sweep if it ran here."""
     previous = part.folder.parent / "part1" / "results.json"
     if previous.exists():
         res = json.loads(previous.read_text())
         for key in ("comparison", "sweep"):
-            if key in res and res[key].get("wall_s"):
-                data = res[key]
-                rounds = math.ceil(len(data.get("runs", [])) / max(1, part.args.jobs)) or 1
-                return data.get("s_per_step") or data["wall_s"] / (rounds * data["steps"])
+            if res.get(key, {}).get("s_per_step"):
+                return res[key]["s_per_step"]
     return None
 
 
 def calibrate(part: Part, base: TrainConfig) -> float:
-    """Seconds per step of a round of ``jobs`` concurrent runs, measured on a short run of each."""
+    """Seconds per step of ``jobs`` runs sharing the device, measured on a short run of each."""
     args = part.args
-    steps = 2 if args.dry_run else 200
-    cfg = replace(base, max_steps=steps, eval_interval=steps)
+    steps = 2 if args.dry_run else 300
+    cfg = replace(base, max_steps=steps, eval_interval=max(1, steps // 3))
     tasks = [_task("rung", cfg, args, name=ExperimentAPI.rungs[i % len(ExperimentAPI.rungs)], seed=i)
              for i in range(args.jobs)]
-    t0 = time.monotonic()
-    run_tasks(tasks, args.jobs, part.left() * 0.3)
-    return (time.monotonic() - t0) / steps
+    runs = run_tasks(tasks, args.jobs, part.left() * 0.3)
+    return seconds_per_step([r | {"config": asdict(cfg)} for r in runs]) or 1.0
 
 
 def ladder_and_ablations(part: Part) -> None:
@@ -411,8 +422,8 @@ def ladder_and_ablations(part: Part) -> None:
     if args.steps or args.dry_run:
         steps = args.steps or base.max_steps
     else:
-        s_per_step = _per_step_estimate(part, base) or part.step("calibration", calibrate, part, base)
-        steps = fit_steps(part.left() * 0.9, s_per_step, rounds, base.max_steps, 250)
+        s_per_step = _per_step_estimate(part) or part.step("calibration", calibrate, part, base) or 1.0
+        steps = fit_steps(part.left() * 0.85 - OVERHEAD_S * rounds, s_per_step, rounds, base.max_steps, 250)
     cfg = replace(base, max_steps=steps, eval_interval=min(base.eval_interval, steps))
     print(f"[part2] {n_tasks} runs of {steps} steps, {args.jobs} at a time", flush=True)
     tasks = [_task("rung", cfg, args, name=r, seed=s) for r in ExperimentAPI.rungs for s in args.seeds]
@@ -505,7 +516,9 @@ def snippet(results: dict, machine: dict) -> str:
              f"{machine['date'][:10]}", ""]
     cmp = results.get("comparison")
     if cmp:
-        full = "" if cmp["full_budget"] else " (FEWER STEPS THAN nanoGPT's 5,000: not comparable with 1.4697)"
+        full = "" if cmp["full_budget"] else (" (FEWER STEPS THAN nanoGPT's 5,000: not comparable with 1.4697; "
+                                              "`gpu_check.sh part1 --skip-tests --skip-bench` gives training the "
+                                              "whole part)")
         swept = sorted({r["lr"] for r in results["sweep"]["runs"]}) if "sweep" in results else None
         how = (f"; each arm at its best learning rate of {swept} ({results['sweep']['steps']}-step sweep, seed 0)"
                if swept else "")
