@@ -12,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+from .distributed import RankFailedError, is_main_process
 from .experiments import LABELS, compare, write_report
+from .run_folder import RunFolderError
 from .train import NonFiniteLossError, add_run_options, config_from_args, positive_float, quick_from_args
 
 
@@ -44,12 +46,14 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     try:
         results = compare(configs, seeds, args.out, progress=False if args.no_progress else None)
-    except NonFiniteLossError as err:
+    except (NonFiniteLossError, RunFolderError, RankFailedError) as err:  # RunFolderError: --out in use
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    if not is_main_process():  # under torchrun every process trains; rank 0 writes the report
+        return 0
     report = write_report(results, args.out, mode, time.perf_counter() - start)
     print((Path(args.out) / "report.md").read_text().split("\n## Samples")[0])
     print(f"report: {report}")

@@ -42,7 +42,7 @@ def compare(configs: dict, seeds=(0,), out_dir=None, corpus=None, progress=None,
             run_dir = Path(out_dir) / f"{arch}-seed{seed}" if out_dir is not None else None
             cfg = replace(cfg, seed=seed)
             results[arch].append(train(cfg, run_dir, corpus=corpus, checkpoints=False, progress=progress,
-                                       verbose=verbose))
+                                       verbose=verbose, overwrite=True))  # a re-run replaces its own runs
     return results
 
 

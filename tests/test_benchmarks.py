@@ -1,35 +1,69 @@
-"""The GPU benchmark's smoke mode and its time budgeting, on the CPU."""
+"""The benchmark scripts: the GPU check's dry run (every part, on the CPU at tiny sizes, so the script
+cannot rot before a GPU runs it), its step budgeting, and gpu_train.py's command line."""
 
 import json
+import os
+import subprocess
+import sys
 
-from repo_files import load_module
+import nbformat
+from repo_files import ROOT, load_module
 from training_setup import never_online  # noqa: F401 (an autouse fixture: keeps these tests offline)
 
-from modern_block.ladder import RUNG_NAMES
+from modern_block import experiments
 
 
-def test_gpu_benchmark_smoke_mode(tmp_path):
+def test_gpu_check_dry_run_runs_every_part(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "MPLBACKEND": "Agg", "https_proxy": "http://127.0.0.1:9",
+           "http_proxy": "http://127.0.0.1:9"}  # a closed port: no download, the text comes as in the other tests
+    command = ["bash", "benchmarks/gpu_check.sh", "--dry-run", "all", "--out", str(tmp_path / "check")]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    [folder] = (tmp_path / "check").iterdir()
+    assert folder.name.startswith("cpu-dry-run_torch-")
+    summaries = {p: json.loads((folder / p / "summary.json").read_text()) for p in ("part1", "part2", "part3")}
+    assert all(s["ok"] and s["dry_run"] and s["torch"] for s in summaries.values())
+    status = {p: {step["step"]: step["status"] for step in s["steps"]} for p, s in summaries.items()}
+    assert set(status["part1"].values()) == {"ok"}, status["part1"]
+
+    part1 = json.loads((folder / "part1" / "results.json").read_text())
+    assert part1["gpu_tests"]["skipped"] >= 4 and "tests/test_distributed.py" in part1["gpu_tests"]["files"]
+    assert {r["arch"] for r in part1["sweep"]["runs"]} == {"gpt2", "llama"} and set(part1["chosen_lr"]) == {"gpt2",
+                                                                                                             "llama"}
+    table = part1["comparison"]["table"]
+    assert set(table) == {"gpt2", "llama"} and all(len(row["best_val_losses"]) == 2 for row in table.values())
+    assert table["gpt2"]["params"] != table["llama"]["params"] or table["gpt2"]["sample"] != table["llama"]["sample"]
+    assert set(part1["alone"]) == {"gpt2", "llama"} and all(r["tokens_per_s"] > 0 for r in part1["alone"].values())
+    assert (folder / "part1" / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert "vs nanoGPT's 1.4697" in (folder / "part1" / "results_snippet.md").read_text()
+
+    part2 = json.loads((folder / "part2" / "results.json").read_text())
+    assert [r["rung"] for r in part2["ladder"]["rows"]] == list(experiments.RUNG_NAMES)
+    assert (folder / "part2" / "ladder.png").read_bytes()[:4] == b"\x89PNG"
+    if hasattr(experiments, "LEAVE_ONE_OUT"):  # the adapter finds the ablations once experiments has them
+        assert part2["leave_one_out"]["rows"]
+    else:
+        assert status["part2"]["ladder and leave-one-out ablations"] == "skipped"
+
+    saved = nbformat.read(folder / "part3" / "notebooks" / "dry_run_lesson.ipynb", as_version=4)
+    nbformat.validate(saved)
+    assert [c.execution_count for c in saved.cells] == [1, 2]
+    assert saved.cells[0].outputs[0]["text"] == "42\n" and saved.cells[1].outputs[0]["data"]["text/plain"] == "42"
+    assert status["part3"]["two GPUs: torchrun with NCCL against one GPU"] == "skipped"
+
+
+def test_the_check_fits_its_steps_to_the_time_left():
+    check = load_module("benchmarks/gpu_check.py")
+    assert check.fit_steps(10_000, 0.01, 2, 5000, 250) == 5000, "plenty of time: the full budget"
+    assert check.fit_steps(5, 0.01, 2, 5000, 250) == 250, "never below one unit"
+    steps = check.fit_steps(60, 0.01, 2, 5000, 250)  # 2 rounds of 0.01 s per step in 60 s: 3000 steps
+    assert steps == 3000 and steps % 250 == 0
+
+
+def test_gpu_train_is_parts_1_and_2_of_the_check():
     bench = load_module("benchmarks/gpu_train.py")
-    assert bench.main(["--smoke", "--out", str(tmp_path), "--seeds", "0", "1"]) == 0
-    report = json.loads((tmp_path / "gpu_results.json").read_text())
-    assert set(report["comparison"]) == {"gpt2", "llama"}
-    assert [r["rung"] for r in report["ladder"]["rows"]] == list(RUNG_NAMES)
-    assert report["ladder"]["ends_from_comparison"]
-    assert report["ladder"]["rows"][0]["val_losses"] == report["comparison"]["gpt2"]["best_val_losses"]
-    for png in ("loss_curves.png", "ladder.png"):
-        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
-    assert "| rung | change |" in (tmp_path / "results_snippet.md").read_text()
-
-
-def test_ladder_budget_fits_the_time_left():
-    fit = lambda left_s: bench_steps(left_s)  # noqa: E731
-    assert fit(10_000) == 5000, "plenty of time: the full budget, ends reused"
-    assert fit(5) == 250, "never below one unit"
-    mid = fit(200)
-    assert 250 <= mid < 5000 and mid % 250 == 0
-
-
-def bench_steps(left_s: float) -> int:
-    bench = load_module("benchmarks/gpu_train.py")
-    # comparison: 6 runs took 120 s; ladder: 15 runs at the full budget, 21 below it
-    return bench.ladder_steps_for(left_s, 0.0, 120.0, 6, 15, 21, 5000, 250)
+    assert bench.check_arguments(["--data", "d", "--smoke", "--seeds", "0", "1"]) == [
+        "part1", "part2", "--skip-tests", "--skip-bench", "--out", "runs/gpu", "--data", "d", "--seeds", "0", "1",
+        "--dry-run"]
+    check = load_module("benchmarks/gpu_check.py")
+    check.build_parser().parse_args(bench.check_arguments(["--jobs", "3"]))  # gpu_check accepts them
