@@ -60,7 +60,8 @@ def cheats(folder: Path) -> dict[str, list[str]]:
         "subclasses_the_package_answer": (dict(ex2_rmsnorm="import modern_block as mb\n\n\n"
                                                            "class RMSNorm(mb.RMSNorm):\n    pass"), None),
         "calls_the_package_inside": (dict(ex1_rms="import modern_block as mb\n\n\ndef rms(x, eps=1e-6):\n"
-                                                  "    return (x.float() / mb.RMSNorm(x.shape[-1], eps)(x.float()))[..., :1]"),
+                                                  "    normed = mb.RMSNorm(x.shape[-1], eps)(x.float())\n"
+                                                  "    return (x.float() / normed)[..., :1]"),
                                      None),
         "reads_the_solutions": (dict(ex1_rms="import json, modern_block\nfrom pathlib import Path\n"
                                              "sol = Path(modern_block.__file__).resolve().parents[1] / 'solutions' / "
