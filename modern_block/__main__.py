@@ -15,7 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+from .distributed import RankFailedError, is_main_process, ranks_from_env
 from .experiments import ARMS, GPU_RATES, QUICK_RATES, compare, write_report
+from .run_folder import RunFolderError
 from .train import add_run_options, config_from_args, positive_float, positive_int, quick_from_args
 
 
@@ -51,6 +53,8 @@ def main(argv=None) -> int:
     seeds = args.seeds if args.seeds is not None else ([0, 1] if quick else [0, 1, 2])
     if len(set(seeds)) != len(seeds):
         parser.error(f"--seeds must be distinct, got {seeds}")
+    if args.workers > 1 and ranks_from_env().distributed:
+        parser.error("--workers: under torchrun the processes share every run; leave --workers at 1")
     if args.rates is not None and args.lr is not None:
         parser.error("--lr trains both models at one rate; --rates sweeps: give one of them")
     shared = args.rates or ([args.lr] if args.lr is not None else list(QUICK_RATES if quick else GPU_RATES))
@@ -63,9 +67,14 @@ def main(argv=None) -> int:
     try:
         arms = compare(base, rates, seeds, tie=args.tied, out_dir=args.out, workers=args.workers,
                        progress=False if args.no_progress else None, verbose=args.workers == 1)
+    except (RunFolderError, RankFailedError) as err:  # RunFolderError: --out in use by another run
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    if not is_main_process():  # under torchrun every process trains; rank 0 writes the report
+        return 0
     if not any(arm.trained for arm in arms.values()):
         print("error: every run diverged (non-finite loss); try lower --rates", file=sys.stderr)
         return 1

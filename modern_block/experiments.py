@@ -81,7 +81,8 @@ def _run_dir(out_dir, cfg: TrainConfig):
 
 def _train_or_diverge(cfg, run_dir, corpus, progress, verbose):
     try:
-        return train(cfg, run_dir, corpus=corpus, checkpoints=False, progress=progress, verbose=verbose)
+        return train(cfg, run_dir, corpus=corpus, checkpoints=False, progress=progress, verbose=verbose,
+                     overwrite=True)  # a re-run replaces its own runs
     except NonFiniteLossError as err:
         return Diverged(cfg, str(err))
 
