@@ -1,7 +1,7 @@
 """modern_block: the components of the modern transformer block, from the GPT-2 baseline to Llama.
 
 The model, in course order (each file imports only torch and the files of earlier lessons):
-gpt2 (the 2019 baseline, lesson 00), rmsnorm (01), ffn (SwiGLU, 02), rope (03), attention and
+gpt2 (the 2019 baseline, lesson 00), rmsnorm (01), ffn (SwiGLU, 02), rope (03; its scalings, 09), attention and
 kv_cache (MHA/MQA/GQA and the cache, 04), mla (multi-head latent attention, 05), llama (Block,
 LlamaStyleLM, 07), generate. Around it: presets (real models' attention facts), debug
 (``compare_layers``: where two models diverge), ``modern_block.hf`` (to and from Hugging Face models;
@@ -23,16 +23,23 @@ from .rmsnorm import RMSNorm
 from .rope import (
     apply_rope,
     apply_rope_interleaved,
+    dynamic_ntk_frequencies,
     interleaved_to_half_split,
+    linear_frequencies,
+    llama3_frequencies,
     permute_qk_weight,
     rope_cache,
     rope_frequencies,
+    scaled_frequencies,
+    yarn_attention_factor,
+    yarn_frequencies,
 )
 
 __all__ = [
     "RMSNorm", "SwiGLU", "GeluMLP", "swiglu_hidden_dim",
     "rope_cache", "rope_frequencies", "apply_rope", "apply_rope_interleaved", "interleaved_to_half_split",
-    "permute_qk_weight",
+    "permute_qk_weight", "linear_frequencies", "dynamic_ntk_frequencies", "yarn_frequencies", "yarn_attention_factor",
+    "llama3_frequencies", "scaled_frequencies",
     "GQAttention", "causal_attention", "MLAttention", "MLAConfig", "Block", "LlamaStyleLM",
     "GPT2LM", "GPT2Block", "CausalSelfAttention",
     "KVCache", "LayerCache", "kv_cache_bytes_per_token", "mla_cache_bytes_per_token",

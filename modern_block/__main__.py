@@ -1,10 +1,13 @@
-"""``python -m modern_block compare``: train both architectures on the same budget and write a report.
+"""``python -m modern_block compare``: the GPT-2 block against the Llama-style block, and a report.
 
-Both models see the same characters in the same order (same sampler seed), the same learning-rate
-schedule, number of steps and evaluation windows, at parameter counts matched within 2%
-(``modern_block.ladder``). Writes DIR/report.md, DIR/loss_curves.png, DIR/results.json and, per run,
-DIR/<arch>-seed<S>/metrics.jsonl and summary.json (no checkpoints: use ``modern_block.train`` to keep
-and resume one run). The experiment itself lives in ``modern_block.experiments``; this is its command line.
+Both models have the same kind of output head (untied by default; ``--tied`` ties both), the same
+number of parameters (within 2%, ``modern_block.ladder``), the same characters in the same order
+(same sampler seeds), the same schedule shape, steps and evaluation windows. Each trains at every
+peak learning rate of a small sweep, once per seed, and is reported at its own best rate. Writes
+DIR/report.md, DIR/loss_curves.png, DIR/sweep.png, DIR/results.json and, per run,
+DIR/<model>-lr<LR>-seed<S>/metrics.jsonl and summary.json (no checkpoints: use
+``modern_block.train`` to keep and resume one run). The experiment itself lives in
+``modern_block.experiments``; this is its command line.
 """
 
 import argparse
@@ -12,21 +15,31 @@ import sys
 import time
 from pathlib import Path
 
-from .experiments import LABELS, compare, write_report
-from .train import NonFiniteLossError, add_run_options, config_from_args, positive_float, quick_from_args
+from .distributed import RankFailedError, is_main_process, ranks_from_env
+from .experiments import ARMS, GPU_RATES, QUICK_RATES, compare, write_report
+from .run_folder import RunFolderError
+from .train import add_run_options, config_from_args, positive_float, positive_int, quick_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m modern_block", description="The Modern Transformer Block.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
-    cmp_parser = commands.add_parser("compare", help="train the Llama-style and GPT-2 LMs on the same budget",
-                                     description=__doc__.split("\n\n")[0])
+    cmp_parser = commands.add_parser("compare", help="the GPT-2 and Llama-style blocks on the same budget, "
+                                     "each at its own best learning rate", description=__doc__.split("\n\n")[0])
     cmp_parser.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
     cmp_parser.add_argument("--seeds", type=int, nargs="+", default=None,
-                            help="seeds, one run per architecture each (default: 0; 0 1 2 at GPU scale)")
+                            help="seeds, one run per model, rate and seed (default: 0 1; 0 1 2 at GPU scale)")
+    cmp_parser.add_argument("--rates", type=positive_float, nargs="+", default=None, metavar="LR",
+                            help=f"peak learning rates to sweep (default: {' '.join(map(str, QUICK_RATES))}; "
+                                 f"{' '.join(map(str, GPU_RATES))} at GPU scale)")
     for arch in ("gpt2", "llama"):
         cmp_parser.add_argument(f"--lr-{arch}", type=positive_float, default=None,
-                                help=f"peak learning rate of the {LABELS[arch]} arm only (overrides --lr)")
+                                help=f"train the {'GPT-2' if arch == 'gpt2' else 'Llama-style'} model at this "
+                                     "peak rate only (no sweep for it)")
+    cmp_parser.add_argument("--tied", action="store_true",
+                            help="tie both models' output heads to their embeddings (default: both untied)")
+    cmp_parser.add_argument("--workers", type=positive_int, default=1,
+                            help="trainings at once, each in its own process (CPU cores, or runs sharing a GPU)")
     add_run_options(cmp_parser)
     return parser
 
@@ -34,23 +47,38 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    configs = {arch: config_from_args(parser, args, arch, lr=getattr(args, f"lr_{arch}"))
-               for arch in ("gpt2", "llama")}
+    base = config_from_args(parser, args, "gpt2")
     quick = quick_from_args(args)
     mode = "quick (CPU scale)" if quick else "GPU scale"
-    seeds = args.seeds if args.seeds is not None else ([0] if quick else [0, 1, 2])
+    seeds = args.seeds if args.seeds is not None else ([0, 1] if quick else [0, 1, 2])
     if len(set(seeds)) != len(seeds):
         parser.error(f"--seeds must be distinct, got {seeds}")
+    if args.workers > 1 and ranks_from_env().distributed:
+        parser.error("--workers: under torchrun the processes share every run; leave --workers at 1")
+    if args.rates is not None and args.lr is not None:
+        parser.error("--lr trains both models at one rate; --rates sweeps: give one of them")
+    shared = args.rates or ([args.lr] if args.lr is not None else list(QUICK_RATES if quick else GPU_RATES))
+    if len(set(shared)) != len(shared):
+        parser.error(f"--rates must be distinct, got {shared}")
+    gpt2_arm, llama_arm = ARMS[args.tied]
+    rates = {gpt2_arm: [args.lr_gpt2] if args.lr_gpt2 else shared,
+             llama_arm: [args.lr_llama] if args.lr_llama else shared}
     start = time.perf_counter()
     try:
-        results = compare(configs, seeds, args.out, progress=False if args.no_progress else None)
-    except NonFiniteLossError as err:
+        arms = compare(base, rates, seeds, tie=args.tied, out_dir=args.out, workers=args.workers,
+                       progress=False if args.no_progress else None, verbose=args.workers == 1)
+    except (RunFolderError, RankFailedError) as err:  # RunFolderError: --out in use by another run
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    report = write_report(results, args.out, mode, time.perf_counter() - start)
+    if not is_main_process():  # under torchrun every process trains; rank 0 writes the report
+        return 0
+    if not any(arm.trained for arm in arms.values()):
+        print("error: every run diverged (non-finite loss); try lower --rates", file=sys.stderr)
+        return 1
+    report = write_report(arms, args.out, mode, time.perf_counter() - start)
     print((Path(args.out) / "report.md").read_text().split("\n## Samples")[0])
     print(f"report: {report}")
     return 0

@@ -22,11 +22,13 @@ class GQAttention(nn.Module):
     """Grouped-query attention with RoPE, optional QK-norm and a KV cache.
 
     ``head_dim`` defaults to d / n_heads; it may be set explicitly so that heads × head_dim differs
-    from d (Qwen3-0.6B: 16 heads × 128 = 2048 with d = 1024).
+    from d (Qwen3-0.6B: 16 heads × 128 = 2048 with d = 1024). ``qkv_bias=True`` gives the q, k and v
+    projections biases (Qwen2/Qwen2.5); the modern block has none by default.
     """
 
     def __init__(self, d: int, n_heads: int, n_kv_heads: int, qk_norm: bool = True, *,
-                 head_dim: int | None = None, norm_eps: float = 1e-6, dropout: float = 0.0):
+                 head_dim: int | None = None, norm_eps: float = 1e-6, dropout: float = 0.0,
+                 qkv_bias: bool = False):
         super().__init__()
         positive_int("d", d)
         positive_int("n_heads", n_heads)
@@ -42,9 +44,9 @@ class GQAttention(nn.Module):
         self.h, self.kv, self.dh = n_heads, n_kv_heads, head_dim
         self.rope_dim = head_dim  # the whole head is rotated
         self.qk_norm, self.dropout = qk_norm, dropout
-        self.wq = nn.Linear(d, n_heads * head_dim, bias=False)
-        self.wk = nn.Linear(d, n_kv_heads * head_dim, bias=False)  # fewer K/V heads
-        self.wv = nn.Linear(d, n_kv_heads * head_dim, bias=False)
+        self.wq = nn.Linear(d, n_heads * head_dim, bias=qkv_bias)
+        self.wk = nn.Linear(d, n_kv_heads * head_dim, bias=qkv_bias)  # fewer K/V heads
+        self.wv = nn.Linear(d, n_kv_heads * head_dim, bias=qkv_bias)
         self.wo = nn.Linear(n_heads * head_dim, d, bias=False)
         # QK-norm: one RMSNorm over each head's q and one over its k (identities without it)
         self.q_norm = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()

@@ -213,16 +213,28 @@ class BatchSampler:
     Offsets come from the sampler's own CPU ``torch.Generator``, so the sequence of batches depends
     on ``seed`` alone (not on the device, nor on other random draws); ``state()``/``set_state()``
     save and restore it for an exact resume.
+
+    Data parallelism: with ``world_size`` processes, each draws the offsets of the whole batch of
+    ``batch_size`` (the same draws everywhere) and keeps slice ``rank`` of them, ``batch_size /
+    world_size`` windows. Together the processes see exactly the windows one process would.
     """
 
-    def __init__(self, data: torch.Tensor, block_size: int, batch_size: int, seed: int = 0, device=None):
+    def __init__(self, data: torch.Tensor, block_size: int, batch_size: int, seed: int = 0, device=None,
+                 rank: int = 0, world_size: int = 1):
         positive_int("block_size", block_size)
         positive_int("batch_size", batch_size)
+        positive_int("world_size", world_size)
+        if batch_size % world_size:
+            raise ValueError(f"batch_size ({batch_size}) must be divisible by world_size ({world_size})")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
         if data.dim() != 1 or len(data) < block_size + 1:
             raise ValueError(f"data must be a 1-D tensor of more than block_size={block_size} tokens, "
                              f"got shape {list(data.shape)}")
         self.data = data.to(device) if device is not None else data
         self.block_size, self.batch_size = block_size, batch_size
+        share = batch_size // world_size
+        self.share = slice(rank * share, (rank + 1) * share)  # this process's part of every batch
         self.generator = torch.Generator().manual_seed(seed)
         self._arange = torch.arange(block_size + 1, device=self.data.device)  # [T+1]
 
@@ -231,9 +243,9 @@ class BatchSampler:
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         n_starts = len(self.data) - self.block_size  # last start leaves room for the target
-        starts = torch.randint(n_starts, (self.batch_size,), generator=self.generator)  # [B], on CPU
-        windows = self.data[starts.to(self.data.device)[:, None] + self._arange]  # [B, T+1]
-        return windows[:, :-1], windows[:, 1:]  # x, y: [B, T]
+        starts = torch.randint(n_starts, (self.batch_size,), generator=self.generator)[self.share]  # [B/world], CPU
+        windows = self.data[starts.to(self.data.device)[:, None] + self._arange]  # [B/world, T+1]
+        return windows[:, :-1], windows[:, 1:]  # x, y: [B/world, T]
 
     def state(self) -> torch.Tensor:
         return self.generator.get_state()

@@ -18,9 +18,14 @@ T × T square, as nanoGPT does; causal kernels skip about half of it). GQA does 
 every query head still scores every key.
 
 MFU = FLOPs per token × tokens per second / the GPU's peak dense 16-bit tensor-core FLOP/s.
+
+With several devices (torchrun), FLOPs per token is unchanged (a property of the model), tokens per
+second is the whole run's (all devices together), and MFU divides by the peak of all the devices,
+N × one GPU's: it is the utilisation of an average device.
 """
 
 import contextlib
+import os
 import re
 from dataclasses import dataclass
 
@@ -108,6 +113,17 @@ def choose_device(device: str | None = None) -> DeviceSetup:
     if dev.type != "cpu":
         raise ValueError(f"device must be 'cpu' or 'cuda[:i]', got {device!r}")
     return DeviceSetup(dev, "cpu", None)
+
+
+def memory_bytes(setup: DeviceSetup) -> int | None:
+    """Memory of the device that trains: the GPU's, or the machine's RAM for the CPU; None if the
+    system does not say. The trainer checks sizes against it before allocating anything."""
+    if setup.device.type == "cuda":
+        return torch.cuda.get_device_properties(setup.device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not on this system (Windows)
+        return None
 
 
 def matmul_parameters(model: nn.Module) -> int:

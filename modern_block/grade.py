@@ -1,364 +1,309 @@
-"""Grade exercise notebooks: run each in a fresh kernel and report every exercise as passed, failed
-(with the check's diagnosis) or not attempted.
+"""Grade exercise notebooks, a whole class at once, outside the students' code.
 
-    python -m modern_block.grade NOTEBOOK [NOTEBOOK ...] [--json] [--timeout S] [--reference REF] [--jobs N]
+    python -m modern_block.grade SUBMISSIONS [SUBMISSIONS ...] --reference REF [--jobs N] [--csv FILE] [--json]
+        [--timeout S] [--notebook-timeout S] [--memory-mb M] [--kernel NAME] [--same-user]
 
-An exercise is a section that starts with a markdown heading "## Exercise N: title" and runs to the
-next heading of the same or a higher level. Notebooks without such headings are split at their check
-calls instead (each cell calling ``check_...(`` closes an exercise). The cells before the first
-exercise are the setup; they run first, and again after every kernel restart.
+SUBMISSIONS are notebooks or folders (searched for ``*.ipynb``; ``folder/alice/01_rmsnorm.ipynb`` is
+student ``alice``). REF is the notebook handed out (``exercises/NN_*.ipynb``), or a folder of them
+matched by file name. Each exercise is reported as passed, failed (with the check's diagnosis) or not
+attempted; a submission that cannot be graded (not a notebook, another lesson, endless, hostile) gets
+a row ``error: <reason>`` and nothing else changes.
 
-Each cell runs with a time limit (``--timeout``, seconds). A cell that exceeds it is interrupted, its
-exercise is marked failed ("timed out"), and the kernel is restarted (setup cells re-run) before the
-next exercise, so an endless loop or a crash in one exercise never stops the report. The first error
-of an exercise decides its status: ``NotImplementedError`` or ``NotAttempted`` (a stub) → not
-attempted; ``CheckFailed`` → failed with the diagnosis; anything else → failed with the error.
+How: every submission runs in a fresh process of its own (``modern_block.grading.sandbox``), which
+executes its cells; the checks of ``modern_block.checks`` run here, in the grader, on inputs drawn from a
+secret, calling the student's functions and modules through stand-ins that bring back only data
+(``grading.remote``, ``grading.wire``). Nothing the student's code does to its own process (replacing a
+check, ``torch.allclose`` or the IPython input transformers, printing, exiting, killing its parent) can
+change a grade; handing in the package's own implementation is reported as such.
 
-``--reference`` takes the check cells from another notebook (the exercise notebook as handed out),
-exercise by exercise, so a student's edited or deleted check cells do not count.
-
-Exit status: 0 when every exercise of every notebook passed, 1 otherwise, 2 on a usage error.
+Exit status: 0 every exercise of every submission passed; 1 some did not, or some submission got an
+error row; 2 the grader could not run (bad arguments, an unusable reference, no notebooks found).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import math
 import os
-import re
-import subprocess
+import shutil
 import sys
-import time
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
+from .exercises import default_root
+from .grading.notebook import MAX_NOTEBOOK_BYTES, BadReference, NotebookError, Reference, read_notebook, reference_from
+from .grading.report import FAILED, NOT_ATTEMPTED, PASSED, Report, format_report, gradebook
+from .grading.sandbox import Limits, SandboxError, Zygote
+from .grading.session import Options, grade_submission
 
-PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
-EXERCISE_HEADING = re.compile(r"^(#{1,6})\s*Exercise\s+(\d+)\s*[:.·—–-]?\s*(.*?)\s*$", re.IGNORECASE)
-ANY_HEADING = re.compile(r"^(#{1,6})\s")
-CHECK_CALL = re.compile(r"\b(check_\w+)\s*\(")
-DEFINITION = re.compile(r"^(def|class|async def)\s", re.MULTILINE)
-STUB_ERRORS = ("NotImplementedError", "NotAttempted")
-TIMEOUT_ENAME = "GraderTimeout"
-DEFAULT_TIMEOUT = 60
-SETUP_TIMEOUT = 300  # cells outside the exercises (imports) may be slow on a busy machine
+__all__ = ["PASSED", "FAILED", "NOT_ATTEMPTED", "Options", "Limits", "Report", "Submission", "collect",
+           "load_reference", "grade_all", "grade_paths", "format_report", "gradebook", "main"]
 
 
-@dataclass
-class Exercise:
-    number: int
-    title: str
-    heading_cell: int = 0  # index of the cell holding the heading (or the first cell)
-    cells: list[int] = field(default_factory=list)  # indices into the notebook's code cells
-    checks: list[str] = field(default_factory=list)  # names of the check functions its cells call
-    status: str = NOT_ATTEMPTED
-    detail: str = ""
-    seconds: float = 0.0
+class UsageError(Exception):
+    """The grader cannot run with these arguments (exit status 2)."""
 
 
 @dataclass
-class Report:
-    notebook: str
-    exercises: list[Exercise]
-    setup_errors: list[str] = field(default_factory=list)
-    restarts: int = 0
-    seconds: float = 0.0
-
-    @property
-    def all_passed(self) -> bool:
-        return bool(self.exercises) and all(e.status == PASSED for e in self.exercises)
-
-    def counts(self) -> dict[str, int]:
-        return {s: sum(e.status == s for e in self.exercises) for s in (PASSED, FAILED, NOT_ATTEMPTED)}
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["summary"] = {**self.counts(), "total": len(self.exercises), "all_passed": self.all_passed}
-        for e in d["exercises"]:
-            del e["cells"], e["heading_cell"]
-        return d
+class Submission:
+    path: Path
+    notebook: str  # as shown in the report
+    student: str
+    data: bytes | None = None
+    read_error: str | None = None
 
 
-# ---- finding the exercises ---------------------------------------------------------------------------
+def _read(path: Path) -> tuple[bytes | None, str | None]:
+    """The file's bytes, read once, before any student code runs (so no submission can change another)."""
+    try:
+        if not path.is_file():
+            return None, "not a regular file"
+        if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+            return None, f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
+        return path.read_bytes(), None
+    except OSError as err:
+        return None, f"cannot read the file ({err.strerror or err})"
 
 
-def _headings(cell):
-    if cell.cell_type != "markdown":
-        return []
-    return [line.strip() for line in cell.source.splitlines() if ANY_HEADING.match(line.strip())]
-
-
-def find_exercises(nb) -> tuple[list[int], list[Exercise], list[int]]:
-    """(setup cell indices, exercises, other code cells after the first exercise that belong to none)."""
-    exercises: list[Exercise] = []
-    setup, loose = [], []
-    current, level = None, 0
-    for i, cell in enumerate(nb.cells):
-        for line in _headings(cell):
-            m = EXERCISE_HEADING.match(line)
-            if m:
-                current = Exercise(int(m.group(2)), m.group(3) or f"Exercise {m.group(2)}", i)
-                level = len(m.group(1))
-                exercises.append(current)
-            elif current is not None and len(ANY_HEADING.match(line).group(1)) <= level:
-                current = None
-        if cell.cell_type != "code" or not cell.source.strip():
-            continue
-        if current is not None:
-            current.cells.append(i)
-            current.checks += CHECK_CALL.findall(cell.source)
-        elif exercises:
-            loose.append(i)
+def collect(paths, exclude=()) -> list[Submission]:
+    """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``, ``exclude`` left
+    out of the search), read into memory."""
+    excluded = {Path(p).resolve() for p in exclude}
+    found: list[tuple[Path, str]] = []
+    for given in map(Path, paths):
+        if given.is_dir():
+            for nb in sorted(given.rglob("*.ipynb")):
+                rel = nb.relative_to(given)
+                if any(part.startswith(".") for part in rel.parts) or nb.resolve() in excluded:
+                    continue
+                found.append((nb, rel.parts[0] if len(rel.parts) > 1 else rel.stem))
+        elif given.exists() or given.is_symlink():
+            found.append((given, ""))  # named below
         else:
-            setup.append(i)
-    if exercises:
-        return setup, exercises, loose
-    # no headings: the leading cells that define nothing are the setup; then every cell that calls a
-    # check closes an exercise
-    pending: list[int] = []
-    setup = []
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or not cell.source.strip():
-            continue
-        names = CHECK_CALL.findall(cell.source)
-        if not exercises and not pending and not names and not DEFINITION.search(cell.source):
-            setup.append(i)
-            continue
-        pending.append(i)
-        if names:
-            exercises.append(Exercise(len(exercises) + 1, names[0], pending[0], pending, names))
-            pending = []
-    return setup, exercises, pending
+            raise UsageError(f"no such notebook or folder: {given}")
+    stems = [path.stem for path, student in found if not student]
+    subs = []
+    for path, student in found:
+        if not student:  # a file given by name: its stem, or folder/stem when two share a stem
+            student = f"{path.parent.name}/{path.stem}" if stems.count(path.stem) > 1 else path.stem
+        data, error = _read(path)
+        subs.append(Submission(path, str(path), student, data, error))
+    return subs
 
 
-def use_reference_checks(nb, reference) -> list[str]:
-    """Replace the check cells of each exercise in ``nb`` by the reference notebook's. Returns the
-    reference's exercises that ``nb`` lacks, already marked failed."""
-    missing = []
-    _, ref_exercises, _ = find_exercises(reference)
-    _, exercises, _ = find_exercises(nb)
-    by_number = {e.number: e for e in exercises}
-    for ref in ref_exercises:
-        ref_checks = [reference.cells[i] for i in ref.cells if CHECK_CALL.search(reference.cells[i].source)]
-        ex = by_number.get(ref.number)
-        if ex is None:
-            missing.append(Exercise(ref.number, ref.title, checks=ref.checks, status=FAILED,
-                                    detail="this exercise is missing from the notebook"))
-            continue
-        student_checks = [i for i in ex.cells if CHECK_CALL.search(nb.cells[i].source)]
-        for i in student_checks:
-            nb.cells[i].source = "pass  # (check replaced by the reference's)"
-        anchor = ex.cells[-1]
-        for k, cell in enumerate(ref_checks):
-            nb.cells.insert(anchor + 1 + k, nbformat.v4.new_code_cell(cell.source))
-        # indices after the anchor moved; recompute for the next exercise
-        _, exercises, _ = find_exercises(nb)
-        by_number = {e.number: e for e in exercises}
-    return missing
-
-
-# ---- running ------------------------------------------------------------------------------------------
-
-
-def _error_of(cell, reply) -> tuple[str, str] | None:
-    """(ename, evalue) of a failed cell, from the execute reply, else from its error output."""
-    content = (reply or {}).get("content", {})
-    if content.get("status") == "error":
-        return content.get("ename", "Error"), content.get("evalue", "")
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "error":
-            return out.get("ename", "Error"), out.get("evalue", "")
-    return None
-
-
-def _kernel_env() -> dict:
-    """The kernel imports the same modern_block as this grader."""
-    env = dict(os.environ)
-    package_parent = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("MPLBACKEND", "Agg")
-    return env
-
-
-def grade_notebook(path, timeout: float = DEFAULT_TIMEOUT, reference=None, kernel_name: str = "python3") -> Report:
-    """Run the notebook at ``path`` exercise by exercise in a fresh kernel and classify each exercise."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import DeadKernelError
-
-    started = time.monotonic()
+def load_reference(path) -> dict[str, Reference]:
+    """The reference notebook(s) by file name. Raises UsageError when one cannot be used."""
     path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    missing = use_reference_checks(nb, nbformat.read(reference, as_version=4)) if reference else []
-    setup, exercises, loose = find_exercises(nb)
-    report = Report(str(path), sorted(exercises + missing, key=lambda e: e.number))
-    if not exercises:
-        return report
-
-    replies: dict[int, dict] = {}
-
-    def on_cell_executed(cell, cell_index, execute_reply):
-        replies[cell_index] = execute_reply
-
-    exercise_cells = {id(nb.cells[i]) for ex in exercises for i in ex.cells}
-    limit = max(1, int(round(timeout)))
-
-    def cell_timeout(cell):  # the limit applies to the exercises; setup cells (imports) get more room
-        return limit if id(cell) in exercise_cells else max(limit, SETUP_TIMEOUT)
-
-    client = NotebookClient(
-        nb, timeout_func=cell_timeout, kernel_name=kernel_name, allow_errors=True,
-        interrupt_on_timeout=True, record_timing=False, startup_timeout=120, shutdown_kernel="immediate",
-        error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": "the cell ran past its time limit", "traceback": []},
-        resources={"metadata": {"path": str(path.parent.resolve())}}, on_cell_executed=on_cell_executed)
-
-    def run(i):
-        """Execute cell i. Returns ("ok" | "error" | "timeout" | "died", ename, evalue)."""
-        replies.pop(i, None)
+    files = sorted(path.glob("*.ipynb")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise UsageError(f"--reference: no such notebook or folder of notebooks: {path}")
+    refs = {}
+    for f in files:
+        data, error = _read(f)
         try:
-            client.execute_cell(nb.cells[i], i)
-        except DeadKernelError:
-            return "died", "DeadKernelError", "the kernel died (a crash, or it ran out of memory)"
-        err = _error_of(nb.cells[i], replies.get(i))
-        if err is None:
-            return "ok", "", ""
-        if err[0] == TIMEOUT_ENAME:
-            return "timeout", *err
-        return "error", *err
-
-    # notebook order: setup and in-between cells give context (re-run after a restart), exercises are graded
-    plan = sorted([(i, "context", i) for i in setup + loose] +
-                  [(ex.cells[0] if ex.cells else ex.heading_cell, "exercise", ex) for ex in exercises],
-                  key=lambda item: item[0])
-    context_done: list[int] = []
-    pos = 0
-    while pos < len(plan):
-        with client.setup_kernel(env=_kernel_env(), stderr=subprocess.DEVNULL):  # no kernel start-up chatter
-            if pos:
-                report.restarts += 1
-                for i in list(context_done):
-                    if run(i)[0] in ("timeout", "died"):
-                        context_done.remove(i)
-                        break
-            while pos < len(plan):
-                _, kind, item = plan[pos]
-                pos += 1
-                if kind == "context":
-                    outcome, ename, evalue = run(item)
-                    if outcome == "ok" or outcome == "error":
-                        context_done.append(item)
-                    if outcome != "ok":
-                        report.setup_errors.append(f"cell {item} (not part of an exercise): {ename}: {evalue}")
-                    if outcome in ("timeout", "died"):
-                        break
-                elif _run_exercise(item, run, timeout, nb):
-                    break
-        client.km, client.kc = None, None  # the next setup_kernel starts a fresh kernel
-    report.seconds = time.monotonic() - started
-    return report
+            if error:
+                raise NotebookError(error)
+            refs[f.name] = reference_from(read_notebook(data), f.name)
+        except (NotebookError, BadReference) as err:
+            raise UsageError(f"--reference {f}: {err}") from None
+    return refs
 
 
-def _run_exercise(ex: Exercise, run, timeout: float, nb) -> bool:
-    """Run an exercise's cells, set its status. Returns True when the kernel must be restarted."""
-    t0 = time.monotonic()
-    first_error = None
-    ran_check = False
-    restart = False
-    for i in ex.cells:
-        kind, ename, evalue = run(i)
-        if kind == "timeout":
-            first_error = first_error or (FAILED, f"timed out: a cell ran longer than {timeout:g} s (an endless "
-                                                  "loop?); it was interrupted and the kernel restarted")
-            restart = True
-            break
-        if kind == "died":
-            first_error = first_error or (FAILED, f"{evalue}; the kernel was restarted")
-            restart = True
-            break
-        if kind == "error" and first_error is None:
-            if ename in STUB_ERRORS:
-                first_error = (NOT_ATTEMPTED, evalue if ename == "NotAttempted" else
-                               "not implemented yet" + (f" ({evalue})" if evalue else ""))
-            elif ename in ("CheckFailed", "AssertionError"):
-                first_error = (FAILED, evalue or ename)
-            else:
-                first_error = (FAILED, f"{ename}: {evalue}")
-        if kind == "ok" and CHECK_CALL.search(nb.cells[i].source):
-            ran_check = True
-    if first_error is not None:
-        ex.status, ex.detail = first_error
-    elif not ex.checks:
-        ex.status, ex.detail = FAILED, "no check found in this exercise (was the check cell deleted?)"
-    elif not ran_check:
-        ex.status, ex.detail = FAILED, "the check did not run"
-    else:
-        ex.status, ex.detail = PASSED, ""
-    ex.seconds = round(time.monotonic() - t0, 2)
-    return restart
+_COURSE_REFERENCES: dict[str, Reference | None] = {}
 
 
-def grade_notebooks(paths, timeout: float = DEFAULT_TIMEOUT, reference=None, kernel_name: str = "python3",
-                    jobs: int = 1) -> list[Report]:
-    """Grade several notebooks, ``jobs`` at a time (each in its own kernel); reports in the given order."""
-    paths = list(paths)
-    if jobs <= 1 or len(paths) <= 1:
-        return [grade_notebook(p, timeout, reference, kernel_name) for p in paths]
+def course_reference(sub: Submission) -> Reference | None:
+    """Without --reference: the course's own solution notebook the submission was generated from (named in
+    its metadata), when this installation has it; its check cells are the ones handed out."""
+    try:
+        generated = read_notebook(sub.data or b"")[0].generated_from
+    except (NotebookError, IndexError):
+        return None
+    if not generated or not generated.startswith("solutions/") or "/" in generated[len("solutions/"):]:
+        return None
+    if generated not in _COURSE_REFERENCES:
+        path = default_root() / generated
+        try:
+            _COURSE_REFERENCES[generated] = load_reference(path)[path.name] if path.is_file() else None
+            if _COURSE_REFERENCES[generated] is not None:
+                _COURSE_REFERENCES[generated].name = generated
+        except UsageError:
+            _COURSE_REFERENCES[generated] = None
+    return _COURSE_REFERENCES[generated]
+
+
+def _reference_for(sub: Submission, refs: dict[str, Reference] | None) -> tuple[Reference | None, str | None]:
+    if refs is None:
+        return course_reference(sub), None
+    if len(refs) == 1:
+        return next(iter(refs.values())), None
+    name = sub.path.name
+    if name in refs:
+        return refs[name], None
+    same_lesson = [r for n, r in refs.items() if n[:3] == name[:3] and name[:2].isdigit()]
+    if len(same_lesson) == 1:
+        return same_lesson[0], None
+    return None, f"no reference notebook for {name} among {', '.join(sorted(refs))}"
+
+
+_ZYGOTES: dict[tuple, Zygote] = {}
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _zygote(python: str | None, limits: Limits) -> Zygote:
+    """One pre-loaded sandbox process per interpreter and limits, kept for the life of this process."""
+    key = (python or sys.executable, limits)
+    with _ZYGOTE_LOCK:
+        if key not in _ZYGOTES:
+            zygote = Zygote(python, limits)  # SandboxError off Linux
+            try:
+                zygote.start()
+            except SandboxError:
+                zygote.close()
+                raise
+            _ZYGOTES[key] = zygote
+            atexit.register(zygote.close)
+        return _ZYGOTES[key]
+
+
+def grade_all(submissions: list[Submission], refs: dict[str, Reference] | None, options: Options | None = None,
+              jobs: int = 1, limits: Limits | None = None, python: str | None = None) -> list[Report]:
+    """Grade the submissions, ``jobs`` at a time, each in a process of its own; reports in the given order."""
+    options = options or Options()
+    zygote = _zygote(python, limits or Limits())
+
+    def one(sub: Submission) -> Report:
+        ref, problem = _reference_for(sub, refs)
+        try:
+            report = grade_submission(sub.notebook, sub.student, sub.data, ref, zygote, options,
+                                      read_error=sub.read_error or problem)
+            if refs is None and ref is not None:
+                report.notes.append(f"no --reference: graded with the check cells of the course's {ref.name}")
+            return report
+        except Exception as err:  # a bug in the grader: this row says so, the others are graded
+            return Report(sub.notebook, sub.student, error=f"internal error in the grader ({type(err).__name__}: "
+                                                              f"{err}); please report it")
+
+    if jobs <= 1 or len(submissions) <= 1:
+        return [one(s) for s in submissions]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda p: grade_notebook(p, timeout, reference, kernel_name), paths))
+        return list(pool.map(one, submissions))
 
 
-# ---- reporting ----------------------------------------------------------------------------------------
+def grade_paths(paths, reference=None, **kwargs) -> list[Report]:
+    """The Python entry point: ``grade_paths(["submissions/"], "exercises/01_rmsnorm.ipynb", jobs=2)``."""
+    refs = load_reference(reference) if reference is not None else None
+    return grade_all(collect(paths, exclude=[reference] if reference else []), refs, **kwargs)
 
-_MARK = {PASSED: "✓", FAILED: "✗", NOT_ATTEMPTED: "·"}
+
+def python_of_kernel(name: str) -> str:
+    """The interpreter of a Jupyter kernel (a Python one). Raises UsageError for an unknown kernel."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    except ImportError:
+        if name == "python3":
+            return sys.executable
+        raise UsageError("--kernel needs jupyter_client installed") from None
+    manager = KernelSpecManager()
+    try:
+        spec = manager.get_kernel_spec(name)
+    except NoSuchKernel:
+        known = ", ".join(sorted(manager.find_kernel_specs())) or "none"
+        raise UsageError(f"--kernel: no Jupyter kernel named {name!r} (installed: {known})") from None
+    if spec.language.lower() != "python" or not spec.argv:
+        raise UsageError(f"--kernel {name}: not a Python kernel ({spec.language})")
+    exe = spec.argv[0]
+    exe = sys.executable if exe in ("python", "python3") and name == "python3" else shutil.which(exe) or exe
+    if not os.path.isfile(exe):
+        raise UsageError(f"--kernel {name}: its interpreter {exe} does not exist")
+    return exe
 
 
-def format_report(report: Report) -> str:
-    lines = [report.notebook]
-    for note in report.setup_errors:
-        lines.append(f"  ! {note}")
-    if not report.exercises:
-        lines.append("  no exercises found (expected headings like '## Exercise 1: ...' or check_...() calls)")
-    for e in report.exercises:
-        head = f"  {_MARK[e.status]} Exercise {e.number}: {e.title}"
-        lines.append(f"{head} {'.' * max(2, 60 - len(head))} {e.status} ({e.seconds:.1f} s)")
-        for detail_line in e.detail.splitlines() if e.status == FAILED else []:
-            lines.append(f"      {detail_line}")
-    c = report.counts()
-    lines.append(f"  {len(report.exercises)} exercises: {c[PASSED]} passed, {c[FAILED]} failed, "
-                 f"{c[NOT_ATTEMPTED]} not attempted ({report.seconds:.1f} s"
-                 + (f", {report.restarts} kernel restart{'s' * (report.restarts > 1)}" if report.restarts else "")
-                 + ")")
-    return "\n".join(lines)
+def _emit(text: str, stream=None) -> None:
+    """Write ``text``; characters the console cannot encode (a cp1252 Windows console) become '?'."""
+    stream = stream or sys.stdout
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        stream.write(text.encode(encoding, errors="replace").decode(encoding))
+    stream.flush()
+
+
+def _positive(kind, low: float, high: float):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g}, got {text}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m modern_block.grade",
+                                description="Grade exercise notebooks (a whole class folder at once).")
+    p.add_argument("submissions", nargs="+", help="notebooks or folders of notebooks")
+    p.add_argument("--reference", default=None,
+                   help="the notebook handed out (or a folder of them, matched by file name); without it, the "
+                        "course's solution notebook named in a notebook's metadata when this installation has it, "
+                        "else the notebook's own check cells")
+    p.add_argument("--jobs", type=_positive(int, 1, 64), default=1, help="submissions graded at once (default 1)")
+    p.add_argument("--csv", default=None, help="write the gradebook (one row per submission) to this CSV file")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
+    p.add_argument("--timeout", type=_positive(float, 0.1, 3600), default=60.0,
+                   help="seconds for each cell and each exercise's check (default 60)")
+    p.add_argument("--notebook-timeout", type=_positive(float, 1, 86400), default=600.0,
+                   help="seconds for a whole submission (default 600)")
+    p.add_argument("--memory-mb", type=_positive(int, 256, 1 << 20), default=2048,
+                   help="memory a submission's process may add to the loaded interpreter (default 2048)")
+    p.add_argument("--kernel", default="python3", help="Jupyter kernel whose Python runs the submissions")
+    p.add_argument("--same-user", action="store_true",
+                   help="when run as root, run submissions as root too, not as users of their own (weaker)")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m modern_block.grade",
-                                     description="Grade exercise notebooks, exercise by exercise.")
-    parser.add_argument("notebooks", nargs="+", type=Path, help="notebook(s) to grade")
-    parser.add_argument("--json", action="store_true", help="print a JSON report instead of text")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                        help=f"time limit per cell in seconds (default {DEFAULT_TIMEOUT})")
-    parser.add_argument("--reference", type=Path, default=None,
-                        help="take the check cells from this notebook (the one handed out)")
-    parser.add_argument("--kernel", default="python3", help="Jupyter kernel name (default python3)")
-    parser.add_argument("--jobs", type=int, default=1, help="notebooks graded at the same time (default 1)")
-    args = parser.parse_args(argv)
-    missing = [str(p) for p in args.notebooks + ([args.reference] if args.reference else []) if not p.is_file()]
-    if missing:
-        print(f"error: no such notebook: {', '.join(missing)}", file=sys.stderr)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exit_:  # argparse has printed the usage error
+        return 2 if exit_.code else 0
+    try:
+        if args.csv and not Path(args.csv).resolve().parent.is_dir():
+            raise UsageError(f"--csv: the folder of {args.csv} does not exist")
+        refs = load_reference(args.reference) if args.reference else None
+        submissions = collect(args.submissions, exclude=[args.reference] if args.reference else [])
+        if not submissions:
+            raise UsageError(f"no notebooks found in {', '.join(args.submissions)}")
+        python = python_of_kernel(args.kernel)
+        limits = Limits(memory_mb=args.memory_mb, cpu_seconds=int(args.notebook_timeout) + 30,
+                        same_user=args.same_user)
+        options = Options(timeout=args.timeout, notebook_timeout=args.notebook_timeout)
+        reports = grade_all(submissions, refs, options, args.jobs, limits, python)
+    except (UsageError, SandboxError) as err:
+        _emit(f"error: {err}\n", sys.stderr)
         return 2
-    if args.timeout <= 0:
-        print("error: --timeout must be positive", file=sys.stderr)
-        return 2
-    reports = grade_notebooks(args.notebooks, args.timeout, args.reference, args.kernel, max(1, args.jobs))
+    if args.csv:
+        Path(args.csv).write_text(gradebook(reports), encoding="utf-8", newline="")
     if args.json:
-        print(json.dumps({"notebooks": [r.to_dict() for r in reports],
-                          "all_passed": all(r.all_passed for r in reports)}, indent=1, ensure_ascii=False))
+        doc = {"notebooks": [r.to_dict() for r in reports], "all_passed": all(r.all_passed for r in reports),
+               "summary": {"notebooks": len(reports), "errors": sum(r.error is not None for r in reports),
+                           "all_passed": sum(r.all_passed for r in reports)}}
+        text = json.dumps(doc, indent=1, ensure_ascii=False)
+        try:
+            text.encode(getattr(sys.stdout, "encoding", None) or "utf-8")
+        except (UnicodeEncodeError, LookupError):  # a console that cannot show it: \u escapes, still JSON
+            text = json.dumps(doc, indent=1)
+        _emit(text + "\n")
     else:
-        print("\n\n".join(format_report(r) for r in reports))
-    if any(not r.exercises for r in reports):
-        return 2
+        _emit("\n\n".join(format_report(r) for r in reports) + "\n")
     return 0 if all(r.all_passed for r in reports) else 1
 
 

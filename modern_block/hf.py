@@ -7,10 +7,14 @@
                              (for ``modern_block.debug.compare_layers``)
 
 Supported families (``config.model_type``):
-    llama        LlamaForCausalLM        -> LlamaStyleLM(qk_norm=False)
+    llama        LlamaForCausalLM        -> LlamaStyleLM(qk_norm=False)   Llama 2/3/3.1/3.2, SmolLM2
+    mistral      MistralForCausalLM      -> LlamaStyleLM(qk_norm=False)   without a sliding window
+    qwen2        Qwen2ForCausalLM        -> LlamaStyleLM(qk_norm=False, qkv_bias=True)   Qwen2, Qwen2.5
     qwen3        Qwen3ForCausalLM        -> LlamaStyleLM(qk_norm=True, head_dim=config.head_dim)
     gpt2         GPT2LMHeadModel         -> GPT2LM
     deepseek_v3  DeepseekV3ForCausalLM   -> LlamaStyleLM(mla=MLAConfig(...)), dense layers only
+RoPE scaling (``rope_parameters['rope_type']`` linear, dynamic, yarn or llama3) becomes the course
+model's ``rope_scaling`` and goes back the same way; ``hidden_act`` "swish" is SiLU under its other name.
 
 The tables below are the whole mapping, one line per tensor. Three details need more than a copy:
   * GPT-2 stores its projections as ``Conv1D`` with weights [in, out]: they are transposed.
@@ -20,11 +24,14 @@ The tables below are the whole mapping, one line per tensor. Three details need 
     query and of W_KR are permuted into the half-split layout the course uses (``permute_qk_weight``).
 
 A configuration the course model cannot express is refused with a ValueError naming the config
-field. Conversions are for inference: models come back in eval mode and the course model is built
+field (sliding windows, mixture-of-experts layers, Gemma's norms, partial rotary, longrope, ...).
+Conversions are for inference: models come back in eval mode and the course model is built
 with dropout 0 (dropout rates are not carried over). GPT-2's ``reorder_and_upcast_attn`` only
 changes the rounding and is accepted; DeepSeek's multi-token-prediction layers are not part of
 ``DeepseekV3ForCausalLM`` and are ignored. transformers is imported only when a function here needs it.
 """
+
+import math
 
 import torch
 import torch.nn as nn
@@ -33,7 +40,7 @@ from .attention import GQAttention
 from .gpt2 import GPT2LM
 from .llama import LlamaStyleLM
 from .mla import MLAConfig, MLAttention
-from .rope import permute_qk_weight
+from .rope import ROPE_SCALING_KEYS, ROPE_SCALING_TYPES, check_rope_scaling, permute_qk_weight
 
 # ---------------------------------------------------------------------------------------------
 # Weight names: course parameter -> Hugging Face parameter ("{i}": layer index)
@@ -55,6 +62,13 @@ LLAMA_WEIGHTS = {
     "blocks.{i}.attn.wk.weight": "model.layers.{i}.self_attn.k_proj.weight",
     "blocks.{i}.attn.wv.weight": "model.layers.{i}.self_attn.v_proj.weight",
     "blocks.{i}.attn.wo.weight": "model.layers.{i}.self_attn.o_proj.weight",
+}
+
+QWEN2_WEIGHTS = {  # Llama's, plus biases on q, k and v (not on o)
+    **LLAMA_WEIGHTS,
+    "blocks.{i}.attn.wq.bias": "model.layers.{i}.self_attn.q_proj.bias",
+    "blocks.{i}.attn.wk.bias": "model.layers.{i}.self_attn.k_proj.bias",
+    "blocks.{i}.attn.wv.bias": "model.layers.{i}.self_attn.v_proj.bias",
 }
 
 QWEN3_WEIGHTS = {
@@ -103,9 +117,22 @@ DEEPSEEK_V3_FUSED = {
     "model.layers.{i}.self_attn.kv_b_proj.weight": ("blocks.{i}.attn.w_uk.weight", "blocks.{i}.attn.w_uv.weight"),
 }
 
-WEIGHTS = {"llama": LLAMA_WEIGHTS, "qwen3": QWEN3_WEIGHTS, "gpt2": GPT2_WEIGHTS, "deepseek_v3": DEEPSEEK_V3_WEIGHTS}
-HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "gpt2": "GPT2LMHeadModel",
-              "deepseek_v3": "DeepseekV3ForCausalLM"}
+WEIGHTS = {"llama": LLAMA_WEIGHTS, "mistral": LLAMA_WEIGHTS, "qwen2": QWEN2_WEIGHTS, "qwen3": QWEN3_WEIGHTS,
+           "gpt2": GPT2_WEIGHTS, "deepseek_v3": DEEPSEEK_V3_WEIGHTS}
+HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+              "qwen3": "Qwen3ForCausalLM", "gpt2": "GPT2LMHeadModel", "deepseek_v3": "DeepseekV3ForCausalLM"}
+# Families that look close but are not the course model, and why (refused by config.model_type)
+UNSUPPORTED = {
+    "gemma": "Gemma's RMSNorm multiplies by (1 + weight) and its embeddings are scaled by sqrt(d)",
+    "gemma2": "Gemma 2 adds post-norms, logit soft-capping and sliding-window layers",
+    "gemma3": "Gemma 3 adds post-norms, sliding-window layers and (1 + weight) norms",
+    "gemma3_text": "Gemma 3 adds post-norms, sliding-window layers and (1 + weight) norms",
+    "mixtral": "its FFN is a mixture of experts",
+    "qwen2_moe": "its FFN is a mixture of experts",
+    "qwen3_moe": "its FFN is a mixture of experts",
+    "gpt_oss": "its FFN is a mixture of experts, with sliding-window layers and attention sinks",
+    "phi3": "its q/k/v and gate/up projections are fused, and it uses longrope scaling",
+}
 
 # ---------------------------------------------------------------------------------------------
 # Modules whose outputs must agree: course module -> Hugging Face module (for compare_layers).
@@ -153,7 +180,8 @@ GPT2_MODULES = {
     "ln_f": "transformer.ln_f",
     "head": "lm_head",
 }
-MODULES = {"llama": LLAMA_MODULES, "qwen3": LLAMA_MODULES, "gpt2": GPT2_MODULES, "deepseek_v3": DEEPSEEK_V3_MODULES}
+MODULES = {"llama": LLAMA_MODULES, "mistral": LLAMA_MODULES, "qwen2": LLAMA_MODULES, "qwen3": LLAMA_MODULES,
+           "gpt2": GPT2_MODULES, "deepseek_v3": DEEPSEEK_V3_MODULES}
 
 
 def _transformers():
@@ -183,19 +211,44 @@ def _refuse(family: str, field: str, value, why: str):
     raise ValueError(f"{family}: config.{field}={value!r} cannot be expressed by the course model: {why}")
 
 
-def _rope_base(family: str, cfg) -> float:
-    """RoPE base of a config with plain RoPE; any scaling (linear, dynamic, yarn, llama3...) is refused."""
+def _rope(family: str, cfg) -> tuple[float, dict | None, int]:
+    """(RoPE base, the course's rope_scaling or None, max_len) of a config.
+
+    Plain RoPE and the scalings of ``modern_block.rope`` are carried over; anything else is refused.
+    Hugging Face's dynamic NTK reads L₀ from max_position_embeddings and stretches beyond it: the
+    course model records L₀ in the scaling and allows factor·L₀ positions.
+    """
     params = getattr(cfg, "rope_parameters", None)  # transformers >= 5
     field = "rope_parameters"
     if params is None:  # transformers 4.x
         params, field = {"rope_theta": cfg.rope_theta, **(getattr(cfg, "rope_scaling", None) or {})}, "rope_scaling"
     if "rope_theta" not in params:  # one entry per layer type (Gemma-style)
         _refuse(family, field, params, "RoPE parameters per layer type are not supported")
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind != "default":
-        _refuse(family, f"{field}['rope_type']", kind, "only plain RoPE (rope_type 'default') is implemented; "
-                "scaled RoPE changes the frequencies (and for DeepSeek's yarn also the softmax scale)")
-    return float(params["rope_theta"])
+    params = dict(params)
+    base = float(params.pop("rope_theta"))
+    kind = params.pop("rope_type", params.pop("type", "default"))
+    partial = params.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", None)) or 1.0
+    if partial != 1.0:
+        _refuse(family, "partial_rotary_factor", partial, "the course model rotates the whole head")
+    max_len = cfg.max_position_embeddings
+    if kind == "default":
+        return base, None, max_len
+    if family == "deepseek_v3":
+        _refuse(family, f"{field}['rope_type']", kind, "scaled RoPE is not implemented for MLA (DeepSeek's yarn "
+                "also changes the softmax scale)")
+    if kind not in ROPE_SCALING_TYPES:
+        _refuse(family, f"{field}['rope_type']", kind, f"the course implements {list(ROPE_SCALING_TYPES)}")
+    required, optional = ROPE_SCALING_KEYS[kind]
+    scaling = {"rope_type": kind, **{k: v for k, v in params.items() if k in required | optional}}
+    if kind == "dynamic":
+        scaling["original_max_position_embeddings"] = max_len
+        max_len = math.ceil(scaling["factor"] * max_len)
+    if kind == "yarn" and scaling.get("factor") is None:  # DeepSeek-style: the ratio of the two lengths
+        scaling["factor"] = max_len / scaling["original_max_position_embeddings"]
+    try:
+        return base, check_rope_scaling(scaling), max_len
+    except (TypeError, ValueError) as err:
+        _refuse(family, field, params, str(err))
 
 
 def _check_flags(family: str, cfg, rules) -> None:
@@ -208,18 +261,30 @@ def _check_flags(family: str, cfg, rules) -> None:
 _NO_BIAS = "the modern block has no biases"
 
 
+def _silu(family: str, cfg) -> None:
+    if getattr(cfg, "hidden_act", "silu") not in ("silu", "swish"):  # swish is SiLU's other name
+        _refuse(family, "hidden_act", cfg.hidden_act, "the FFN is SwiGLU (SiLU gate, also called swish)")
+
+
 def _llama_kwargs(family: str, cfg) -> dict:
-    rules = [("hidden_act", "silu", "the FFN is SwiGLU (SiLU gate)"),
-             ("attention_bias", False, _NO_BIAS), ("mlp_bias", False, _NO_BIAS)]
-    _check_flags(family, cfg, rules)
+    """Llama, Mistral, Qwen2 and Qwen3: the same block, up to QK-norm (Qwen3) and q/k/v biases (Qwen2)."""
+    _silu(family, cfg)
+    _check_flags(family, cfg, [("attention_bias", False, _NO_BIAS + " (attention_bias also puts one on o_proj)"),
+                               ("mlp_bias", False, _NO_BIAS)])
     layer_types = getattr(cfg, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):  # Qwen3: use_sliding_window and max_window_layers
+    if any(t != "full_attention" for t in layer_types):  # Qwen2/3: use_sliding_window and max_window_layers
         _refuse(family, "layer_types", layer_types, "sliding-window layers (use_sliding_window) are not implemented")
+    window = getattr(cfg, "sliding_window", None) if family == "mistral" else None
+    if window is not None and window < cfg.max_position_embeddings:  # a window that covers every position never binds
+        _refuse(family, "sliding_window", window, "sliding-window attention is not implemented "
+                "(set sliding_window=None, as Mistral 7B v0.2 and later do)")
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    rope_base, rope_scaling, max_len = _rope(family, cfg)
     return dict(V=cfg.vocab_size, d=cfg.hidden_size, n_layers=cfg.num_hidden_layers,
                 n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
-                d_ff=cfg.intermediate_size, max_len=cfg.max_position_embeddings, rope_base=_rope_base(family, cfg),
-                qk_norm=family == "qwen3", norm_eps=cfg.rms_norm_eps, head_dim=head_dim)
+                d_ff=cfg.intermediate_size, max_len=max_len, rope_base=rope_base, rope_scaling=rope_scaling,
+                qk_norm=family == "qwen3", qkv_bias=family == "qwen2", norm_eps=cfg.rms_norm_eps,
+                head_dim=head_dim)
 
 
 def _deepseek_kwargs(cfg) -> dict:
@@ -228,8 +293,8 @@ def _deepseek_kwargs(cfg) -> dict:
         _refuse(family, "first_k_dense_replace", cfg.first_k_dense_replace,
                 f"layers {cfg.first_k_dense_replace}..{cfg.num_hidden_layers - 1} would be mixture-of-experts "
                 "layers; only dense layers are implemented (first_k_dense_replace >= num_hidden_layers)")
+    _silu(family, cfg)
     _check_flags(family, cfg, [
-        ("hidden_act", "silu", "the FFN is SwiGLU (SiLU gate)"),
         ("attention_bias", False, _NO_BIAS),
         ("num_key_value_heads", cfg.num_attention_heads, "MLA rebuilds keys and values for every head"),
     ])
@@ -237,7 +302,7 @@ def _deepseek_kwargs(cfg) -> dict:
                     v_head_dim=cfg.v_head_dim, q_lora_rank=cfg.q_lora_rank, norm_eps=1e-6)  # HF: default eps
     return dict(V=cfg.vocab_size, d=cfg.hidden_size, n_layers=cfg.num_hidden_layers,
                 n_heads=cfg.num_attention_heads, d_ff=cfg.intermediate_size, max_len=cfg.max_position_embeddings,
-                rope_base=_rope_base(family, cfg), qk_norm=False, norm_eps=cfg.rms_norm_eps, mla=mla)
+                rope_base=_rope(family, cfg)[0], qk_norm=False, norm_eps=cfg.rms_norm_eps, mla=mla)
 
 
 def _gpt2_kwargs(cfg) -> dict:
@@ -257,6 +322,9 @@ def _family(hf_model) -> str:
     family = getattr(getattr(hf_model, "config", None), "model_type", None)
     if family is None or not isinstance(hf_model, nn.Module):
         raise TypeError(f"hf_model must be a transformers model, got {type(hf_model).__name__}")
+    if family in UNSUPPORTED:
+        raise ValueError(f"config.model_type={family!r} is not supported: {UNSUPPORTED[family]}; "
+                         f"supported: {sorted(HF_CLASSES)}")
     if family not in HF_CLASSES:
         raise ValueError(f"config.model_type={family!r} is not supported; supported: {sorted(HF_CLASSES)}")
     if type(hf_model).__name__ != HF_CLASSES[family]:
@@ -358,14 +426,42 @@ def _course_tied(model: nn.Module) -> bool:
     return model.head.weight is emb.weight
 
 
-def _hf_config(model: nn.Module, rope_interleave: bool):
+def _hf_rope(model: LlamaStyleLM) -> tuple[dict, int]:
+    """(Hugging Face rope_parameters, max_position_embeddings) for a course model: the inverse of ``_rope``."""
+    if model.rope_scaling is None:
+        return {"rope_type": "default", "rope_theta": model.rope_base}, model.max_len
+    scaling = dict(model.rope_scaling)
+    max_pos = model.max_len
+    if scaling["rope_type"] == "dynamic":  # Hugging Face reads L₀ from max_position_embeddings
+        max_pos = scaling.pop("original_max_position_embeddings")
+    return {"rope_theta": model.rope_base, **scaling}, max_pos
+
+
+def _llama_family(attn: GQAttention, family: str | None) -> str:
+    """Which transformers family expresses a GQA course model: Qwen3 (QK-norm), Qwen2 (q/k/v biases),
+    else Llama (or Mistral, the same architecture, when asked for)."""
+    qk_norm, bias = attn.qk_norm, attn.wq.bias is not None
+    if qk_norm and bias:
+        raise ValueError("a model with both QK-norm and q/k/v biases has no Hugging Face counterpart here")
+    natural = "qwen3" if qk_norm else "qwen2" if bias else "llama"
+    allowed = {natural, "mistral"} if natural == "llama" else {natural}
+    if family is not None and family not in allowed:
+        raise ValueError(f"family={family!r} cannot express this model; it converts to {sorted(allowed)}")
+    return family or natural
+
+
+def _hf_config(model: nn.Module, rope_interleave: bool, family: str | None = None):
     """(family, transformers config) describing a course model; refuses what transformers cannot build."""
     if not isinstance(model, (LlamaStyleLM, GPT2LM)):
         raise TypeError(f"model must be a LlamaStyleLM or GPT2LM, got {type(model).__name__}")
+    if family is not None and family not in HF_CLASSES:
+        raise ValueError(f"family must be one of {sorted(HF_CLASSES)} or None, got {family!r}")
     tf = _transformers()
     common = dict(vocab_size=model.V, max_position_embeddings=model.max_len, tie_word_embeddings=_course_tied(model),
                   bos_token_id=None, eos_token_id=None, pad_token_id=None)
     if isinstance(model, GPT2LM):
+        if family not in (None, "gpt2"):
+            raise ValueError(f"family={family!r} cannot express a GPT2LM; it converts to 'gpt2'")
         blk = model.blocks[0]
         if model.ln_f.bias is None or blk.attn.qkv.bias is None:
             raise ValueError("GPT2LM(bias=False) has no Hugging Face GPT-2 counterpart (GPT-2 has biases)")
@@ -380,38 +476,50 @@ def _hf_config(model: nn.Module, rope_interleave: bool):
         if type(blk.attn) is not type(attn) or repr(blk.attn) != repr(attn) or repr(blk.ffn) != repr(
                 model.blocks[0].ffn):
             raise ValueError(f"model.blocks[{i}] differs from model.blocks[0]; transformers needs identical layers")
+    rope_parameters, common["max_position_embeddings"] = _hf_rope(model)
     common.update(hidden_size=model.emb.embedding_dim, num_hidden_layers=len(model.blocks),
                   num_attention_heads=attn.h, intermediate_size=model.blocks[0].ffn.w_gate.out_features,
-                  rms_norm_eps=model.norm.eps, rope_theta=model.rope_base, hidden_act="silu",
-                  attention_bias=False, attention_dropout=0.0)
+                  rms_norm_eps=model.norm.eps, rope_parameters=rope_parameters, hidden_act="silu",
+                  attention_dropout=0.0)
     if isinstance(attn, MLAttention):
+        if family not in (None, "deepseek_v3"):
+            raise ValueError(f"family={family!r} cannot express an MLA model; it converts to 'deepseek_v3'")
         if attn.kv_norm.eps != 1e-6:
             raise ValueError(f"MLA latent norm eps={attn.kv_norm.eps}: Hugging Face DeepSeek-V3 fixes it at 1e-6")
+        if model.rope_scaling is not None:
+            raise ValueError("rope_scaling with MLA has no Hugging Face counterpart here (DeepSeek's yarn also "
+                             "changes the softmax scale)")
         cfg = tf.DeepseekV3Config(num_key_value_heads=attn.h, kv_lora_rank=attn.d_c, q_lora_rank=attn.q_lora_rank,
                                   qk_rope_head_dim=attn.rope_dim, qk_nope_head_dim=attn.d_nope,
                                   v_head_dim=attn.d_v, first_k_dense_replace=len(model.blocks),
-                                  rope_interleave=rope_interleave, **common)
+                                  rope_interleave=rope_interleave, attention_bias=False, **common)
         return "deepseek_v3", cfg
     if rope_interleave:
         raise ValueError("rope_interleave applies to MLA (DeepSeek-V3) models only")
     if not isinstance(attn, GQAttention):
         raise TypeError(f"attention {type(attn).__name__} has no Hugging Face counterpart")
-    qk_norm = attn.qk_norm
+    family = _llama_family(attn, family)
     common.update(num_key_value_heads=attn.kv, head_dim=attn.dh)
-    if qk_norm:
+    if family == "qwen3":
         if attn.q_norm.eps != model.norm.eps:
             raise ValueError("Qwen3 uses one eps for all norms; the model's QK-norm eps differs from norm_eps")
-        return "qwen3", tf.Qwen3Config(use_sliding_window=False, **common)
-    return "llama", tf.LlamaConfig(mlp_bias=False, **common)
+        return family, tf.Qwen3Config(use_sliding_window=False, attention_bias=False, **common)
+    if family == "qwen2":
+        return family, tf.Qwen2Config(use_sliding_window=False, **common)
+    if family == "mistral":
+        return family, tf.MistralConfig(sliding_window=None, **common)
+    return family, tf.LlamaConfig(attention_bias=False, mlp_bias=False, **common)
 
 
 @torch.no_grad()
-def to_hf(model: nn.Module, *, rope_interleave: bool = False):
-    """The transformers model (Llama, Qwen3 when the model has QK-norm, GPT-2, or DeepSeek-V3 for
-    MLA) with ``model``'s weights, in eval mode. ``rope_interleave=True`` writes an MLA model in
-    DeepSeek's interleaved RoPE layout (the rotated rows are permuted; the logits do not change)."""
+def to_hf(model: nn.Module, *, rope_interleave: bool = False, family: str | None = None):
+    """The transformers model with ``model``'s weights, in eval mode: Llama, Qwen3 when the model has
+    QK-norm, Qwen2 when it has q/k/v biases, GPT-2, or DeepSeek-V3 for MLA. ``family="mistral"``
+    writes a Llama-architecture model as Mistral (the same network under another name).
+    ``rope_interleave=True`` writes an MLA model in DeepSeek's interleaved RoPE layout (the rotated
+    rows are permuted; the logits do not change)."""
     tf = _transformers()
-    family, cfg = _hf_config(model, rope_interleave)
+    family, cfg = _hf_config(model, rope_interleave, family)
     hf_model = getattr(tf, HF_CLASSES[family])(cfg)
     ref = model.head.weight
     hf_model.to(device=ref.device, dtype=ref.dtype)
@@ -453,7 +561,7 @@ def load_pretrained(name_or_path: str, *, dtype: torch.dtype = torch.float32, de
         idx = tok("The modern transformer block", return_tensors="pt").input_ids
         print(tok.decode(generate(model, idx, max_new_tokens=20)[0]))
 
-    (Llama 3.x checkpoints use rope_type "llama3" and are refused: scaled RoPE is not implemented.)
+    Llama 3.1/3.2 checkpoints (rope_type "llama3") carry their RoPE scaling into the course model.
     """
     tf = _transformers()
     hf_model = tf.AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **from_pretrained_kwargs)

@@ -8,7 +8,16 @@ Two layouts pair the dimensions differently, and weights trained with one only w
   * half-split ("rotate half", Llama/Hugging Face): dimension i pairs with i + d_h/2;
   * interleaved (the RoFormer paper, Meta's original Llama code): dimension 2i pairs with 2i+1.
 A fixed permutation of each head's q/k output rows converts one into the other.
+
+RoPE scaling (context extension) changes only the frequencies θ_i, so that positions beyond the
+trained context L₀ produce angles the model has (nearly) seen; each rule is one small function of
+the frequencies below, and ``rope_cache(..., scaling=...)`` builds the table from it. A scaling is
+given as Hugging Face's ``rope_parameters`` dict without ``rope_theta``, for example Llama 3.1's
+``{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+"original_max_position_embeddings": 8192}``.
 """
+
+import math
 
 import torch
 
@@ -24,12 +33,173 @@ def rope_frequencies(dh: int, base: float = 10000.0) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))  # [dh/2]
 
 
-def rope_cache(T: int, dh: int, base: float = 10000.0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the angles m·θ_i for positions m = 0 .. T-1. Each of shape [T, dh/2]."""
+# ---------------------------------------------------------------------------------------------
+# RoPE scaling: new frequencies θ'_i for a context longer than the trained one (L₀)
+# ---------------------------------------------------------------------------------------------
+def linear_frequencies(theta: torch.Tensor, factor: float) -> torch.Tensor:
+    """Position interpolation (Chen et al., 2023):  θ'_i = θ_i / s.
+
+    Position m then turns pair i by m·θ_i/s = (m/s)·θ_i: positions 0 .. s·L₀ are squeezed into the
+    angles of 0 .. L₀, so no angle is new, but neighbouring tokens sit s times closer in every pair.
+    """
+    return theta / factor  # [dh/2]
+
+
+def dynamic_ntk_frequencies(dh: int, base: float, factor: float, seq_len: int, original_len: int) -> torch.Tensor:
+    """Dynamic NTK-aware scaling (bloc97 and emozilla, 2023): a larger base once the sequence outgrows L₀.
+
+        b' = b · (s·L/L₀ − (s − 1))^(d_h/(d_h − 2))    with L = max(seq_len, L₀),   θ'_i = b'^(−2i/d_h)
+
+    The exponent is chosen so that the fastest pair (i = 0, θ = 1) keeps its frequency and the slowest
+    one (i = d_h/2 − 1) is divided by exactly s·L/L₀ − (s − 1): high frequencies extrapolate, low ones
+    interpolate. At L ≤ L₀ nothing changes; the frequencies depend on the length being processed.
+    """
+    length = max(seq_len, original_len)
+    new_base = base * (factor * length / original_len - (factor - 1)) ** (dh / (dh - 2))
+    return rope_frequencies(dh, new_base)  # [dh/2]
+
+
+def yarn_frequencies(dh: int, base: float, factor: float, original_len: int, beta_fast: float = 32.0,
+                     beta_slow: float = 1.0, truncate: bool = True) -> torch.Tensor:
+    """YaRN's frequencies, "NTK-by-parts" (Peng et al., 2023).
+
+    Pair i turns r_i = L₀·θ_i / 2π times over the original context. Pairs that turn more than β_fast
+    times keep θ_i (they already saw every angle); pairs that turn less than β_slow times are
+    interpolated as in PI (θ_i/s); a linear ramp over the pair index blends the two in between:
+
+        θ'_i = γ_i·θ_i + (1 − γ_i)·θ_i/s,    γ_i = clamp((i_slow − i) / (i_slow − i_fast), 0, 1)
+
+    where i_β = d_h·ln(L₀ / (2π·β)) / (2·ln b) is the (fractional) pair index that turns β times,
+    rounded outwards (floor for i_fast, ceil for i_slow) when ``truncate``.
+    """
+    theta = rope_frequencies(dh, base)  # [dh/2]
+
+    def pair_turning(rotations):  # i_β
+        return dh * math.log(original_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    i_fast, i_slow = pair_turning(beta_fast), pair_turning(beta_slow)
+    if truncate:
+        i_fast, i_slow = math.floor(i_fast), math.ceil(i_slow)
+    i_fast, i_slow = max(i_fast, 0), min(i_slow, dh - 1)
+    if i_slow == i_fast:
+        i_slow += 0.001  # a step instead of a ramp, without dividing by zero
+    i = torch.arange(dh // 2, dtype=torch.float32)
+    gamma = 1 - ((i - i_fast) / (i_slow - i_fast)).clamp(0, 1)  # [dh/2]: 1 = keep θ_i, 0 = θ_i/s
+    return (theta / factor) * (1 - gamma) + theta * gamma
+
+
+def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
+    """YaRN's attention temperature, as a factor on q and k:  √(1/t) = 0.1·ln(s) + 1  (1 for s ≤ 1).
+
+    Rotating q and k with tables multiplied by this factor multiplies every attention logit by its
+    square, 1/t: stretched contexts flatten the softmax (more keys, smaller angles between them),
+    and the factor sharpens it back. DeepSeek's variant divides two such terms,
+    (0.1·mscale·ln s + 1) / (0.1·mscale_all_dim·ln s + 1).
+    """
+    def mscale_of(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if mscale and mscale_all_dim:
+        return mscale_of(factor, mscale) / mscale_of(factor, mscale_all_dim)
+    return mscale_of(factor)
+
+
+def llama3_frequencies(theta: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                       original_len: int) -> torch.Tensor:
+    """Llama 3.1's piecewise rule, by wavelength λ_i = 2π/θ_i against the trained context L₀:
+
+        λ_i < L₀/high_freq_factor   θ'_i = θ_i              (short waves: many turns in L₀, kept)
+        λ_i > L₀/low_freq_factor    θ'_i = θ_i / s          (long waves: interpolated as in PI)
+        otherwise                   θ'_i = (1 − a)·θ_i/s + a·θ_i,   a = (L₀/λ_i − low) / (high − low)
+
+    The middle band blends smoothly: a is 1 at the short edge and 0 at the long one.
+    Llama 3.1/3.2: s = 8 (32 for 3.2's 1B/3B), low = 1, high = 4, L₀ = 8192.
+    """
+    wavelength = 2 * math.pi / theta  # [dh/2], tokens per full turn
+    low_wavelength, high_wavelength = original_len / low_freq_factor, original_len / high_freq_factor
+    smooth = (original_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)  # [dh/2]
+    blended = (1 - smooth) * theta / factor + smooth * theta
+    return torch.where(wavelength < high_wavelength, theta,
+                       torch.where(wavelength > low_wavelength, theta / factor, blended))
+
+
+ROPE_SCALING_KEYS = {  # rope_type: (required keys, optional keys)
+    "linear": ({"factor"}, set()),
+    "dynamic": ({"factor", "original_max_position_embeddings"}, set()),
+    "yarn": ({"factor", "original_max_position_embeddings"},
+             {"beta_fast", "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim"}),
+    "llama3": ({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}, set()),
+}
+ROPE_SCALING_TYPES = tuple(ROPE_SCALING_KEYS)
+
+
+def check_rope_scaling(scaling) -> dict | None:
+    """Validate a RoPE scaling dict (Hugging Face's ``rope_parameters`` without ``rope_theta``); a copy."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise TypeError(f"rope_scaling must be a dict such as {{'rope_type': 'linear', 'factor': 4.0}} or None, "
+                        f"got {type(scaling).__name__}")
+    kind = scaling.get("rope_type")
+    if kind not in ROPE_SCALING_KEYS:
+        raise ValueError(f"rope_scaling['rope_type'] must be one of {list(ROPE_SCALING_TYPES)}, got {kind!r}")
+    required, optional = ROPE_SCALING_KEYS[kind]
+    missing, unknown = required - set(scaling), set(scaling) - required - optional - {"rope_type"}
+    if missing:
+        raise ValueError(f"rope_scaling of type {kind!r} needs the keys {sorted(missing)}")
+    if unknown:
+        hint = " (the base is rope_base)" if "rope_theta" in unknown else ""
+        raise ValueError(f"rope_scaling of type {kind!r} does not take {sorted(unknown)}{hint}")
+    factor = scaling["factor"]
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ValueError(f"rope_scaling['factor'] must be a number > 0, got {factor!r}")
+    if "original_max_position_embeddings" in scaling:
+        positive_int("rope_scaling['original_max_position_embeddings']", scaling["original_max_position_embeddings"])
+    if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0:
+        raise ValueError("rope_scaling needs high_freq_factor > low_freq_factor > 0, got "
+                         f"{scaling['high_freq_factor']} and {scaling['low_freq_factor']}")
+    return dict(scaling)
+
+
+def scaled_frequencies(dh: int, base: float, scaling: dict | None, seq_len: int | None = None
+                       ) -> tuple[torch.Tensor, float]:
+    """(θ', attention factor) for a RoPE scaling dict; plain RoPE and 1.0 when ``scaling`` is None.
+
+    ``seq_len`` (the length being processed) matters only for "dynamic"."""
+    scaling = check_rope_scaling(scaling)
+    theta = rope_frequencies(dh, base)  # [dh/2]
+    if scaling is None:
+        return theta, 1.0
+    kind, s = scaling["rope_type"], scaling["factor"]
+    original = scaling.get("original_max_position_embeddings")
+    if kind == "linear":
+        return linear_frequencies(theta, s), 1.0
+    if kind == "dynamic":
+        return dynamic_ntk_frequencies(dh, base, s, seq_len or original, original), 1.0
+    if kind == "llama3":
+        return llama3_frequencies(theta, s, scaling["low_freq_factor"], scaling["high_freq_factor"], original), 1.0
+    theta = yarn_frequencies(dh, base, s, original, scaling.get("beta_fast") or 32.0,
+                             scaling.get("beta_slow") or 1.0, scaling.get("truncate", True))
+    factor = scaling.get("attention_factor")
+    if factor is None:
+        factor = yarn_attention_factor(s, scaling.get("mscale"), scaling.get("mscale_all_dim"))
+    return theta, float(factor)
+
+
+def rope_cache(T: int, dh: int, base: float = 10000.0, device=None, *,
+               scaling: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the angles m·θ_i for positions m = 0 .. T-1. Each of shape [T, dh/2].
+
+    With ``scaling`` (a RoPE scaling dict) the frequencies are the scaled θ'_i, and both tables are
+    multiplied by the attention factor (YaRN's temperature; 1 for the other types), which scales q
+    and k alike. For "dynamic", T is taken as the length being processed.
+    """
     positive_int("T", T)
-    theta = rope_frequencies(dh, base).to(device)  # [dh/2]
-    angles = torch.outer(torch.arange(T, dtype=torch.float32, device=device), theta)  # [T, dh/2]
-    return angles.cos(), angles.sin()
+    theta, attention_factor = scaled_frequencies(dh, base, scaling, seq_len=T)
+    angles = torch.outer(torch.arange(T, dtype=torch.float32, device=device), theta.to(device))  # [T, dh/2]
+    if attention_factor == 1.0:
+        return angles.cos(), angles.sin()
+    return angles.cos() * attention_factor, angles.sin() * attention_factor
 
 
 def _broadcast_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

@@ -1,35 +1,89 @@
-"""The GPU benchmark's smoke mode and its time budgeting, on the CPU."""
+"""The GPU scripts on the CPU at tiny sizes, so they cannot rot before a GPU runs them: the GPU check's
+dry run (every part) and its step budgeting; gpu_train.py's parts in smoke mode and its command line."""
 
 import json
+import os
+import subprocess
+import sys
 
-from repo_files import load_module
+import nbformat
+import pytest
+from repo_files import ROOT, load_module
 from training_setup import never_online  # noqa: F401 (an autouse fixture: keeps these tests offline)
 
-from modern_block.ladder import RUNG_NAMES
+from modern_block.ladder import ABLATION_NAMES, LADDER_NAMES, LLAMA_END
+
+
+def test_gpu_check_dry_run_runs_every_part(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "MPLBACKEND": "Agg", "https_proxy": "http://127.0.0.1:9",
+           "http_proxy": "http://127.0.0.1:9"}  # a closed port: no download, the text comes as in the other tests
+    command = ["bash", "benchmarks/gpu_check.sh", "--dry-run", "all", "--out", str(tmp_path / "check")]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    [folder] = (tmp_path / "check").iterdir()
+    assert folder.name.startswith("cpu-dry-run_torch-")
+    summaries = {p: json.loads((folder / p / "summary.json").read_text()) for p in ("part1", "part2", "part3")}
+    assert all(s["ok"] and s["dry_run"] and s["torch"] for s in summaries.values())
+    status = {p: {step["step"]: step["status"] for step in s["steps"]} for p, s in summaries.items()}
+    assert set(status["part1"].values()) == {"ok"}, status["part1"]
+
+    part1 = json.loads((folder / "part1" / "results.json").read_text())
+    assert part1["gpu_tests"]["skipped"] >= 4 and "tests/test_distributed.py" in part1["gpu_tests"]["files"]
+    arms = {"untied", LLAMA_END}  # GPT-2 and Llama-style, both heads untied
+    assert {r["arch"] for r in part1["sweep"]["runs"]} == arms and set(part1["chosen_lr"]) == arms
+    table = part1["comparison"]["table"]
+    assert set(table) == arms and all(len(row["best_val_losses"]) == 2 for row in table.values())
+    assert table["untied"]["params"] != table[LLAMA_END]["params"]
+    assert set(part1["alone"]) == arms and all(r["tokens_per_s"] > 0 for r in part1["alone"].values())
+    assert (folder / "part1" / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert "vs nanoGPT's 1.4697" in (folder / "part1" / "results_snippet.md").read_text()
+
+    part2 = json.loads((folder / "part2" / "results.json").read_text())
+    assert [r["rung"] for r in part2["ladder"]["rows"]] == list(LADDER_NAMES)
+    assert [r["rung"] for r in part2["leave_one_out"]["rows"]] == list(ABLATION_NAMES)
+    assert (folder / "part2" / "ladder.png").read_bytes()[:4] == b"\x89PNG"
+    assert set(status["part2"].values()) == {"ok"}, status["part2"]
+
+    saved = nbformat.read(folder / "part3" / "notebooks" / "dry_run_lesson.ipynb", as_version=4)
+    nbformat.validate(saved)
+    assert [c.execution_count for c in saved.cells] == [1, 2]
+    assert saved.cells[0].outputs[0]["text"] == "42\n" and saved.cells[1].outputs[0]["data"]["text/plain"] == "42"
+    assert status["part3"]["two GPUs: torchrun with NCCL against one GPU"] == "skipped"
+
+
+def test_the_check_fits_its_steps_to_the_time_left():
+    check = load_module("benchmarks/gpu_check.py")
+    assert check.fit_steps(10_000, 0.01, 2, 5000, 250) == 5000, "plenty of time: the full budget"
+    assert check.fit_steps(5, 0.01, 2, 5000, 250) == 250, "never below one unit"
+    steps = check.fit_steps(60, 0.01, 2, 5000, 250)  # 2 rounds of 0.01 s per step in 60 s: 3000 steps
+    assert steps == 3000 and steps % 250 == 0
 
 
 def test_gpu_benchmark_smoke_mode(tmp_path):
     bench = load_module("benchmarks/gpu_train.py")
-    assert bench.main(["--smoke", "--out", str(tmp_path), "--seeds", "0", "1"]) == 0
-    report = json.loads((tmp_path / "gpu_results.json").read_text())
-    assert set(report["comparison"]) == {"gpt2", "llama"}
-    assert [r["rung"] for r in report["ladder"]["rows"]] == list(RUNG_NAMES)
-    assert report["ladder"]["ends_from_comparison"]
-    assert report["ladder"]["rows"][0]["val_losses"] == report["comparison"]["gpt2"]["best_val_losses"]
-    for png in ("loss_curves.png", "ladder.png"):
-        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
-    assert "| rung | change |" in (tmp_path / "results_snippet.md").read_text()
+    assert bench.main(["--smoke", "--out", str(tmp_path), "--part", "all", "--seeds", "0", "1",
+                       "--rates", "1e-3", "1e-2"]) == 0
+    reports = {part: json.loads((tmp_path / f"{part}.json").read_text()) for part in bench.PARTS}
+    assert [r["rung"] for r in reports["compare"]["rows"]] == ["untied", LLAMA_END]
+    assert [r["rung"] for r in reports["tied"]["rows"]] == ["gpt2", "tied"]
+    assert [r["rung"] for r in reports["ladder"]["rows"]] == list(LADDER_NAMES)
+    assert [r["rung"] for r in reports["ablations"]["rows"]] == [LLAMA_END, *ABLATION_NAMES]
+    for report in reports.values():
+        for row in report["rows"]:
+            assert row["lr"] in (1e-3, 1e-2) and len(row["val_losses"]) == 2 and set(row["rates"]) == {"0.001", "0.01"}
+    # one budget and one set of seeds: the ladder's top is the same runs as the comparison's Llama arm
+    assert reports["ladder"]["rows"][-1]["val_losses"] == reports["compare"]["rows"][1]["val_losses"]
+    assert len(reports["ladder"]["gaps"]) == len(LADDER_NAMES) - 1
+    for part in bench.PARTS:
+        assert (tmp_path / f"{part}.png").read_bytes()[:4] == b"\x89PNG"
+        assert "| model | change | params | chosen lr |" in (tmp_path / f"{part}.md").read_text()
+    assert "nanoGPT's published GPT-2 result" in (tmp_path / "tied.md").read_text()
 
 
-def test_ladder_budget_fits_the_time_left():
-    fit = lambda left_s: bench_steps(left_s)  # noqa: E731
-    assert fit(10_000) == 5000, "plenty of time: the full budget, ends reused"
-    assert fit(5) == 250, "never below one unit"
-    mid = fit(200)
-    assert 250 <= mid < 5000 and mid % 250 == 0
-
-
-def bench_steps(left_s: float) -> int:
+def test_gpu_benchmark_refuses_bad_arguments(capsys):
     bench = load_module("benchmarks/gpu_train.py")
-    # comparison: 6 runs took 120 s; ladder: 15 runs at the full budget, 21 below it
-    return bench.ladder_steps_for(left_s, 0.0, 120.0, 6, 15, 21, 5000, 250)
+    for argv in (["--smoke", "--seeds", "0", "0"], ["--smoke", "--rates", "0"], ["--smoke", "--part", "nope"]):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(argv)
+        assert exc.value.code == 2
+    capsys.readouterr()

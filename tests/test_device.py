@@ -5,7 +5,15 @@ import torch
 from training_setup import never_online  # noqa: F401 (an autouse fixture: keeps these tests offline)
 
 from modern_block import GPT2LM, LlamaStyleLM
-from modern_block.device import autocast_dtype, choose_device, flops_per_token, matmul_parameters, mfu, peak_flops
+from modern_block.device import (
+    autocast_dtype,
+    choose_device,
+    flops_per_token,
+    matmul_parameters,
+    memory_bytes,
+    mfu,
+    peak_flops,
+)
 
 
 def test_mfu_arithmetic_by_hand():
@@ -45,3 +53,21 @@ def test_peak_flops_table_and_precision_rule():
     assert cpu.amp_dtype is None and cpu.peak is None and not cpu.needs_scaler and cpu.precision == "fp32"
     with pytest.raises(ValueError, match="device must be"):
         choose_device("tpu")
+
+
+@pytest.mark.gpu
+def test_cuda_device_precision_and_memory():
+    setup = choose_device("cuda")
+    cap = torch.cuda.get_device_capability()
+    assert setup.device == torch.device("cuda", torch.cuda.current_device()) and setup.capability == cap
+    assert setup.amp_dtype == autocast_dtype(cap) and setup.needs_scaler == (cap < (8, 0))
+    assert memory_bytes(setup) == torch.cuda.get_device_properties(setup.device).total_memory > 2**30
+    print(f"{setup.describe()}; peak known: {setup.peak}")
+    with setup.autocast():
+        y = torch.ones(8, 8, device=setup.device) @ torch.ones(8, 8, device=setup.device)
+    assert y.dtype == setup.amp_dtype, "matmuls run in the autocast dtype"
+
+
+def test_memory_of_the_cpu_is_the_machines():
+    total = memory_bytes(choose_device("cpu"))
+    assert total is None or total > 2**28

@@ -1,14 +1,15 @@
-"""The classroom assignments: solutions, generated exercises, the diagnosing checks and the grader.
+"""The classroom assignments: solutions, generated exercises and the diagnosing checks.
 
 * exercises/ is what ``python -m modern_block.exercises build`` makes from solutions/ (CI fails if stale);
-* every solution notebook passes the grader, every untouched exercise notebook is "not attempted";
+* every solution notebook has its exercises, answers and check outputs (the grader's own tests, in
+  test_grade.py, grade them: every solution passes, every untouched exercise is "not attempted");
 * each check accepts the package's own implementation and rejects realistic wrong ones with the right
   diagnosis (the wrong implementations are written out below, one mistake each);
-* the grader survives a crash and an endless loop in one exercise and still reports the others.
 """
 
 import json
 import math
+import re
 from pathlib import Path
 
 import nbformat
@@ -18,13 +19,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import modern_block as mb
-from modern_block import checks, exercises, grade
+from modern_block import checks, exercises
 from modern_block.checks import CheckFailed, NotAttempted
+from modern_block.grading.notebook import CHECK_CALL, read_notebook, reference_from, sections
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
-LESSONS = ["01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cache", "05_mla", "06_qk_norm", "07_llama_block"]
+LESSONS = ["00_gpt2_block", "01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cache", "05_mla", "06_qk_norm",
+           "07_llama_block", "08_train_llama_vs_gpt2", "09_real_model"]
 
 
 def rejects(check, impl, *diagnosis: str) -> str:
@@ -130,20 +133,87 @@ def test_param_formula(config, tie, qk_norm):
         assert model.num_parameters() == 3_283_456
 
 
+def gpt2_block_params_ok(d, d_ff=None):
+    d_ff = 4 * d if d_ff is None else d_ff
+    return 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (2 * d * d_ff + d_ff + d)
+
+
+def causal_attention_ok(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def gpt2_attention_ok(x, w_qkv, b_qkv, w_proj, b_proj, n_heads):
+    """Through the package's own GPT-2 attention, these weights loaded in its order (fused q/k/v, then output)."""
+    attn = mb.CausalSelfAttention(x.shape[-1], n_heads)
+    attn.load_state_dict(dict(zip(attn.state_dict(), (w_qkv, b_qkv, w_proj, b_proj), strict=True)))
+    return attn(x)
+
+
+def lr_at_ok(step, lr, min_lr, warmup_steps, max_steps):
+    """The package's trainer's schedule, the one lesson 08 teaches."""
+    from types import SimpleNamespace
+
+    from modern_block.train import lr_at
+
+    return lr_at(step, SimpleNamespace(lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, max_steps=max_steps))
+
+
+def flops_per_token_ok(n_matmul_params, n_layers, n_heads, head_dim, seq_len):
+    from modern_block.device import flops_per_token
+
+    return flops_per_token(n_matmul_params, n_layers, n_heads, head_dim, seq_len)
+
+
+def unfair_differences_ok(a, b, compared=("arch",), size_tolerance=0.02, *, mistake=None):
+    keys = set(a) if mistake == "keys_of_a" else set(a) | set(b)
+    bad = []
+    for key in keys:
+        if key in compared and mistake != "compared":
+            continue
+        if key not in a or key not in b:
+            bad.append(key)
+        elif key == "n_params" and mistake != "exact":
+            if abs(b[key] - a[key]) > size_tolerance * a[key]:
+                bad.append(key)
+        elif a[key] != b[key]:
+            bad.append(key)
+    return sorted(bad, reverse=mistake == "unsorted")
+
+
+with torch.device("meta"):
+    GPT2_SMALL_PARAMS = mb.count_parameters(mb.GPT2LM(50257, d=768, n_layers=12, n_heads=12, max_len=1024))
+LLAMA3_70B_D_FF = mb.PRESETS["Llama 3 70B"].d_ff
+KIMI_K2_CACHE_BYTES = mb.PRESETS["Kimi K2"].bytes_per_token()
+LLAMA3_8B_TRAIN_FLOPS = 6 * 8.03e9 * 15e12
+SMOLLM2_CACHE_BYTES = mb.kv_cache_bytes_per_token(30, 3, 64)
+
+
+def ntk_scaled_base_ok(base, dh, kappa):
+    return base * kappa ** (dh / (dh - 2))
+
+
 RIGHT = [
+    (checks.check_gpt2_block_params, gpt2_block_params_ok), (checks.check_causal_attention, causal_attention_ok),
+    (checks.check_gpt2_attention, gpt2_attention_ok), (checks.check_gpt2_small_params, GPT2_SMALL_PARAMS),
     (checks.check_rms, rms_ok), (checks.check_rmsnorm, mb.RMSNorm),
     (checks.check_swiglu_hidden_dim, mb.swiglu_hidden_dim), (checks.check_swiglu, mb.SwiGLU),
-    (checks.check_ffn_weight_count, ffn_weight_count_ok),
+    (checks.check_ffn_weight_count, ffn_weight_count_ok), (checks.check_llama3_70b_d_ff, LLAMA3_70B_D_FF),
     (checks.check_rope_cache, mb.rope_cache), (checks.check_apply_rope, mb.apply_rope),
     (checks.check_apply_rope_interleaved, mb.apply_rope_interleaved),
     (checks.check_repeat_kv, repeat_kv_ok), (checks.check_gqattention, mb.GQAttention),
     (checks.check_kv_cache, attend_cached_ok),
     (checks.check_mla_cache_bytes, mla_cache_bytes_ok), (checks.check_absorb_query, absorb_query_ok),
     (checks.check_absorbed_scores, absorbed_scores_ok), (checks.check_mla_absorption, absorbed_attention_ok),
+    (checks.check_kimi_k2_cache_bytes, KIMI_K2_CACHE_BYTES),
     (checks.check_qk_norm_rope, qk_norm_rope_ok), (checks.check_qk_norm_attention, QKNormAttentionOk),
     (checks.check_block, mb.Block), (checks.check_llama_lm, mb.LlamaStyleLM),
     (checks.check_llama_param_count, llama_param_count_ok),
+    (checks.check_lr_schedule, lr_at_ok), (checks.check_flops_per_token, flops_per_token_ok),
+    (checks.check_fair_comparison, unfair_differences_ok), (checks.check_llama3_8b_train_flops, LLAMA3_8B_TRAIN_FLOPS),
+    (checks.check_llama3_rope_scaling, mb.llama3_frequencies), (checks.check_ntk_scaled_base, ntk_scaled_base_ok),
+    (checks.check_smollm2_cache_bytes, SMOLLM2_CACHE_BYTES),
 ]
+FUNCTIONS = [(check, impl) for check, impl in RIGHT if callable(impl)]  # the rest are numbers, graded by value
 
 
 @pytest.mark.parametrize("check, impl", RIGHT, ids=[c.__name__ for c, _ in RIGHT])
@@ -156,7 +226,7 @@ def test_every_check_is_covered_here():
     assert {c.__name__ for c, _ in RIGHT} == {n for n in checks.__all__ if n.startswith("check_")}
 
 
-@pytest.mark.parametrize("check, impl", RIGHT, ids=[c.__name__ for c, _ in RIGHT])
+@pytest.mark.parametrize("check, impl", FUNCTIONS, ids=[c.__name__ for c, _ in FUNCTIONS])
 def test_a_stub_is_not_attempted(check, impl):
     def stub(*args, **kwargs):
         raise NotImplementedError("write this")
@@ -179,6 +249,62 @@ def test_a_crash_in_student_code_is_reported_with_the_call():
 
     message = rejects(checks.check_rms, crashes, "rms on x of shape [2, 3, 16] raised RuntimeError")
     assert "Likely mistake" not in message
+
+
+# ---- lesson 00: the GPT-2 block -------------------------------------------------------------------------
+
+
+def test_the_gpt2_figures_agree_with_the_package():
+    for d, d_ff in [(768, None), (64, 100)]:
+        assert gpt2_block_params_ok(d, d_ff) == mb.count_parameters(mb.GPT2Block(d, n_heads=4, d_ff=d_ff))
+    assert GPT2_SMALL_PARAMS == 124_439_808
+
+
+def test_check_gpt2_block_params_diagnoses():
+    rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: 12 * d * d, "no biases and no LayerNorms")
+    rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: gpt2_block_params_ok(d, d_ff) - 2 * d,
+            "counted with one vector")
+    rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: gpt2_block_params_ok(d), "d_ff was ignored")
+
+
+def test_check_causal_attention_diagnoses():
+    rejects(checks.check_causal_attention, lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "no causal mask")
+    rejects(checks.check_causal_attention, lambda q, k, v: (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(
+        torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).triu(1), 0.0).softmax(-1) @ v,
+        "set to 0 instead of -inf")
+    rejects(checks.check_causal_attention, lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, is_causal=True, scale=1 / q.shape[-1]), "divided by dh")
+
+    def naive_softmax(q, k, v):  # exp without subtracting the maximum overflows on large scores
+        s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        return (s.exp() / s.exp().sum(-1, keepdim=True)) @ v
+
+    rejects(checks.check_causal_attention, naive_softmax, "exp overflows", "inf or NaN")
+
+
+def test_check_gpt2_attention_diagnoses():
+    def variant(order="qkv", merge="ok", bias=True):
+        def gpt2_attention(x, w_qkv, b_qkv, w_proj, b_proj, n_heads):
+            B, T, d = x.shape
+            parts = dict(zip("qkv", (x @ w_qkv.T + (b_qkv if bias else 0)).split(d, -1), strict=True))
+            q, k, v = (parts[c].view(B, T, n_heads, d // n_heads).transpose(1, 2) for c in order)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = out.transpose(1, 2).reshape(B, T, d) if merge == "ok" else out.reshape(B, T, d)
+            return out @ w_proj.T + b_proj
+
+        return gpt2_attention
+
+    checks.check_gpt2_attention(variant())
+    rejects(checks.check_gpt2_attention, variant(order="kqv"), "the wrong order")
+    rejects(checks.check_gpt2_attention, variant(merge="bad"), "without transposing back")
+    rejects(checks.check_gpt2_attention, variant(bias=False), "b_qkv")
+
+
+def test_check_gpt2_small_params_diagnoses():
+    rejects(checks.check_gpt2_small_params, GPT2_SMALL_PARAMS + 50257 * 768, "ties it to the token embedding")
+    rejects(checks.check_gpt2_small_params, GPT2_SMALL_PARAMS - 1024 * 768, "position table")
+    rejects(checks.check_gpt2_small_params, float(GPT2_SMALL_PARAMS), "return a plain int")
 
 
 # ---- lesson 01: RMSNorm ------------------------------------------------------------------------------
@@ -616,20 +742,51 @@ def test_exercises_are_up_to_date_with_the_solutions(capsys):
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
 def test_solution_notebook_structure(path):
     nb = nbformat.read(path, as_version=4)
-    setup, found, _ = grade.find_exercises(nb)
-    assert 2 <= len(found) <= 5, f"{path.name}: {len(found)} exercises"
-    assert [e.number for e in found] == list(range(1, len(found) + 1))
-    for e in found:
-        cells = [nb.cells[i] for i in e.cells]
-        assert any(exercises.has_solution(c.source) for c in cells), f"{path.name} exercise {e.number}: no solution"
-        assert len(e.checks) == 1 and e.checks[0] in checks.__all__, f"{path.name} exercise {e.number}: {e.checks}"
-        for c in cells:  # solutions are saved with the outputs of a clean run: every check printed its ✓ line
-            if grade.CHECK_CALL.search(c.source):
+    cells = read_notebook(path.read_bytes())
+    reference = reference_from(cells, path.name)
+    assert 2 <= len(reference.exercises) <= 5, f"{path.name}: {len(reference.exercises)} exercises"
+    assert [e.number for e in reference.exercises] == list(range(1, len(reference.exercises) + 1))
+    assert not reference.unchecked
+    for (number, _, section), ex in zip(sections(cells), reference.exercises, strict=True):
+        code = [nb.cells[c.index] for c in section if c.kind == "code"]
+        assert any(exercises.has_solution(c.source) for c in code), f"{path.name} exercise {number}: no solution"
+        assert len(ex.calls) == 1 and ex.calls[0].check in checks.__all__, f"{path.name} exercise {number}"
+        for c in code:  # solutions are saved with the outputs of a clean run: every check printed its ✓ line
+            if CHECK_CALL.search(c.source):
                 text = "".join(o.get("text", "") for o in c.outputs)
-                assert f"✓ {e.checks[0]} passed" in text, f"{path.name} exercise {e.number}: run the notebook"
+                assert f"✓ {ex.calls[0].check} passed" in text, f"{path.name} exercise {number}: run the notebook"
             if exercises.has_solution(c.source):
                 assert c.metadata["nbgrader"]["solution"] is True  # ready for nbgrader's generate_assignment
-    assert nb.cells[setup[0]].source.startswith("# Setup:")
+    first_code = next(c for c in nb.cells if c.cell_type == "code")
+    assert first_code.source.startswith("# Setup:")
+
+
+def _in_words(text: str) -> bool:
+    """No code: code spans hold only a bare name (a parameter, say), and nothing reads like a call."""
+    spans = re.findall(r"`([^`]*)`", text)
+    return all(re.fullmatch(r"[A-Za-z_]\w*", s) for s in spans) and not re.search(
+        r"[A-Za-z0-9_]\(", re.sub(r"`[^`]*`", "", text))
+
+
+HINT = re.compile(r"<details><summary>Hint (\d): ([^<]*)</summary>\n\n(.*?)\n\n</details>", re.S)
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.stem)
+def test_hints_come_in_tiers_collapsed_and_the_first_gives_no_code_away(path):
+    nb = nbformat.read(path, as_version=4)
+    specs = [c.id for c in nb.cells if re.fullmatch(r"ex\d+-spec", c.id or "")]
+    assert specs
+    for spec in specs:
+        n = spec.split("-")[0]
+        (hints,) = [c for c in nb.cells if c.id == f"{n}-hints"]
+        tiers = HINT.findall(hints.source)
+        assert [t[0] for t in tiers] == ["1", "2", "3"], f"{path.name} {n}"
+        assert hints.source.count("<details>") == 3 and "<details open" not in hints.source  # collapsed
+        assert _in_words(tiers[0][2]), f"{path.name} {n}: hint 1 shows code: {tiers[0][2]}"
+        assert tiers[2][2] != tiers[0][2]
+        (answer,) = [c for c in nb.cells if c.id == f"{n}-solution"]
+        stubs = re.findall(r'raise NotImplementedError\("([^"]*)"\)', answer.source)
+        assert stubs and all(_in_words(s) for s in stubs), f"{path.name} {n}: {stubs}"
 
 
 @pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.stem)
@@ -716,113 +873,122 @@ def test_a_stub_that_breaks_the_syntax_is_refused(tmp_path):
         exercises.exercise_notebook(nb, "solutions/x.ipynb", "exercises/x.ipynb")
 
 
-# ---- the grader ---------------------------------------------------------------------------------------
+# ---- value items of lessons 02 and 05 -------------------------------------------------------------------
 
 
-def test_grader_finds_exercises_by_heading_and_by_check_call():
-    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
-    nb = nbformat.v4.new_notebook(cells=[
-        md("# Title"), code("import torch"), md("## Exercise 1: first\ntext"), code("def f(): ..."),
-        code("checks.check_rms(f)"), md("### a sub-heading stays inside"), code("x = 1"),
-        md("## Exercise 2 — second"), code("checks.check_rmsnorm(g)"), md("## Wrap-up"), code("print(1)")])
-    setup, found, loose = grade.find_exercises(nb)
-    assert setup == [1] and loose == [10]
-    assert [(e.number, e.title, e.cells, e.checks) for e in found] == [
-        (1, "first", [3, 4, 6], ["check_rms"]), (2, "second", [8], ["check_rmsnorm"])]
-    plain = nbformat.v4.new_notebook(cells=[code("import torch"), code("def f(): ..."), code("check_rms(f)"),
-                                            code("g = 2"), code("check_swiglu(g)")])
-    setup, found, _ = grade.find_exercises(plain)
-    assert setup == [0] and [(e.title, e.cells) for e in found] == [("check_rms", [1, 2]), ("check_swiglu", [3, 4])]
+def test_the_value_checks_diagnose():
+    assert LLAMA3_70B_D_FF == 28672 == mb.swiglu_hidden_dim(8192, 4096, 1.3)
+    rejects(checks.check_llama3_70b_d_ff, 4 * 8192, "GPT-2's width")
+    rejects(checks.check_llama3_70b_d_ff, mb.swiglu_hidden_dim(8192, 4096), "the multiplier 1.3 was left out")
+    assert KIMI_K2_CACHE_BYTES == 70_272 == mb.mla_cache_bytes_per_token(61, 512, 64)
+    rejects(checks.check_kimi_k2_cache_bytes, 70_272 // 2, "the head count does not enter")
+    rejects(checks.check_kimi_k2_cache_bytes, 61 * 64 * (192 + 128) * 2, "full multi-head attention")
 
 
-def test_every_solution_notebook_passes_the_grader():
-    reports = grade.grade_notebooks(SOLUTIONS, timeout=120, jobs=2)
-    for report in reports:
-        assert report.all_passed, grade.format_report(report)
-        assert not report.setup_errors and report.restarts == 0
+# ---- lesson 08: training ---------------------------------------------------------------------------------
 
 
-def test_untouched_exercises_are_all_not_attempted(tmp_path):
-    # the seven exercise notebooks, one after the other, graded in one kernel (saves six kernel starts)
-    combined = nbformat.v4.new_notebook(metadata=nbformat.read(EXERCISES[0], as_version=4).metadata)
-    expected = 0
-    for path in EXERCISES:
-        nb = nbformat.read(path, as_version=4)
-        expected += len(grade.find_exercises(nb)[1])
-        for cell in nb.cells:
-            cell.id = f"{path.stem[:2]}-{cell.id}"
-            combined.cells.append(cell)
-    path = tmp_path / "all_exercises.ipynb"
-    nbformat.write(combined, path)
-    report = grade.grade_notebook(path, timeout=120)
-    assert len(report.exercises) == expected == 20
-    assert [e.status for e in report.exercises] == [grade.NOT_ATTEMPTED] * expected, grade.format_report(report)
-    assert all(f"{e.checks[0]}: not implemented yet" in e.detail for e in report.exercises)
-    assert not report.setup_errors
+def test_check_lr_schedule_diagnoses():
+    def variant(mistake):
+        def lr_at(step, lr, min_lr, warmup_steps, max_steps):
+            if step < warmup_steps:
+                return lr * step / warmup_steps if mistake == "plain" else lr * (step + 1) / (warmup_steps + 1)
+            if step >= max_steps and mistake != "no_clamp":
+                return min_lr
+            progress = (step - warmup_steps) / (max_steps - warmup_steps)
+            floor = 0.0 if mistake == "to_zero" else min_lr
+            return floor + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - floor)
+
+        return lr_at
+
+    checks.check_lr_schedule(variant(None))
+    rejects(checks.check_lr_schedule, variant("plain"), "lr·(step+1)/(warmup_steps+1)")
+    rejects(checks.check_lr_schedule, variant("to_zero"), "goes down to 0")
+    rejects(checks.check_lr_schedule, variant("no_clamp"), "climbs back up")
 
 
-def _student_notebook(tmp_path):
-    right = "def rms(x, eps=1e-6):\n    return (x.float().pow(2).mean(-1, keepdim=True) + eps).sqrt()"
-    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
-    nb = nbformat.v4.new_notebook(cells=[
-        md("# A student's notebook"), code("import torch\nfrom modern_block import checks"),
-        md("## Exercise 1: right"), code(right), code("checks.check_rms(rms)"),
-        md("## Exercise 2: an endless loop that even ignores the interrupt"),
-        code("def rms(x, eps=1e-6):\n    import signal\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-             "    while True:\n        pass"),
-        code("checks.check_rms(rms)"),
-        md("## Exercise 3: a crash"), code("raise ValueError('boom')"), code("checks.check_rms(rms)"),
-        md("## Exercise 4: a wrong formula"),
-        code("def rms(x, eps=1e-6):\n    return (x.float().var(-1, unbiased=False, keepdim=True) + eps).sqrt()"),
-        code("checks.check_rms(rms)"),
-        md("## Exercise 5: untouched"), code("def rms(x, eps=1e-6):\n    raise NotImplementedError('hint')"),
-        code("checks.check_rms(rms)"),
-        md("## Exercise 6: right again, in the restarted kernel"), code(right), code("checks.check_rms(rms)")])
-    path = tmp_path / "student.ipynb"
-    nbformat.write(nb, path)
-    return path
+def test_check_flops_per_token_diagnoses():
+    rejects(checks.check_flops_per_token, lambda N, L, H, Q, T: 6 * N, "the attention term is missing")
+    rejects(checks.check_flops_per_token, lambda N, L, H, Q, T: 2 * N + 4 * L * H * Q * T, "forward pass only")
 
 
-def test_grader_survives_an_endless_loop_and_a_crash(tmp_path):
-    report = grade.grade_notebook(_student_notebook(tmp_path), timeout=6)
-    statuses = [(e.number, e.status) for e in report.exercises]
-    assert statuses == [(1, "passed"), (2, "failed"), (3, "failed"), (4, "failed"), (5, "not attempted"),
-                        (6, "passed")], grade.format_report(report)
-    details = [e.detail for e in report.exercises]
-    assert details[1].startswith("timed out") and details[2] == "ValueError: boom"
-    assert "the mean was subtracted" in details[3]
-    assert details[4] == "check_rms: not implemented yet (the stub says: hint)"
-    assert report.restarts == 1  # exercise 6 ran in a fresh kernel, after the setup cell ran again
-    text = grade.format_report(report)
-    assert "6 exercises: 2 passed, 3 failed, 1 not attempted" in text and "1 kernel restart" in text
-    summary = json.loads(json.dumps(report.to_dict()))["summary"]
-    assert summary == {"passed": 2, "failed": 3, "not attempted": 1, "total": 6, "all_passed": False}
+def test_check_fair_comparison_diagnoses():
+    def variant(mistake):
+        return lambda a, b, compared=("arch",), size_tolerance=0.02: unfair_differences_ok(
+            a, b, compared, size_tolerance, mistake=mistake)
+
+    rejects(checks.check_fair_comparison, variant("compared"), "leave out the keys in `compared`")
+    rejects(checks.check_fair_comparison, variant("exact"), "n_params was compared exactly")
+    rejects(checks.check_fair_comparison, variant("keys_of_a"), "only a's keys")
+    rejects(checks.check_fair_comparison, variant("unsorted"), "not sorted")
 
 
-def _pure_python_notebook(path, answer: str, check: str):
-    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
-    nb = nbformat.v4.new_notebook(cells=[
-        md("# Tiny"), code("def check_two(v):\n    assert v == 2, f'expected 2, got {v}'"),
-        md("## Exercise 1: two"), code(f"answer = {answer}"), code(check)])
-    nbformat.write(nb, path)
-    return path
+def test_check_llama3_8b_train_flops_diagnoses():
+    checks.check_llama3_8b_train_flops(6 * 8e9 * 15e12)  # 8B rounded: within 3%
+    rejects(checks.check_llama3_8b_train_flops, 2 * 8.03e9 * 15e12, "forward pass only")
+    rejects(checks.check_llama3_8b_train_flops, 6 * 8.03e9 * 15e9, "15 trillion")
 
 
-def test_grader_command_line_exit_status_and_reference_checks(tmp_path, capsys):
-    handed_out = _pure_python_notebook(tmp_path / "handed_out.ipynb", "None", "check_two(answer)")
-    honest = _pure_python_notebook(tmp_path / "honest.ipynb", "1 + 1", "check_two(answer)")
-    tampered = _pure_python_notebook(tmp_path / "tampered.ipynb", "3", "print('looks fine to me')")
-    assert grade.main([str(honest), "--json", "--timeout", "30"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["all_passed"] and out["notebooks"][0]["exercises"][0]["status"] == "passed"
-    assert grade.main([str(tampered), "--reference", str(handed_out), "--timeout", "30"]) == 1
-    out = capsys.readouterr().out
-    assert "✗ Exercise 1: two" in out and "expected 2, got 3" in out
-    assert grade.main([str(tmp_path / "missing.ipynb")]) == 2
-    nb = nbformat.read(handed_out, as_version=4)  # a reference with a second exercise the student deleted
-    nb.cells += [nbformat.v4.new_markdown_cell("## Exercise 2: two again"),
-                 nbformat.v4.new_code_cell("check_two(None)")]
-    nbformat.write(nb, handed_out)
-    report = grade.grade_notebook(honest, timeout=30, reference=handed_out)
-    assert [(e.number, e.status, e.detail) for e in report.exercises] == [
-        (1, "passed", ""), (2, "failed", "this exercise is missing from the notebook")]
+# ---- lesson 09: RoPE scaling and a real model's cache ----------------------------------------------------
+
+
+def llama3_variant(mistake):
+    """Llama 3's rule as a student might write it, with one mistake (None: right)."""
+    def llama3_frequencies(theta, factor, low_freq_factor, high_freq_factor, original_len):
+        if mistake == "every_frequency":
+            return theta / factor
+        wavelength = {"frequency": theta, "no_2pi": 1 / theta}.get(mistake, 2 * math.pi / theta)
+        short, long = original_len / high_freq_factor, original_len / low_freq_factor
+        if mistake == "band":
+            short, long = long, short
+        a = (original_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        if mistake == "reversed":
+            a = 1 - a
+        blended = (1 - a) * theta / factor + a * theta
+        if mistake == "in_place":
+            theta[wavelength > long] /= factor
+            return torch.where(wavelength < short, theta, torch.where(wavelength > long, theta, blended))
+        out = torch.where(wavelength < short, theta, torch.where(wavelength > long, theta / factor, blended))
+        return out.double() if mistake == "float64" else out
+
+    return llama3_frequencies
+
+
+def test_the_llama3_cases_populate_every_band():
+    from modern_block.checks.lesson09 import _LLAMA3_CASES
+
+    for _, dh, base, s, low, high, L0 in _LLAMA3_CASES:
+        theta = mb.rope_frequencies(dh, base)
+        out = mb.llama3_frequencies(theta, s, low, high, L0)
+        kept, divided = torch.isclose(out, theta), torch.isclose(out, theta / s)
+        assert kept.any() and divided.any() and (~kept & ~divided).any()
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("every_frequency", "position interpolation"), ("band", "the wrong smoothing band"),
+    ("frequency", "wavelength vs frequency"), ("no_2pi", "2π / θ"), ("reversed", "the blend is reversed"),
+    ("in_place", "changed theta in place"), ("float64", "return theta's dtype"),
+])
+def test_check_llama3_rope_scaling_diagnoses(mistake, diagnosis):
+    rejects(checks.check_llama3_rope_scaling, llama3_variant(mistake), diagnosis)
+    checks.check_llama3_rope_scaling(llama3_variant(None))
+
+
+def test_the_ntk_base_is_the_one_the_package_uses():
+    for base, dh, kappa in [(1e4, 128, 4.0), (5e5, 64, 2.0), (1e4, 16, 8.0)]:
+        want = mb.rope_frequencies(dh, ntk_scaled_base_ok(base, dh, kappa))
+        torch.testing.assert_close(mb.dynamic_ntk_frequencies(dh, base, 1.0, round(kappa * 1000), 1000), want)
+
+
+def test_check_ntk_scaled_base_diagnoses():
+    rejects(checks.check_ntk_scaled_base, lambda base, dh, kappa: base * kappa, "the exponent d_h/(d_h - 2) is missing")
+    rejects(checks.check_ntk_scaled_base, lambda base, dh, kappa: base * kappa ** ((dh - 2) / dh), "upside down")
+    rejects(checks.check_ntk_scaled_base, lambda base, dh, kappa: base / kappa ** (dh / (dh - 2)), "must grow")
+
+
+def test_check_smollm2_cache_bytes_diagnoses():
+    assert SMOLLM2_CACHE_BYTES == 23_040
+    rejects(checks.check_smollm2_cache_bytes, 11_520, "both K and V are cached")
+    rejects(checks.check_smollm2_cache_bytes, 69_120, "the cache of MHA")
+    rejects(checks.check_smollm2_cache_bytes, 46_080, "bf16 takes 2")
+    rejects(checks.check_smollm2_cache_bytes, 23_040.0, "return a plain int")

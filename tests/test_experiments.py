@@ -1,47 +1,186 @@
 """The experiments of lesson 08 and their command line (python -m modern_block compare)."""
 
 import json
+import math
+import re
+from pathlib import Path
 
+import nbformat
 import pytest
+import torch
 from training_setup import CORPUS, SMALL, never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
 
 from modern_block import __main__ as cli
 from modern_block import train as T
-from modern_block.experiments import run_ladder
+from modern_block.data import Corpus
+from modern_block.experiments import (
+    ARMS,
+    Diverged,
+    WorkerPool,
+    compare,
+    gap,
+    plot_ladder,
+    run_ablations,
+    run_ladder,
+    sweep,
+    train_many,
+    write_report,
+)
+from modern_block.ladder import ABLATION_NAMES, LADDER_NAMES, LLAMA_END
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = tiny("gpt2", max_steps=4, eval_interval=2, dropout=0.0)
 
 
-def test_run_ladder_gives_mean_and_spread():
-    rows = run_ladder(tiny(max_steps=2, eval_interval=2), seeds=(0, 1), rungs=("gpt2", "rope"), corpus=CORPUS,
-                      progress=False, verbose=False)
-    assert [r["rung"] for r in rows] == ["gpt2", "rope"]
-    for r in rows:
-        assert len(r["val_losses"]) == 2 and r["val_losses"][0] != r["val_losses"][1]
-        assert r["mean"] == pytest.approx(sum(r["val_losses"]) / 2) and r["std"] > 0
-        assert [m["step"] for m in r["metrics"][0]] == [0, 2]
+def test_sweep_stands_each_model_at_its_own_best_rate():
+    arms = sweep(BASE, ["untied", "qk_norm"], rates=(1e-4, 3e-2), seeds=(0, 1), corpus=CORPUS)
+    for rung, arm in arms.items():
+        assert arm.rates == [1e-4, 3e-2] and all(len(runs) == 2 for runs in arm.runs.values())
+        assert arm.lr == min(arm.rates, key=arm.mean_at)
+        assert arm.val_losses == [r.best_val_loss for r in arm.best] and arm.val_losses[0] != arm.val_losses[1]
+        assert arm.mean == pytest.approx(sum(arm.val_losses) / 2) and arm.std > 0
+        for lr, runs in arm.runs.items():
+            for seed, run in zip((0, 1), runs, strict=True):
+                assert (run.config.arch, run.config.lr, run.config.seed) == (f"ladder:{rung}", lr, seed)
+                assert run.config.min_lr == pytest.approx(lr * BASE.min_lr / BASE.lr)
+        assert arm.at_edge  # two rates: the best is always an edge
+
+
+def test_compare_holds_the_head_fixed_and_changes_only_the_block():
+    for tie in (False, True):
+        arms = compare(BASE, rates=(1e-2,), seeds=(0,), tie=tie, corpus=CORPUS)
+        assert tuple(arms) == ARMS[tie]
+        (a,), (b,) = (arm.best for arm in arms.values())
+        for run in (a, b):
+            assert (run.model.head.weight is run.model.emb.weight) == tie
+        diff = {k for k, v in vars(a.config).items() if getattr(b.config, k) != v}
+        assert diff == {"arch"}, "same budget, schedule, seed and rate: only the model differs"
+        assert abs(b.n_params / a.n_params - 1) <= 0.02
+        assert a.losses and a.losses[0] != b.losses[0]
+
+
+def test_results_do_not_depend_on_workers_and_the_cache_reuses_runs():
+    configs = [T.TrainConfig(**{**vars(BASE), "arch": f"ladder:{r}"}) for r in ("untied", "no_gqa")]
+    here = train_many(configs, CORPUS, workers=1)
+    with WorkerPool(CORPUS, 2) as pool:
+        there = train_many(configs, workers=pool)
+        with pytest.raises(ValueError, match="different corpus"):
+            train_many(configs, Corpus("other text " * 100, "other", "inline"), workers=pool)
+    for a, b in zip(here, there, strict=True):
+        assert a.losses == b.losses and a.metrics[-1]["val_loss"] == b.metrics[-1]["val_loss"]
+        assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values(),
+                                                     strict=True))
+    cache = {}
+    first = train_many(configs, CORPUS, cache=cache)
+    again = train_many(configs[::-1], CORPUS, cache=cache)
+    assert again[0] is first[1] and again[1] is first[0], "identical configurations train once"
+    with pytest.raises(ValueError, match="workers must be"):
+        train_many(configs, CORPUS, workers=0)
+
+
+def test_a_diverged_run_counts_as_inf_and_is_never_chosen():
+    arms = sweep(tiny("gpt2", max_steps=12, eval_interval=6, warmup_steps=0, grad_clip=0.0), ["untied"],
+                 rates=(1e-2, 1e3), seeds=(0,), corpus=CORPUS)
+    arm = arms["untied"]
+    (blown,) = arm.runs[1e3]
+    assert isinstance(blown, Diverged) and blown.best_val_loss == math.inf and "became" in blown.message
+    assert arm.lr == 1e-2 and math.isfinite(arm.mean)
+    assert arm.row()["rates"]["1000"] is None, "JSON has no inf: a diverged rate is null"
+
+
+def test_sweep_rejects_a_bad_grid():
+    for rates, seeds, message in (((), (0,), "rates must be"), ((1e-3, 1e-3), (0,), "rates must be distinct"),
+                                  ((math.nan,), (0,), "rates must be"), ((1e-3,), (0, 0), "seeds must be distinct"),
+                                  ((1e-3,), (0.5,), "seeds must be ints")):
+        with pytest.raises(ValueError, match=message):
+            sweep(BASE, ["gpt2"], rates, seeds, corpus=CORPUS)
+    with pytest.raises(ValueError, match="rung must be one of"):
+        sweep(BASE, ["gpt3"], (1e-3,), (0,), corpus=CORPUS)
+
+
+def test_gap_and_its_verdict():
+    g = gap([2.0, 2.2], [1.5, 1.7])  # means 2.1 and 1.6, std 0.1414 each: SE = 0.1414
+    assert g.delta == pytest.approx(-0.5) and g.se == pytest.approx(math.sqrt(0.02 / 2 + 0.02 / 2))
+    assert g.resolved and g.verdict() == "lower loss"
+    close = gap([2.0, 2.2], [2.05, 2.25])
+    assert not close.resolved and close.verdict().startswith("no difference at this scale")
+    assert gap([2.0], [1.0]).se is None and "one seed" in gap([2.0], [1.0]).verdict()
+    assert "+0.5000 ± " in str(gap({"val_losses": [1.5, 1.7]}, {"val_losses": [2.0, 2.2]}))
+
+
+def test_ladder_and_ablation_rows_share_runs_through_the_cache():
+    cache = {}
+    rows = run_ladder(BASE, rates=(1e-2,), seeds=(0, 1), rungs=("untied", LLAMA_END), corpus=CORPUS, cache=cache)
+    n = len(cache)
+    loo = run_ablations(BASE, rates=(1e-2,), seeds=(0, 1), rungs=("no_gqa",), corpus=CORPUS, cache=cache)
+    assert [r["rung"] for r in rows] == ["untied", LLAMA_END] and [r["rung"] for r in loo] == [LLAMA_END, "no_gqa"]
+    assert len(cache) == n + 2, "the reference came from the ladder's runs"
+    no_qk_norm = run_ablations(BASE, rates=(1e-2,), seeds=(0, 1), rungs=("no_qk_norm",), corpus=CORPUS, cache=cache)
+    gqa = run_ladder(BASE, rates=(1e-2,), seeds=(0, 1), rungs=("gqa",), corpus=CORPUS, cache=cache)
+    assert len(cache) == n + 4, "no_qk_norm is the ladder's gqa model under another name: trained once"
+    assert no_qk_norm[1]["val_losses"] == gqa[0]["val_losses"]
+    assert loo[0]["val_losses"] == rows[1]["val_losses"]
+    for r in rows + loo:
+        assert r["lr"] == 1e-2 and len(r["val_losses"]) == 2 and r["std"] > 0
+        assert [m["step"] for m in r["metrics"][0]] == [0, 2, 4]
+    fig = plot_ladder(rows, ablations=loo)
+    assert len(fig.axes) == 2
+    assert LADDER_NAMES[0] == "gpt2" and LADDER_NAMES[-1] == LLAMA_END and ABLATION_NAMES[-1] == "tied"
+
+
+def test_write_report_states_the_design(tmp_path):
+    arms = compare(BASE, rates=(3e-3, 1e-2), seeds=(0, 1), corpus=CORPUS)
+    report = write_report(arms, tmp_path, "test", 1.0).read_text()
+    for needle in ("Output head: untied in every arm", "peak rates 0.003, 0.01", "| chosen peak learning rate |",
+                   "mean best val loss per rate", "best val loss, mean ± std", "Llama-style minus GPT-2:",
+                   "Parameter ratio", "### GPT-2", "### Llama-style", "![learning-rate sweep](sweep.png)"):
+        assert needle in report, needle
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["runs"]["untied"]) == {"0.003", "0.01"} and len(results["runs"]["qk_norm"]["0.01"]) == 2
+    assert results["table"]["qk_norm"]["lr"] == arms["qk_norm"].lr
+    for png in ("loss_curves.png", "sweep.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_compare_cli_rejects_bad_arguments(capsys):
     for argv, message in ((["compare", "--seeds", "1", "1"], "--seeds must be distinct"),
                           (["compare", "--lr", "0"], "expected a positive finite number"),
+                          (["compare", "--lr", "1e-3", "--rates", "1e-3"], "give one of them"),
+                          (["compare", "--rates", "1e-3", "1e-3"], "--rates must be distinct"),
+                          (["compare", "--workers", "0"], "expected a positive integer"),
                           (["fit"], "invalid choice: 'fit'")):
         with pytest.raises(SystemExit) as exc:
             cli.main(argv)
         assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_compare_cli_writes_report_and_plot(tmp_path, capsys):
+def test_compare_cli_writes_report_and_plots(tmp_path, capsys):
     out = tmp_path / "cmp"
-    assert cli.main(["compare", "--quick", "--out", str(out), "--lr-llama", "0.02", *SMALL]) == 0
+    assert cli.main(["compare", "--quick", "--out", str(out), "--rates", "0.003", "0.01", "--lr-llama", "0.02",
+                     "--seeds", "0", *SMALL]) == 0
     report = (out / "report.md").read_text()
-    assert "| learning rate (peak -> min) | 0.003 -> 0.0003 | 0.02 -> 0.002 |" in report
-    for needle in ("| parameters |", "FLOPs per token", "best val loss (1 seed)", "tokens/s", "| MFU |",
-                   "wall time", "Parameter ratio Llama / GPT-2", "### GPT-2", "### Llama-style", "KV-cache"):
-        assert needle in report, needle
-    assert (out / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Output head: untied in every arm" in report
+    assert "| mean best val loss per rate | 0.003: " in report and "| 0.02: " in report
     results = json.loads((out / "results.json").read_text())
-    assert set(results["table"]) == {"gpt2", "llama"}
-    for arch in ("gpt2", "llama"):
-        assert (out / f"{arch}-seed0" / T.METRICS).exists()
-        assert not (out / f"{arch}-seed0" / T.CHECKPOINT).exists(), "compare keeps no checkpoints"
-    ratio = results["table"]["llama"]["params"] / results["table"]["gpt2"]["params"]
-    assert 0.98 <= ratio <= 1.02
+    assert set(results["runs"]) == {"untied", "qk_norm"} and set(results["runs"]["qk_norm"]) == {"0.02"}
+    for rung, lr in (("untied", "0.003"), ("untied", "0.01"), ("qk_norm", "0.02")):
+        assert (out / f"{rung}-lr{lr}-seed0" / T.METRICS).exists()
+        assert not (out / f"{rung}-lr{lr}-seed0" / T.CHECKPOINT).exists(), "compare keeps no checkpoints"
+    assert 0.98 <= results["table"]["qk_norm"]["params"] / results["table"]["untied"]["params"] <= 1.02
+    assert cli.main(["compare", "--quick", "--tied", "--out", str(tmp_path / "tied"), "--lr", "0.01", *SMALL]) == 0
+    assert "Output head: tied in every arm" in (tmp_path / "tied" / "report.md").read_text()
+    assert "report:" in capsys.readouterr().out
+
+
+def test_readme_quotes_the_committed_lesson_08_run():
+    """The README's lesson-08 paragraph states what the committed run shows: every decimal figure it quotes is in
+    the notebook's saved outputs, and so is the verdict on the tied pair."""
+    readme = (ROOT / "README.md").read_text()
+    paragraph = readme.split("Lesson 08 in quick mode", 1)[1].split("\n\n", 1)[0]
+    nb = nbformat.read(ROOT / "notebooks" / "08_train_llama_vs_gpt2.ipynb", as_version=4)
+    outputs = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    quoted = re.findall(r"[−-]?\d+\.\d+|\d{1,3}(?:,\d{3})+", paragraph)
+    assert len(quoted) >= 8, quoted
+    for number in quoted:
+        assert number.replace("−", "-") in outputs, f"README quotes {number}, which lesson 08's outputs do not show"
+    assert "tied heads" in paragraph and re.search(r"tied heads +[+-]\d\.\d+ ± \d\.\d+: no difference", outputs)

@@ -39,3 +39,11 @@ def test_top_k_one_is_greedy():
     model = tiny_models()[2]
     idx = torch.randint(0, 64, (2, 4))
     assert torch.equal(generate(model, idx, 10, temperature=1.5, top_k=1), generate(model, idx, 10))
+
+
+def test_a_tiny_temperature_is_greedy_not_an_error():
+    # logits / 1e-45 overflow to inf and inf - inf is nan inside softmax; shifting by the max first avoids it
+    for model in tiny_models():
+        idx = torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(1))
+        tiny_t = generate(model, idx, 8, temperature=1e-45, generator=torch.Generator().manual_seed(0))
+        assert torch.equal(tiny_t, generate(model, idx, 8))

@@ -191,7 +191,9 @@ REFUSALS = [  # (case, config overrides, the field the error must name)
     ("llama-gqa", dict(attention_bias=True), "attention_bias"),
     ("llama-gqa", dict(mlp_bias=True), "mlp_bias"),
     ("llama-gqa", dict(hidden_act="gelu"), "hidden_act"),
-    ("llama-gqa", dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}), "rope_type"),
+    ("llama-gqa", dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4,
+                                        "long_factor": [2.0] * 4, "original_max_position_embeddings": 24}),
+     "rope_type"),  # scalings the course implements are tested in test_hf_families.py
     ("qwen3-mha", dict(attention_bias=True), "attention_bias"),
     ("qwen3-mha", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), "layer_types"),
     ("gpt2-tied", dict(activation_function="relu"), "activation_function"),
@@ -216,10 +218,10 @@ def test_unsupported_configs_are_refused_naming_the_field(case, overrides, field
 def test_other_inputs_are_refused():
     with pytest.raises(TypeError, match="hf_model"):
         from_hf(torch.nn.Linear(2, 2))
-    mistral = transformers.MistralForCausalLM(transformers.MistralConfig(
-        **dict(TINY, num_attention_heads=4, num_key_value_heads=2)))
-    with pytest.raises(ValueError, match="model_type"):
-        from_hf(mistral)
+    mixtral = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        **dict(TINY, num_attention_heads=4, num_key_value_heads=2, num_local_experts=2)))
+    with pytest.raises(ValueError, match="model_type='mixtral' is not supported: its FFN is a mixture of experts"):
+        from_hf(mixtral)
     with pytest.raises(TypeError, match="LlamaForCausalLM"):
         from_hf(hf_model("llama-gqa").model)  # the body without its LM head
     with pytest.raises(ValueError, match="bias"):

@@ -1,46 +1,113 @@
-"""The ladder's models: its ends are GPT2LM and LlamaStyleLM, every rung within 2% of GPT-2's parameters."""
+"""The ladder's models: GPT2LM and LlamaStyleLM (tied and untied) among them, each model differs from its
+neighbour in the switch it names, and every model is within 2% of GPT-2's parameters."""
 
 import pytest
 import torch
 from training_setup import never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
 
-from modern_block import generate
+from modern_block import GPT2LM, LlamaStyleLM, generate
 from modern_block import train as T
-from modern_block.ladder import RUNG_NAMES, ModelShape, build_model, ladder_model, size_table
+from modern_block.ladder import (
+    ABLATIONS,
+    LADDER,
+    LLAMA_END,
+    RUNG_NAMES,
+    ModelShape,
+    Rung,
+    build_model,
+    get_rung,
+    ladder_model,
+    matched_d_ff,
+    size_table,
+)
+
+EXACT = {"gpt2": "GPT2LM", "untied": "GPT2LM(tie=False)", "qk_norm": "LlamaStyleLM",
+         "tied": "LlamaStyleLM(tie=True)"}
 
 RENAME = {"wte": "emb", "wpe": "pos", "ln1": "norm1", "ln2": "norm2", "mlp": "ffn", "ln_f": "norm",
           "attn_norm": "norm1", "ffn_norm": "norm2"}
+SHAPE = ModelShape(d=48, n_layers=2, n_heads=6, n_kv_heads=2, block_size=32)
 
 
 def _ladder_name(name: str) -> str:
     return ".".join(RENAME.get(part, part) for part in name.split("."))
 
 
-@pytest.mark.parametrize("rung, reference", [("gpt2", "gpt2"), ("untied", "llama")])
-def test_ladder_ends_are_gpt2lm_and_llamastylelm(rung, reference):
-    shape = ModelShape(d=48, n_layers=2, n_heads=6, n_kv_heads=2, block_size=32)
+def _reference(rung: str, V: int = 65):
+    s, d_ff = SHAPE, matched_d_ff(rung, SHAPE, V)
+    return {"gpt2": lambda: build_model("gpt2", s, V),
+            "untied": lambda: GPT2LM(V, s.d, s.n_layers, s.n_heads, s.block_size, d_ff=d_ff, tie=False),
+            "qk_norm": lambda: build_model("llama", s, V),
+            "tied": lambda: LlamaStyleLM(V, s.d, s.n_layers, s.n_heads, s.n_kv_heads, d_ff, s.block_size, tie=True),
+            }[rung]()
+
+
+@pytest.mark.parametrize("rung", list(EXACT))
+def test_ladder_ends_are_gpt2lm_and_llamastylelm(rung):
     torch.manual_seed(0)
-    ref = build_model(reference, shape, 65)
+    ref = _reference(rung)
     torch.manual_seed(0)
-    lad = ladder_model(rung, shape, 65)
+    lad = ladder_model(rung, SHAPE, 65)
     assert lad.num_parameters() == ref.num_parameters()
     ref_state, lad_state = ref.state_dict(), lad.state_dict()
     assert sorted(map(_ladder_name, ref_state)) == sorted(lad_state)
     for name, value in ref_state.items():  # same seed, same draws in the same order: the same weights
         assert torch.equal(lad_state[_ladder_name(name)], value), name
+    assert (lad.head.weight is lad.emb.weight) == get_rung(rung).tie
     idx = torch.randint(0, 65, (2, 32))
     assert torch.equal(lad(idx), ref(idx))
     prompt = idx[:, :5]
     assert torch.equal(generate(lad, prompt, 8), generate(ref, prompt, 8)), "KV-cache decoding too"
 
 
-@pytest.mark.parametrize("shape", [ModelShape(), T.quick_config().shape, ModelShape(32, 2, 4, 2, 16)],
-                         ids=["gpu", "quick", "tiny"])
-def test_every_rung_is_within_2_percent_of_gpt2(shape):
-    rows = size_table(shape, 65)
+def test_each_model_changes_what_it_says():
+    steps = [rung.differences(prev) for prev, rung in zip(LADDER, LADDER[1:], strict=False)]
+    # one change per rung; RoPE comes with Llama's attention module (bias-free wq, wk, wv)
+    assert steps == [["tie"], ["norm"], ["ffn"], ["positions", "attention"], ["gqa"], ["qk_norm"]]
+    llama = get_rung(LLAMA_END)
+    assert [r.differences(llama) for r in ABLATIONS] == [["norm"], ["ffn"], ["positions"], ["qk_norm"], ["gqa"],
+                                                         ["tie"]]
+
+
+def test_no_rope_keeps_llama_attention_without_rotation():
+    """With its position table zeroed, a one-layer no-RoPE model has no position signal at all: the last
+    token's output does not change when the tokens before it are shuffled. The tied Llama (RoPE) does."""
+    torch.manual_seed(0)
+    one_layer = ModelShape(d=48, n_layers=1, n_heads=6, n_kv_heads=2, block_size=32)
+    idx = torch.randint(0, 65, (1, 12))
+    shuffled = torch.cat([idx[:, :-1].flip(1), idx[:, -1:]], dim=1)
+    for rung, invariant in (("no_rope", True), (LLAMA_END, False)):
+        model = ladder_model(rung, one_layer, 65)
+        assert type(model.blocks[0].attn).__name__ == "GQAttention"
+        if rung == "no_rope":
+            assert bool((model.cos == 1).all()) and bool((model.sin == 0).all())
+            with torch.no_grad():
+                model.pos.weight.zero_()
+        with torch.no_grad():
+            same = torch.allclose(model(idx)[:, -1], model(shuffled)[:, -1], atol=1e-5)
+        assert same == invariant, rung
+
+
+def test_rung_switches_are_checked():
+    with pytest.raises(ValueError, match="attention='llama'"):
+        Rung("bad", positions="rope")
+    with pytest.raises(ValueError, match="norm must be one of"):
+        Rung("bad", norm="batchnorm")
+    with pytest.raises(ValueError, match="rung must be one of"):
+        get_rung("nope")
+
+
+@pytest.mark.parametrize("shape", [ModelShape(), T.quick_config().shape, ModelShape(32, 2, 4, 2, 32),
+                                   ModelShape(32, 2, 4, 2, 16)], ids=["gpu", "quick", "lesson", "tiny"])
+@pytest.mark.parametrize("V", [65, 96], ids=["tinyshakespeare", "stdlib"])
+def test_every_model_is_within_2_percent_of_gpt2(shape, V):
+    rows = size_table(shape, V)
     assert [r["rung"] for r in rows] == list(RUNG_NAMES)
-    assert rows[0]["ratio"] == 1.0
+    assert rows[0]["ratio"] == 1.0 and rows[0]["d_ff"] == 4 * shape.d
+    by_name = {r["rung"]: r for r in rows}
     for row in rows:
         assert 0.98 <= row["ratio"] <= 1.02, row
+    assert by_name["untied"]["d_ff"] < 4 * shape.d, "the untied head's V·d comes out of the MLP"
+    assert by_name["rmsnorm"]["d_ff"] == by_name["untied"]["d_ff"], "RMSNorm's saving is too small to move it"
     with torch.device("meta"):  # count without allocating
-        assert build_model("llama", shape, 65).num_parameters() == rows[-1]["params"]
+        assert build_model("llama", shape, V).num_parameters() == by_name[LLAMA_END]["params"]

@@ -1,5 +1,6 @@
 """The block and the Llama-style LM: the chapter's figures, tied embeddings, options."""
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -54,3 +55,18 @@ def test_norm_eps_reaches_every_norm():
     m = LlamaStyleLM(V=10, d=16, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=32, norm_eps=1e-5)
     eps = {mod.eps for mod in m.modules() if isinstance(mod, RMSNorm)}
     assert eps == {1e-5}
+
+
+def test_explicit_positions_are_checked():
+    model = LlamaStyleLM(V=50, d=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_len=8)
+    idx = torch.zeros(1, 3, dtype=torch.long)
+    torch.testing.assert_close(model(idx, positions=torch.arange(3)), model(idx))
+    # a negative position would silently read the end of the RoPE table
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, max_len=8\), got min -1, max 1"):
+        model(idx, positions=torch.tensor([-1, 0, 1]))
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, max_len=8\), got min 0, max 8"):
+        model(idx, positions=torch.tensor([0, 1, 8]))
+    with pytest.raises(TypeError, match="positions must be an int64 or int32 tensor"):
+        model(idx, positions=torch.tensor([0.0, 1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"positions must have shape \[T\] or \[B, T\]"):
+        model(idx, positions=torch.arange(4))

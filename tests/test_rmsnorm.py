@@ -36,3 +36,11 @@ def test_rmsnorm_computes_in_fp32_and_returns_input_dtype():
     naive = xh * torch.rsqrt(xh.pow(2).mean(-1, keepdim=True) + 1e-6)
     assert not torch.isfinite(xh.pow(2)).all() and (naive == 0).any()
     assert norm(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_rmsnorm_refuses_integer_input():
+    # integers would come back as integers: [1, 2, 3, 4] normalised to [0, 0, 1, 1] without a word
+    with pytest.raises(TypeError, match="RMSNorm needs a floating-point input, got dtype torch.int64"):
+        RMSNorm(4)(torch.tensor([1, 2, 3, 4]))
+    out = RMSNorm(4)(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    torch.testing.assert_close(out, torch.tensor([1.0, 2.0, 3.0, 4.0]) / 7.5**0.5)

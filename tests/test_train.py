@@ -1,8 +1,12 @@
-"""The trainer and its command line: exact resume, interruption, non-finite losses, the schedule, validation."""
+"""The trainer and its command line: exact resume, interruption, non-finite losses, the schedule,
+validation, gradient accumulation, and a run that is never lost (each case of issue 17 as a user
+meets it; the file-level mechanics are in test_run_folder.py, several processes in test_distributed.py)."""
 
 import json
 import math
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -10,9 +14,19 @@ from dataclasses import replace
 
 import pytest
 import torch
-from training_setup import CORPUS, ROOT, SMALL, TEXT, evals, never_online, run, tiny  # noqa: F401 (never_online is an autouse fixture)
+from training_setup import (  # noqa: F401 (never_online is an autouse fixture)
+    CORPUS,
+    ROOT,
+    SMALL,
+    TEXT,
+    disk_fills_up_after,
+    evals,
+    never_online,
+    run,
+    tiny,
+)
 
-from modern_block import GPT2LM, generate
+from modern_block import GPT2LM, generate, run_folder
 from modern_block import train as T
 
 
@@ -176,6 +190,14 @@ def test_replace_keeps_validation():
     (["--arch", "llama", "--warmup-steps", "-3"], "warmup_steps must be a non-negative int"),
     (["--arch", "llama", "--min-lr", "1"], "min_lr must be in"),
     (["--arch", "llama", "--device", "tpu"], "--device: device must be"),
+    (["--arch", "llama", "--batch-size", "1e20"], "expected a positive integer, got '1e20'"),
+    (["--arch", "llama", "--batch-size", str(10**20)], "batch_size must be a positive int of at most 2,147,483,647"),
+    (["--arch", "llama", "--lr", "1e308"], "lr must be a positive finite number of at most 1000"),
+    (["--arch", "llama", "--seed", "1e20"], "expected an integer seed, got '1e20'"),
+    (["--arch", "llama", "--seed", str(10**20)], "expected a seed in [0, 2**63 - 1]"),
+    (["--arch", "llama", "--eval-batches", "1e8"], "expected a positive integer, got '1e8'"),
+    (["--arch", "llama", "--batch-size", "8", "--micro-batch-size", "3"], "micro_batch_size (3) must divide"),
+    (["--arch", "llama", "--resume", "--overwrite"], "not allowed with argument"),
 ])
 def test_train_cli_rejects_bad_arguments_with_exit_code_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -211,3 +233,218 @@ def test_sample_uses_the_kv_cache_deterministically():
     greedy = T.sample(result.model, result.tokenizer, "the ", 10, temperature=0.0)
     ids = result.tokenizer.encode("the ")[None]
     assert greedy == result.tokenizer.decode(generate(result.model, ids, 10, use_cache=False)[0])
+
+
+def test_gradient_accumulation_takes_the_same_steps_as_one_pass():
+    cfg = tiny("llama", max_steps=4, batch_size=4, dropout=0.0)
+    whole = run(cfg)
+    assert run(replace(cfg, micro_batch_size=4)).losses == whole.losses, "one micro-batch of all: the same bits"
+    halves = run(replace(cfg, micro_batch_size=2))
+    # two passes of 2 sequences: the gradients are summed in another order, so the last bits differ
+    assert max(abs(a - b) for a, b in zip(halves.losses, whole.losses, strict=True)) < 1e-5
+
+
+# ---- a run is never lost, and a user's mistake gets a message, not a traceback -----------------------
+
+
+def test_an_existing_run_is_not_started_over_unless_asked(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert T.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
+    files = {name: (out / name).read_bytes() for name in (T.CHECKPOINT, T.METRICS, T.SUMMARY)}
+    with pytest.raises(SystemExit) as exc:
+        T.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert "already holds a run (a checkpoint (ckpt.pt), 3 evaluation(s) in metrics.jsonl, a summary.json)" in err
+    assert "--resume to continue it, --overwrite to start it over" in err
+    assert {name: (out / name).read_bytes() for name in files} == files, "not a byte changed"
+    assert T.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--overwrite", "--lr", "0.01"]) == 0
+    assert json.loads((out / T.SUMMARY).read_text())["config"]["lr"] == 0.01
+
+
+def test_two_trainings_cannot_write_one_folder(tmp_path):
+    first = T.Trainer(tiny(), tmp_path, corpus=CORPUS, progress=False, verbose=False)
+    with pytest.raises(T.RunFolderError, match="in use by another training"):
+        run(tiny(), tmp_path, overwrite=True)
+    first.run()
+    first.close()
+    assert run(tiny(max_steps=2), tmp_path, overwrite=True).finished, "free again once the first has finished"
+
+
+def test_the_resume_command_printed_after_ctrl_c_continues_the_run(tmp_path, monkeypatch, capsys):
+    flags = ["--arch", "llama", "--quick", "--lr", "0.02", "--seed", "7", "--max-steps", "6", "--eval-interval", "2",
+             "--batch-size", "4", "--block-size", "16", "--eval-batches", "1", "--dropout", "0.1", "--no-progress"]
+    assert T.main([*flags, "--out", str(tmp_path / "whole")]) == 0
+    original_run = T.Trainer.run
+
+    def ctrl_c_after_step_3(self, until=None, on_step=None):
+        def at_3(trainer):
+            if trainer.step == 3:
+                raise KeyboardInterrupt
+        return original_run(self, until, at_3)
+
+    monkeypatch.setattr(T.Trainer, "run", ctrl_c_after_step_3)
+    out = tmp_path / "my run"  # a space: the command must quote it
+    assert T.main([*flags, "--out", str(out)]) == 130
+    command = shlex.split(capsys.readouterr().err.split("resume with: ")[1])
+    assert command[:3] == ["python", "-m", "modern_block.train"] and "--resume" in command
+    assert command[3:] == [*flags, "--out", str(out), "--resume"], "every flag of the run"
+    monkeypatch.setattr(T.Trainer, "run", original_run)
+    assert T.main(command[3:]) == 0
+    resumed, whole = (torch.load(d / T.CHECKPOINT, weights_only=True) for d in (out, tmp_path / "whole"))
+    assert resumed["losses"] == whole["losses"]
+
+
+def test_a_torn_metrics_line_is_dropped_on_resume_and_said(tmp_path, capsys):
+    cfg = tiny("gpt2", max_steps=8)
+    whole = run(cfg)
+    run(cfg, tmp_path, until=4)
+    with open(tmp_path / T.METRICS, "a") as f:
+        f.write('{"step": 8, "train_loss": 2.')  # the process died while appending this line
+    resumed = T.train(cfg, tmp_path, resume=True, corpus=CORPUS, progress=False)
+    out = capsys.readouterr().out
+    assert f"{tmp_path / T.METRICS}: dropped line(s) [3]" in out
+    assert resumed.losses == whole.losses and evals(resumed) == evals(whole)
+    assert [json.loads(x)["step"] for x in (tmp_path / T.METRICS).read_text().splitlines()] == [0, 4, 8]
+
+
+def _flip_a_weight_bit(path):
+    ckpt = torch.load(path, weights_only=True)
+    weight = next(v for v in ckpt["model"].values() if v.numel() > 256)
+    raw = bytearray(path.read_bytes())
+    at = raw.find(weight.numpy().tobytes()[:64])
+    raw[at + 100] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+def _drop_a_model_key(path):
+    ckpt = run_folder.load_checkpoint(path)
+    del ckpt["checksum"], ckpt["model"][next(iter(ckpt["model"]))]
+    run_folder.save_checkpoint(ckpt, path)  # a valid file with a valid checksum, for another model
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: p.write_bytes(b""), r"is empty \(0 bytes\)"),
+    (lambda p: p.write_bytes(p.read_bytes()[:5000]), "cannot be read: it is truncated, damaged"),
+    (lambda p: p.write_bytes(b"not a checkpoint" * 100), "cannot be read: it is truncated, damaged"),
+    (lambda p: torch.save({"step": 4}, p), r"lacks \['format'"),
+    (_drop_a_model_key, r"does not fit this model \(Error\(s\) in loading state_dict"),
+    (_flip_a_weight_bit, "fails its checksum"),
+], ids=["empty", "truncated", "garbage", "missing keys", "missing model key", "bit flip"])
+def test_resuming_from_a_damaged_checkpoint_names_the_file(tmp_path, damage, message):
+    cfg = tiny("gpt2", max_steps=4)
+    run(cfg, tmp_path)
+    damage(tmp_path / T.CHECKPOINT)
+    with pytest.raises(T.CheckpointError, match=message) as exc:
+        run(cfg, tmp_path, resume=True)
+    assert str(tmp_path / T.CHECKPOINT) in str(exc.value)
+
+
+def test_the_command_line_reports_a_damaged_checkpoint_in_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert T.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
+    (out / T.CHECKPOINT).write_bytes(b"")
+    assert T.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--resume"]) == 1
+    assert capsys.readouterr().err.startswith(f"error: the checkpoint {out / T.CHECKPOINT} is empty (0 bytes)")
+
+
+def test_a_full_disk_at_a_checkpoint_stops_the_run_and_keeps_the_last_good_one(tmp_path, monkeypatch):
+    cfg = tiny("llama", max_steps=10)
+
+    def disk_full_after_step_6(trainer):
+        if trainer.step == 6:  # the checkpoint of step 4 is on disk; the one of step 8 will not fit
+            monkeypatch.setattr(run_folder, "_open_for_writing", disk_fills_up_after(50_000))
+
+    with pytest.raises(T.CheckpointError, match=r"ckpt.pt \(No space left on device; .*Training stopped. The last "
+                                                r"good checkpoint \(step 4\) is kept in"):
+        run(cfg, tmp_path, on_step=disk_full_after_step_6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", T.CHECKPOINT, T.METRICS], "no .tmp left"
+    assert run_folder.load_checkpoint(tmp_path / T.CHECKPOINT)["step"] == 4
+    monkeypatch.undo()  # room again: the run goes on from step 4
+    assert run(cfg, tmp_path, resume=True).losses == run(cfg).losses
+
+
+@pytest.mark.parametrize("make_out, message", [
+    (lambda d: d / "a_file", "is a file, not a folder"),
+    (lambda d: d / "a_file" / "below", r"cannot write in --out .* \(Not a directory\)"),
+])
+def test_out_must_be_a_folder(tmp_path, make_out, message, capsys):
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        T.main(["--arch", "gpt2", "--quick", "--out", str(make_out(tmp_path)), *SMALL])
+    assert exc.value.code == 2 and re.search(message, capsys.readouterr().err)
+
+
+def test_out_in_a_read_only_folder_is_refused_up_front(tmp_path, monkeypatch, capsys):
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anywhere: have the write fail as it does for anyone else
+        def denied(*args, **kwargs):
+            raise PermissionError(13, "Permission denied")
+        monkeypatch.setattr(run_folder.tempfile, "mkstemp", denied)
+    with pytest.raises(SystemExit) as exc:
+        T.main(["--arch", "gpt2", "--quick", "--out", str(read_only / "run"), *SMALL])
+    assert exc.value.code == 2 and "cannot write in --out" in capsys.readouterr().err
+
+
+def test_sizes_that_cannot_fit_are_refused_before_anything_is_allocated(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        T.main(["--arch", "gpt2", "--quick", "--out", str(tmp_path), *SMALL, "--eval-batches", str(10**8)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and re.search(r"these sizes need at least [\d,.]+ GiB on cpu .*100,000,000 "
+                                             r"evaluation batches per split.* lower --eval-batches", err)
+    assert run_folder.existing_run(tmp_path) is None, "nothing written"
+
+
+def test_resuming_a_finished_run_keeps_its_summary(tmp_path, capsys):
+    cfg = tiny("gpt2", max_steps=8)
+    run(cfg, tmp_path)
+    before = json.loads((tmp_path / T.SUMMARY).read_text())
+    assert before["tokens_per_s"] > 0
+    again = T.train(cfg, tmp_path, resume=True, corpus=CORPUS, progress=False)
+    assert "already finished (step 8 of 8); nothing to train" in capsys.readouterr().out
+    after = json.loads((tmp_path / T.SUMMARY).read_text())
+    for key in ("tokens_per_s", "best_val_loss", "final_val_loss", "steps", "finished", "n_params"):
+        assert after[key] == before[key], key
+    assert again.tokens_per_s == before["tokens_per_s"]
+
+
+# ---- on a GPU (benchmarks/gpu_check.sh, part 1) ------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_training_with_autocast_and_compile_and_an_exact_enough_resume(tmp_path, recwarn):
+    from modern_block.device import choose_device
+
+    cfg = tiny("llama", device="cuda", compile=True, max_steps=8, dropout=0.0)
+    whole = run(cfg, tmp_path / "whole")
+    assert whole.compiled, "torch.compile fell back to eager: " + "; ".join(str(w.message) for w in recwarn)
+    setup = choose_device("cuda")
+    assert whole.precision == setup.precision and whole.device == torch.cuda.get_device_name()
+    assert all(math.isfinite(x) for x in whole.losses) and whole.metrics[-1]["val_loss"] < whole.metrics[0]["val_loss"]
+    if setup.peak is not None:
+        assert whole.mfu is not None and 0 < whole.mfu < 1
+    run(cfg, tmp_path / "split", until=4)
+    resumed = run(cfg, tmp_path / "split", resume=True)
+    # the same run up to kernel nondeterminism (atomic adds in some backward kernels, autotuned kernels)
+    torch.testing.assert_close(resumed.losses, whole.losses, atol=2e-3, rtol=0)
+
+
+@pytest.mark.gpu
+def test_fp16_with_a_grad_scaler_on_the_gpu(tmp_path, monkeypatch):
+    real_choose = T.choose_device
+
+    def fp16_everywhere(device=None):  # the T4 path (capability < 8.0) on whichever GPU this is
+        setup = real_choose(device)
+        return replace(setup, amp_dtype=torch.float16) if setup.device.type == "cuda" else setup
+
+    monkeypatch.setattr(T, "choose_device", fp16_everywhere)
+    cfg = tiny("gpt2", device="cuda", max_steps=8)
+    first = run(cfg, tmp_path, until=4)
+    assert first.precision == "fp16 autocast + GradScaler"
+    scaler = run_folder.load_checkpoint(tmp_path / T.CHECKPOINT)["scaler"]
+    assert scaler is not None and scaler["scale"] > 0, "the scaler's state is saved for the resume"
+    result = run(cfg, tmp_path, resume=True)
+    assert result.finished and all(math.isfinite(x) for x in result.losses)
+    assert result.metrics[-1]["val_loss"] < result.metrics[0]["val_loss"]

@@ -60,11 +60,15 @@ def test_bad_token_batches():
             m(torch.tensor([[-1, 2]]))
         with pytest.raises(TypeError, match="integer token ids"):
             m(torch.zeros(1, 3))
+        for small in (torch.uint8, torch.int16):  # would reach the embedding and fail there, in torch's words
+            with pytest.raises(TypeError, match=f"int64\\) or int32, got {small}"):
+                m(torch.zeros(1, 3, dtype=small))
         with pytest.raises(ValueError, match=r"shape \[batch, seq_len\]"):
             m(torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="exceeds the model's max_len"):
         generate(model, torch.zeros(1, 4, dtype=torch.long), 6)
     with pytest.raises(ValueError, match="max_new_tokens must be positive"):
         generate(model, torch.zeros(1, 4, dtype=torch.long), 0)
-    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
-        generate(model, torch.zeros(1, 4, dtype=torch.long), 2, temperature=-1.0)
+    for temperature in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            generate(model, torch.zeros(1, 4, dtype=torch.long), 2, temperature=temperature)

@@ -1,7 +1,8 @@
-"""What the training tests share: a small inline corpus, a tiny configuration, a runner, and a
+"""What the training tests share: a small inline corpus, a tiny configuration, a runner, a disk
+that fills up, and a fixture that keeps every test offline (import it into a test module to apply
+it there)."""
 
-fixture that keeps every test offline (import it into a test module to apply it there)."""
-
+import errno
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -46,3 +47,28 @@ def evals(result):
 
 SMALL = ["--max-steps", "4", "--eval-interval", "2", "--batch-size", "4", "--block-size", "16",
          "--eval-batches", "1", "--no-progress"]
+
+
+def disk_fills_up_after(n_bytes: int):
+    """A stand-in for ``run_folder._open_for_writing`` whose file raises ENOSPC once ``n_bytes``
+    have been written, as a real file does when the disk fills up in the middle of a write."""
+    class FillsUp:
+        def __init__(self, fd):
+            self.file, self.written = open(fd, "wb"), 0  # noqa: SIM115 - closed by __exit__
+
+        def write(self, data):
+            self.written += len(data)
+            if self.written > n_bytes:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.file.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+    return FillsUp

@@ -1,0 +1,195 @@
+"""RoPE scaling (modern_block.rope) against Hugging Face's own implementation.
+
+Each rule is compared with ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`` on several
+configurations, real ones (Llama 3.1 8B, Llama 3.2 1B, Qwen2.5 with YaRN, DeepSeek-V3, gpt-oss) and
+small ones chosen so that every band of a piecewise rule holds at least one frequency.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+from modern_block import LlamaStyleLM
+from modern_block.rope import (
+    check_rope_scaling,
+    dynamic_ntk_frequencies,
+    linear_frequencies,
+    llama3_frequencies,
+    rope_cache,
+    rope_frequencies,
+    scaled_frequencies,
+    yarn_attention_factor,
+    yarn_frequencies,
+)
+
+if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+    import transformers  # in CI a missing transformers must fail the run, never skip it
+else:
+    transformers = pytest.importorskip("transformers")
+
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+# name: (head_dim, rope_theta, max_position_embeddings, rope parameters without rope_theta)
+CONFIGS = {
+    "linear-2": (64, 10000.0, 4096, dict(rope_type="linear", factor=2.0)),
+    "linear-4-dh128": (128, 500000.0, 8192, dict(rope_type="linear", factor=4.0)),
+    "linear-2.5-dh16": (16, 10000.0, 256, dict(rope_type="linear", factor=2.5)),
+    "dynamic-2": (64, 10000.0, 2048, dict(rope_type="dynamic", factor=2.0)),
+    "dynamic-4-dh128": (128, 1e6, 4096, dict(rope_type="dynamic", factor=4.0)),
+    "dynamic-8-dh16": (16, 10000.0, 64, dict(rope_type="dynamic", factor=8.0)),
+    "yarn-qwen2.5": (128, 1e6, 131072, dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32768)),
+    "yarn-deepseek-v3": (64, 10000.0, 163840, dict(rope_type="yarn", factor=40.0, original_max_position_embeddings=4096,
+                                                  beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0)),
+    "yarn-gpt-oss": (64, 150000.0, 131072, dict(rope_type="yarn", factor=32.0, original_max_position_embeddings=4096,
+                                               beta_fast=32.0, beta_slow=1.0, truncate=False)),
+    "yarn-small-attention_factor": (32, 10000.0, 512, dict(rope_type="yarn", factor=4.0, attention_factor=1.3,
+                                                          original_max_position_embeddings=128, beta_fast=8.0,
+                                                          beta_slow=2.0)),
+    "llama3-3.1-8B": (128, 500000.0, 131072, dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                 high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "llama3-3.2-1B": (64, 500000.0, 131072, dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                                high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "llama3-small": (32, 10000.0, 1024, dict(rope_type="llama3", factor=4.0, low_freq_factor=2.0,
+                                             high_freq_factor=8.0, original_max_position_embeddings=256)),
+}
+RTOL = 1e-6  # relative: the frequencies span many orders of magnitude
+
+
+def hf_config(head_dim, theta, max_pos, params):
+    return transformers.LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
+                                    max_position_embeddings=max_pos,
+                                    rope_parameters={"rope_theta": theta, **params})
+
+
+def ours_for(head_dim, theta, max_pos, params, seq_len=None):
+    scaling = dict(params)
+    if scaling["rope_type"] == "dynamic":  # Hugging Face's dynamic rule takes L₀ from max_position_embeddings
+        scaling["original_max_position_embeddings"] = max_pos
+    return scaled_frequencies(head_dim, theta, scaling, seq_len=seq_len)
+
+
+def max_rel(a, b):
+    return ((a.double() - b.double()).abs() / b.double().abs()).max().item()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_scaled_frequencies_equal_hugging_face(name):
+    head_dim, theta, max_pos, params = CONFIGS[name]
+    kind = params["rope_type"]
+    lengths = [None, max_pos, 2 * max_pos + 3, 4 * max_pos] if kind == "dynamic" else [None]
+    for seq_len in lengths:
+        ref, ref_factor = ROPE_INIT_FUNCTIONS[kind](hf_config(head_dim, theta, max_pos, params), "cpu",
+                                                    seq_len=seq_len)
+        ours, factor = ours_for(head_dim, theta, max_pos, params, seq_len)
+        assert ours.shape == ref.shape == (head_dim // 2,) and ours.dtype == torch.float32
+        rel = max_rel(ours, ref)
+        print(f"{name} seq_len={seq_len}: max relative difference {rel:.1e}, attention factor {factor:.6f}")
+        torch.testing.assert_close(ours, ref, rtol=RTOL, atol=0)
+        assert factor == pytest.approx(ref_factor, rel=1e-12)
+        plain = rope_frequencies(head_dim, theta)
+        if kind != "dynamic" or (seq_len or 0) > max_pos:
+            assert not torch.allclose(ours, plain, rtol=1e-3, atol=0)  # the rule did change something
+
+
+def test_piecewise_configs_exercise_every_band():
+    """The comparisons above are only worth something if each band of each rule is populated."""
+    for name in ("llama3-3.1-8B", "llama3-3.2-1B", "llama3-small"):
+        head_dim, theta, _, p = CONFIGS[name]
+        plain = rope_frequencies(head_dim, theta)
+        ours = llama3_frequencies(plain, p["factor"], p["low_freq_factor"], p["high_freq_factor"],
+                                  p["original_max_position_embeddings"])
+        kept, divided = torch.isclose(ours, plain), torch.isclose(ours, plain / p["factor"])
+        middle = ~kept & ~divided
+        assert kept.any() and divided.any() and middle.any(), name
+        assert kept[:1].all() and divided[-1:].all()  # fast pairs kept, slow pairs interpolated
+        assert (plain / p["factor"] < ours)[middle].all() and (ours < plain)[middle].all()
+    for name in ("yarn-qwen2.5", "yarn-deepseek-v3", "yarn-gpt-oss", "yarn-small-attention_factor"):
+        head_dim, theta, _, p = CONFIGS[name]
+        plain = rope_frequencies(head_dim, theta)
+        ours = yarn_frequencies(head_dim, theta, p["factor"], p["original_max_position_embeddings"],
+                                p.get("beta_fast", 32), p.get("beta_slow", 1), p.get("truncate", True))
+        kept, divided = torch.isclose(ours, plain), torch.isclose(ours, plain / p["factor"])
+        assert kept.any() and divided.any() and (~kept & ~divided).any(), name
+
+
+def test_each_rule_follows_its_formula():
+    theta = rope_frequencies(16, 10000.0)
+    torch.testing.assert_close(linear_frequencies(theta, 4.0), theta / 4, rtol=0, atol=0)
+    # dynamic NTK: unchanged up to L₀; beyond it the fastest pair keeps θ_0 = 1 and the slowest one is
+    # divided by exactly s·L/L₀ − (s − 1)
+    torch.testing.assert_close(dynamic_ntk_frequencies(16, 1e4, 4.0, 100, 128), theta, rtol=0, atol=0)
+    stretched = dynamic_ntk_frequencies(16, 1e4, 4.0, 256, 128)
+    assert stretched[0] == 1.0
+    assert stretched[-1].item() == pytest.approx(theta[-1].item() / (4 * 2 - 3), rel=1e-5)
+    # YaRN's temperature: 0.1 ln s + 1, and DeepSeek's ratio (1 when both mscales are equal)
+    assert yarn_attention_factor(4.0) == pytest.approx(0.1 * math.log(4) + 1)
+    assert yarn_attention_factor(0.5) == 1.0
+    assert yarn_attention_factor(40.0, 1.0, 1.0) == 1.0
+    assert yarn_attention_factor(40.0, 1.0, 0.707) > 1.0
+
+
+def test_rope_cache_carries_the_attention_factor():
+    yarn = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32)
+    cos, sin = rope_cache(64, 16, 1e4, scaling=yarn)
+    theta, factor = scaled_frequencies(16, 1e4, yarn)
+    assert factor == pytest.approx(0.1 * math.log(4) + 1)
+    angles = torch.outer(torch.arange(64.0), theta)
+    torch.testing.assert_close(cos, angles.cos() * factor)
+    torch.testing.assert_close(cos**2 + sin**2, torch.full_like(cos, factor**2))  # q and k grow by the factor
+    plain_cos, _ = rope_cache(64, 16, 1e4)
+    torch.testing.assert_close(rope_cache(64, 16, 1e4, scaling=None)[0], plain_cos, rtol=0, atol=0)
+
+
+def test_scaled_model_keeps_relative_positions():
+    """Any scaling only changes the frequencies: scores still depend on the offset alone."""
+    torch.manual_seed(0)
+    for scaling in (dict(rope_type="linear", factor=4.0),
+                    dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                         original_max_position_embeddings=16),
+                    dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16)):
+        model = LlamaStyleLM(50, d=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_len=64,
+                             qk_norm=False, rope_scaling=scaling).eval()
+        idx = torch.randint(0, 50, (1, 8))
+        with torch.no_grad():
+            first = model(idx, positions=torch.arange(8))
+            shifted = model(idx, positions=torch.arange(40, 48))
+        torch.testing.assert_close(first, shifted, atol=1e-4, rtol=0)
+        assert model.rope_scaling == scaling and model.rope_scaling is not scaling  # a validated copy
+
+
+def test_dynamic_model_table_depends_on_the_length():
+    scaling = dict(rope_type="dynamic", factor=2.0, original_max_position_embeddings=16)
+    torch.manual_seed(0)
+    model = LlamaStyleLM(50, d=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_len=64,
+                         rope_scaling=scaling).eval()
+    plain = LlamaStyleLM(50, d=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_len=64).eval()
+    plain.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 50, (1, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx[:, :16]), plain(idx[:, :16]), rtol=0, atol=0)  # up to L₀: plain
+        assert (model(idx) - plain(idx)).abs().max() > 1e-3  # beyond: a new base for the whole sequence
+
+
+@pytest.mark.parametrize("scaling, error, match", [
+    ([("rope_type", "linear")], TypeError, "rope_scaling must be a dict"),
+    (dict(rope_type="longrope", factor=2.0), ValueError, r"rope_scaling\['rope_type'\]"),
+    (dict(factor=2.0), ValueError, r"rope_scaling\['rope_type'\]"),
+    (dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0), ValueError,
+     "original_max_position_embeddings"),
+    (dict(rope_type="linear", factor=2.0, rope_theta=1e4), ValueError, "rope_base"),
+    (dict(rope_type="linear", factor=0.0), ValueError, "factor"),
+    (dict(rope_type="linear", factor=None), ValueError, "factor"),
+    (dict(rope_type="llama3", factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0,
+          original_max_position_embeddings=8192), ValueError, "high_freq_factor > low_freq_factor"),
+    (dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=0), ValueError,
+     "original_max_position_embeddings"),
+])
+def test_bad_scalings_are_refused_by_name(scaling, error, match):
+    with pytest.raises(error, match=match):
+        check_rope_scaling(scaling)
+    with pytest.raises(error, match=match):
+        LlamaStyleLM(50, d=32, n_layers=1, n_heads=2, d_ff=32, rope_scaling=scaling)

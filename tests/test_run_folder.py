@@ -1,0 +1,141 @@
+"""A run's files: the lock, atomic writes (unique temporary names, a full disk), the checkpoint's
+checks (empty, truncated, garbage, missing keys, a flipped bit) and the torn metrics line."""
+
+import errno
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from training_setup import disk_fills_up_after
+
+from modern_block import run_folder as R
+
+
+def _state(step=3):
+    return {"format": R.CHECKPOINT_FORMAT, "config": {"lr": 0.01}, "chars": "ab", "corpus": "t", "step": step,
+            "elapsed_s": 1.5, "losses": [2.0, 1.5, 1.25], "model": {"w": torch.randn(64, 64), "b": torch.zeros(64)},
+            "optimizer": {"state": {0: {"exp_avg": torch.ones(3)}},
+                          "param_groups": [{"lr": 0.01, "betas": (0.9, 0.99)}]},
+            "scaler": None, "rng_cpu": torch.get_rng_state(), "rng_cuda": None, "sampler": torch.get_rng_state()}
+
+
+def test_a_checkpoint_round_trips_with_its_checksum(tmp_path):
+    path = tmp_path / R.CHECKPOINT
+    R.save_checkpoint(_state(), path)
+    ckpt = R.load_checkpoint(path)
+    assert ckpt["step"] == 3 and torch.equal(ckpt["model"]["w"], torch.load(path, weights_only=True)["model"]["w"])
+    assert ckpt["checksum"] == torch.load(path, weights_only=True)["checksum"] == R.digest(
+        {k: v for k, v in ckpt.items() if k != "checksum"})
+    assert [p.name for p in tmp_path.iterdir()] == [R.CHECKPOINT], "no temporary file left behind"
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: p.write_bytes(b""), r"is empty \(0 bytes\)"),
+    (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "cannot be read: it is truncated, damaged"),
+    (lambda p: p.write_bytes(bytes(range(256)) * 40), "cannot be read: it is truncated, damaged"),
+    (lambda p: torch.save({"step": 3, "model": {}}, p), r"lacks \['format', 'config'"),
+    (lambda p: torch.save([1, 2, 3], p), "holds a list, not a checkpoint"),
+])
+def test_a_damaged_checkpoint_is_a_clear_error_naming_the_file(tmp_path, damage, message):
+    path = tmp_path / R.CHECKPOINT
+    R.save_checkpoint(_state(), path)
+    damage(path)
+    with pytest.raises(R.CheckpointError, match=message) as exc:
+        R.load_checkpoint(path)
+    assert str(path) in str(exc.value) and "--overwrite" in str(exc.value)
+
+
+def test_a_flipped_bit_in_the_weights_fails_the_checksum(tmp_path):
+    path = tmp_path / R.CHECKPOINT
+    state = _state()
+    R.save_checkpoint(state, path)
+    raw = bytearray(path.read_bytes())
+    at = raw.find(state["model"]["w"].numpy().tobytes()[:64])  # the weights are stored as they are in memory
+    assert at > 0
+    raw[at + 1000] ^= 0x01  # one bit of one float of w
+    path.write_bytes(bytes(raw))
+    loaded = torch.load(path, weights_only=True)  # torch itself reads it without complaint ...
+    assert not torch.equal(loaded["model"]["w"], state["model"]["w"])
+    with pytest.raises(R.CheckpointError, match="fails its checksum"):  # ... the checksum does not
+        R.load_checkpoint(path)
+
+
+def test_a_full_disk_while_writing_keeps_the_old_checkpoint_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    path = tmp_path / R.CHECKPOINT
+    R.save_checkpoint(_state(step=4), path)
+    before = path.read_bytes()
+    monkeypatch.setattr(R, "_open_for_writing", disk_fills_up_after(2000))  # mid-write, as a real disk
+    with pytest.raises(R.CheckpointError, match=r"could not write the checkpoint .*ckpt.pt \(No space left on "
+                                                r"device; .* MiB free .*unchanged"):
+        R.save_checkpoint(_state(step=8), path)
+    assert path.read_bytes() == before and R.load_checkpoint(path)["step"] == 4
+    assert [p.name for p in tmp_path.iterdir()] == [R.CHECKPOINT], "the temporary file was removed"
+
+
+def test_concurrent_writes_use_distinct_temporary_files(tmp_path):
+    path, inside, release, seen = tmp_path / "summary.json", threading.Event(), threading.Event(), []
+
+    def slow(f):
+        seen.append(sorted(p.name for p in tmp_path.iterdir()))
+        inside.set()
+        release.wait(10)
+        f.write(b"first")
+
+    writer = threading.Thread(target=R.write_atomic, args=(path, slow))
+    writer.start()
+    inside.wait(10)
+    R.write_text_atomic(path, "second")  # while the first is still writing its own temporary file
+    release.set()
+    writer.join(10)
+    assert len(seen[0]) == 1 and seen[0][0].startswith("summary.json.") and seen[0][0].endswith(".tmp")
+    assert path.read_text() == "first" and [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_the_lock_refuses_a_second_writer_and_dies_with_its_process(tmp_path):
+    # another process takes the folder's lock as RunLock does (an flock on DIR/.lock, its pid inside)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys\n"
+        "f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "f.write(f'pid {os.getpid()}, started now'); f.flush(); print('locked', flush=True); sys.stdin.read()"),
+        str(tmp_path / R.LOCK)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(R.RunFolderError, match=rf"in use by another training \(pid {holder.pid}, started now\)"):
+            R.RunLock(tmp_path)
+    finally:
+        holder.kill()  # as kill -9 would: the operating system releases the lock
+        holder.wait(10)
+    lock = R.RunLock(tmp_path)  # no stale lock
+    with pytest.raises(R.RunFolderError, match="in use by another training"):
+        R.RunLock(tmp_path)  # and within one process too (a second Trainer on the same folder)
+    lock.release()
+    R.RunLock(tmp_path).release()
+
+
+def test_a_torn_last_metrics_line_is_dropped_and_said(tmp_path):
+    path = tmp_path / R.METRICS
+    rows = [{"step": 0, "val_loss": 4.1}, {"step": 4, "val_loss": 3.2}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 8, "train_lo')
+    said = []
+    assert R.read_metrics(path, say=said.append) == rows
+    assert len(said) == 1 and "dropped line(s) [3]" in said[0] and str(path) in said[0]
+
+
+def test_out_must_be_a_writable_folder(tmp_path, monkeypatch):
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(R.RunFolderError, match="is a file, not a folder"):
+        R.prepare(tmp_path / "a_file")
+    with pytest.raises(R.RunFolderError, match=r"cannot write in --out .*below \(Not a directory\)"):
+        R.prepare(tmp_path / "a_file" / "below")
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if R.os.geteuid() == 0:  # root writes anywhere: have the probe fail as it would for anyone else
+        def denied(*args, **kwargs):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        monkeypatch.setattr(R.tempfile, "mkstemp", denied)
+    with pytest.raises(R.RunFolderError, match=r"cannot write in --out .*read_only \(Permission denied\)"):
+        R.prepare(read_only)
