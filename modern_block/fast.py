@@ -19,8 +19,9 @@ The plain model files never import this module, and ``modern_block.generate`` st
 Measured gains are in ``benchmarks/README.md`` (and re-measured in lesson 04's "Making decoding fast").
 The fast model is a snapshot for inference: later changes to the original model do not reach it.
 Supported: ``LlamaStyleLM`` with grouped-query attention (MHA, GQA, MQA), with or without QK-norm,
-tied or untied, any ``head_dim``. Refused: MLA models (their decode path absorbs weights in a way
-this module does not fuse) and any other model class.
+tied or untied, any ``head_dim``, q/k/v biases (Qwen2), RoPE scaling with a fixed table (linear, YaRN,
+Llama 3). Refused: MLA models (their decode path absorbs weights in a way
+this module does not fuse), dynamic NTK scaling (its table changes with the length) and any other model class.
 """
 
 import copy
@@ -38,13 +39,17 @@ from .rope import apply_rope
 
 
 def fuse_linears(*linears: nn.Linear) -> nn.Linear:
-    """One ``nn.Linear`` whose output is the outputs of ``linears``, stacked (rows of the weights, in order)."""
-    if any(lin.bias is not None for lin in linears):
-        raise ValueError("fuse_linears: only bias-free projections are fused")
+    """One ``nn.Linear`` whose output is the outputs of ``linears``, stacked (rows of the weights, and
+    of the biases when they have them, as Qwen2's q/k/v do, in order)."""
+    biased = {lin.bias is not None for lin in linears}
+    if len(biased) > 1:
+        raise ValueError("fuse_linears: the projections must all have a bias or all have none")
     w = torch.cat([lin.weight.detach() for lin in linears], dim=0)  # [sum of out_features, in_features]
-    fused = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+    fused = nn.Linear(w.shape[1], w.shape[0], bias=biased == {True}, device=w.device, dtype=w.dtype)
     with torch.no_grad():
         fused.weight.copy_(w)
+        if fused.bias is not None:
+            fused.bias.copy_(torch.cat([lin.bias.detach() for lin in linears]))  # [sum of out_features]
     return fused.requires_grad_(False)
 
 
@@ -185,6 +190,9 @@ def prepare(model: LlamaStyleLM, compile: bool = True, mode: str | None = None,
     if not isinstance(model.blocks[0].attn, GQAttention):
         raise ValueError("fast.prepare supports grouped-query attention (MHA/GQA/MQA) only; this model uses "
                          f"{type(model.blocks[0].attn).__name__} (MLA): decode it with modern_block.generate")
+    if model.rope_scaling is not None and model.rope_scaling["rope_type"] == "dynamic":
+        raise ValueError("fast.prepare: dynamic NTK RoPE scaling recomputes the frequencies as the sequence grows, "
+                         "which a static table cannot do: decode this model with modern_block.generate")
     fast_model = FastLM(model)
     return fast_model.compile(mode, COMPILE_OPTIONS if options is None else options) if compile else fast_model
 

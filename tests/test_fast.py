@@ -18,6 +18,9 @@ CONFIGS = {  # the shapes fast.prepare must handle: GQA/MQA/MHA, QK-norm or not,
     "mqa-tied-llama": dict(n_heads=4, n_kv_heads=1, tie=True, qk_norm=False),
     "mha-llama": dict(n_heads=4, n_kv_heads=4, qk_norm=False),
     "qwen3-head_dim12-tied": dict(n_heads=4, n_kv_heads=2, head_dim=12, tie=True, rope_base=1e6),
+    "qwen2-qkv_bias-yarn": dict(n_heads=4, n_kv_heads=2, qk_norm=False, qkv_bias=True,
+                                rope_scaling={"rope_type": "yarn", "factor": 2.0,
+                                              "original_max_position_embeddings": 32}),
 }
 
 
@@ -101,6 +104,10 @@ def test_bad_input_is_refused_clearly():
                        mla=MLAConfig(kv_latent_dim=16, rope_dim=8, nope_dim=8, v_head_dim=8))
     with pytest.raises(ValueError, match="MLA"):
         fast.prepare(mla)
+    dynamic = LlamaStyleLM(V, d=32, n_layers=1, n_heads=4, d_ff=40, max_len=64,
+                           rope_scaling={"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 32})
+    with pytest.raises(ValueError, match="dynamic NTK"):
+        fast.prepare(dynamic)
     model = model_for("gqa-qknorm")
     fm = fast.prepare(model, compile=False)
     with pytest.raises(TypeError, match="fast.prepare"):
@@ -143,3 +150,23 @@ def test_compiled_decoding_gives_the_plain_models_and_hugging_faces_tokens(case)
     assert torch.equal(ours, generate(model, idx, new))
     assert torch.equal(ours, theirs)
     torch.testing.assert_close(steps, ref[:, 1:], atol=1e-4, rtol=0)  # compiled step logits = plain logits
+
+
+@pytest.mark.parametrize("name", ["llama3.1", "llama3.2-tied", "llama-yarn", "smollm2", "mistral", "qwen2",
+                                  "qwen2.5-tied-yarn", "qwen3-llama3"])
+def test_fast_logits_equal_hugging_face_for_each_family(name):
+    """Every Hugging Face family the course loads into LlamaStyleLM (dynamic NTK aside, refused above):
+    the fast layer's logits over a whole sequence, then one token at a time, equal Hugging Face's."""
+    from test_hf_families import ATOL, hf_family, hf_logits, long_tokens
+
+    from modern_block.hf import from_hf
+
+    hf = hf_family(name)
+    fm = fast.prepare(from_hf(hf), compile=False)
+    idx = long_tokens()  # [2, 40]: past the scaled models' original context
+    ref = hf_logits(hf, idx)
+    fm.setup_cache(batch=2, capacity=idx.shape[1])
+    with torch.no_grad():
+        prefill = fm(idx[:, :30], torch.arange(30))  # [2, 30, V]
+        steps = torch.stack([fm.step(idx[:, t:t + 1], torch.tensor([t])) for t in range(30, idx.shape[1])], 1)
+    assert (torch.cat([prefill, steps], 1) - ref).abs().max().item() <= ATOL
