@@ -74,13 +74,14 @@ def rope_explorer(page, lab, root: Path, out: Path) -> None:
     view = lab_h.widget_view(explorer)
     figure = view.locator(".widget-output")
     for description, presses in (("position", 7), ("pair", 1)):  # a state that shows a turned pair
-        shown = lab_h.wait_until(lambda: lab_h.image_src(figure), what="the figure", page=page)
         slider = lab_h.control(view, "slider", description)
-        target = lab_h.slider_value(slider) + presses
-        lab_h.press_on_slider(slider, "ArrowRight", presses)
-        lab_h.wait_until(lambda s=slider, t=target: lab_h.slider_value(s) == t, what=description, page=page)
-        lab_h.wait_until(lambda old=shown: (src := lab_h.image_src(figure)) and src != old, what="the redraw",
-                         page=page)
+        for _ in range(presses):  # one step at a time, each redraw awaited: the figure is never mid-redraw
+            shown = lab_h.wait_until(lambda: lab_h.image_src(figure), what="the figure", page=page)
+            target = lab_h.slider_value(slider) + 1
+            lab_h.press_on_slider(slider, "ArrowRight")
+            lab_h.wait_until(lambda s=slider, t=target: lab_h.slider_value(s) == t, what=description, page=page)
+            lab_h.wait_until(lambda old=shown: (src := lab_h.image_src(figure)) and src != old, what="the redraw",
+                             page=page)
     page.wait_for_timeout(1500)  # the last redraw may still be on its way
     _capture(page, explorer.locator(".jp-Cell-outputArea"), out / "rope_explorer.png")
 
