@@ -18,7 +18,7 @@ from pathlib import Path
 from .distributed import RankFailedError, is_main_process, ranks_from_env
 from .experiments import ARMS, GPU_RATES, QUICK_RATES, compare, write_report
 from .run_folder import RunFolderError
-from .train import add_run_options, config_from_args, positive_float, positive_int, quick_from_args
+from .train import add_run_options, config_from_args, positive_float, positive_int, quick_from_args, seed_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_parser = commands.add_parser("compare", help="the GPT-2 and Llama-style blocks on the same budget, "
                                      "each at its own best learning rate", description=__doc__.split("\n\n")[0])
     cmp_parser.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
-    cmp_parser.add_argument("--seeds", type=int, nargs="+", default=None,
+    cmp_parser.add_argument("--seeds", type=seed_int, nargs="+", default=None,
                             help="seeds, one run per model, rate and seed (default: 0 1; 0 1 2 at GPU scale)")
     cmp_parser.add_argument("--rates", type=positive_float, nargs="+", default=None, metavar="LR",
                             help=f"peak learning rates to sweep (default: {' '.join(map(str, QUICK_RATES))}; "

@@ -144,6 +144,7 @@ def test_write_report_states_the_design(tmp_path):
 
 def test_compare_cli_rejects_bad_arguments(capsys):
     for argv, message in ((["compare", "--seeds", "1", "1"], "--seeds must be distinct"),
+                          (["compare", "--seeds", str(10**20)], "expected a seed in"),
                           (["compare", "--lr", "0"], "expected a positive finite number"),
                           (["compare", "--lr", "1e-3", "--rates", "1e-3"], "give one of them"),
                           (["compare", "--rates", "1e-3", "1e-3"], "--rates must be distinct"),
