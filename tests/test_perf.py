@@ -10,29 +10,36 @@ from repo_files import load_module
 from modern_block import KVCache, LlamaStyleLM, fast, generate
 
 
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _cpu_seconds(fn) -> float:
+    """This process's CPU time for one call: other programs on the machine (a parallel test run) do not
+    inflate it, as they inflate wall time."""
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
 
 
 def test_cached_decoding_beats_recomputation_by_a_wide_margin():
     """256 new tokens: recomputing the whole prefix each step costs O(T²); the cache makes it O(T).
-    The benchmark measures ~10x or more at this size; fail well below that, at 3x."""
+    About 6x at this size on the development machine (the benchmark: 6x at 512 tokens on a 4-layer model);
+    fail well below that, at 3x. One thread and CPU time, so that other work on the machine cannot
+    decide the ratio."""
     torch.manual_seed(0)
-    model = LlamaStyleLM(V=256, d=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=352, max_len=512).eval()
+    model = LlamaStyleLM(V=256, d=256, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=688, max_len=512).eval()
     prompt = torch.randint(0, 256, (1, 8))
     cached = lambda: generate(model, prompt, 256, use_cache=True)  # noqa: E731
     uncached = lambda: generate(model, prompt, 256, use_cache=False)  # noqa: E731
-    cached(), uncached()  # warm-up
-    t_cached, t_uncached = [], []
-    for _ in range(3):  # interleaved, so background load hits both alike
-        t_cached.append(_median_time(cached, 1))
-        t_uncached.append(_median_time(uncached, 1))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cached(), uncached()  # warm-up
+        t_cached, t_uncached = [], []
+        for _ in range(3):  # interleaved, so whatever disturbs one disturbs both
+            t_cached.append(_cpu_seconds(cached))
+            t_uncached.append(_cpu_seconds(uncached))
+    finally:
+        torch.set_num_threads(threads)
     speedup = statistics.median(t_uncached) / statistics.median(t_cached)
+    print(f"cached decoding {speedup:.1f}x faster than recomputation")
     assert speedup > 3, f"cached decoding is only {speedup:.1f}x faster than recomputation"
 
 
