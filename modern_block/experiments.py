@@ -36,7 +36,7 @@ from .train import NonFiniteLossError, TrainConfig, TrainResult, sample, train
 
 LABELS = {"untied": "GPT-2", "qk_norm": "Llama-style", "gpt2": "GPT-2, tied head", "tied": "Llama-style, tied head"}
 ARMS = {False: ("untied", "qk_norm"), True: ("gpt2", "tied")}  # tie -> (the GPT-2 block, the Llama block)
-QUICK_RATES = (4e-3, 8e-3, 1.6e-2)  # the quick lesson's sweep (tiny models, short runs: high rates)
+QUICK_RATES = (4e-3, 8e-3, 1.6e-2, 3.2e-2)  # the quick lesson's sweep (tiny models, short runs: high rates)
 GPU_RATES = (5e-4, 1e-3, 2e-3)  # around nanoGPT's 1e-3 for its shakespeare-char budget
 
 
