@@ -7,6 +7,7 @@ student's kernel, so a submission that replaces the check function scores there,
 ``python -m modern_block.grade`` refuses it.
 """
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -29,7 +30,10 @@ MISSING_REQUIREMENTS = ["mako", "rapidfuzz", "sqlalchemy", "alembic"]
 def nbgrader_env():
     """PYTHONPATH and PATH that put nbgrader (installed from PyPI once, into a cache folder) before the course."""
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "modern_block"
-    target = cache / f"nbgrader-0.9.6-py{sys.version_info.major}{sys.version_info.minor}"
+    # one folder per environment: pip writes this environment's interpreter into the scripts in bin/ (nbgrader
+    # runs `alembic` from PATH), so a folder shared by two environments breaks when the first one is deleted
+    env_id = hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]
+    target = cache / f"nbgrader-0.9.6-py{sys.version_info.major}{sys.version_info.minor}-{env_id}"
     if not (target / "nbgrader" / "__init__.py").is_file():
         shutil.rmtree(target, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
