@@ -53,7 +53,8 @@ import torch  # noqa: E402
 from modern_block import experiments  # noqa: E402
 from modern_block.data import DATA_ENV, TINYSHAKESPEARE_FILE, load_corpus  # noqa: E402
 from modern_block.ladder import ABLATION_NAMES, LADDER_NAMES, get_rung  # noqa: E402
-from modern_block.train import TrainConfig, gpu_config, sample  # noqa: E402
+from modern_block.train import sample  # noqa: E402
+from modern_block.train_config import TrainConfig, gpu_config  # noqa: E402
 
 NANOGPT_BEST_VAL = 1.4697  # nanoGPT's GPT-2 on shakespeare-char at this budget (A100), its README
 PARTS = ("part1", "part2", "part3")

@@ -51,7 +51,7 @@ from modern_block.experiments import (  # noqa: E402  # noqa: E402
     run_ladder,
     sweep,
 )
-from modern_block.train import TrainConfig, gpu_config  # noqa: E402
+from modern_block.train_config import TrainConfig, gpu_config  # noqa: E402
 
 PARTS = ("compare", "tied", "ladder", "ablations")
 NANOGPT_GPT2_BEST_VAL = 1.4697  # nanoGPT's README, shakespeare-char, GPT-2 block, this budget, A100

@@ -15,10 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+from .cli_options import add_run_options, config_from_args, positive_float, positive_int, quick_from_args, seed_int
 from .distributed import RankFailedError, is_main_process, ranks_from_env
 from .experiments import ARMS, GPU_RATES, QUICK_RATES, compare, write_report
 from .run_folder import RunFolderError
-from .train import add_run_options, config_from_args, positive_float, positive_int, quick_from_args, seed_int
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,7 +32,8 @@ import torch
 
 from .data import Corpus, load_corpus
 from .ladder import ABLATION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
-from .train import NonFiniteLossError, TrainConfig, TrainResult, sample, train
+from .train import NonFiniteLossError, TrainResult, sample, train
+from .train_config import TrainConfig
 
 LABELS = {"untied": "GPT-2", "qk_norm": "Llama-style", "gpt2": "GPT-2, tied head", "tied": "Llama-style, tied head"}
 ARMS = {False: ("untied", "qk_norm"), True: ("gpt2", "tied")}  # tie -> (the GPT-2 block, the Llama block)
@@ -431,6 +432,20 @@ def write_report(arms: dict[str, Arm], out_dir, mode: str, total_s: float, n_sam
 COLORS = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray")
 
 
+def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+
+
+def _finish(fig, path):
+    """Lay the figure out, save it when ``path`` is given, return it."""
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
 def plot_loss_curves(results: dict[str, list], path=None, title: str = "validation loss"):
     """Val (solid) and train (dashed) loss against step; ``results`` maps a label to the
     ``TrainResult``s (or metric lists) of its seeds."""
@@ -446,15 +461,8 @@ def plot_loss_curves(results: dict[str, list], path=None, title: str = "validati
                     label=f"{name} val" if i == 0 else None)
             ax.plot(steps, [m["train_loss"] for m in rows], color=color, alpha=0.5, linestyle="--",
                     label=f"{name} train" if i == 0 else None)
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/char)")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig
+    _label(ax, "step", "cross-entropy (nats/char)", title)
+    return _finish(fig, path)
 
 
 def plot_sweep(arms: dict[str, Arm], path=None, title: str = "best val loss against the peak learning rate"):
@@ -471,15 +479,8 @@ def plot_sweep(arms: dict[str, Arm], path=None, title: str = "best val loss agai
                     label=f"{arm.label} (best {arm.lr:g})")
         ax.plot([arm.lr], [arm.mean], marker="o", markersize=12, markerfacecolor="none", color=color)
     ax.set_xscale("log")
-    ax.set_xlabel("peak learning rate")
-    ax.set_ylabel("best val loss (nats/char)")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig
+    _label(ax, "peak learning rate", "best val loss (nats/char)", title)
+    return _finish(fig, path)
 
 
 def _bars(ax, rows: list[dict], color: str, title: str) -> None:
@@ -507,7 +508,4 @@ def plot_ladder(rows: list[dict], path=None, title: str = "GPT-2 -> Llama, one c
     pad = max(hi - lo, 1e-3) * 0.5
     axes[0][0].set_ylim(lo - pad, hi + pad)
     axes[0][0].set_ylabel("best val loss")
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig
+    return _finish(fig, path)

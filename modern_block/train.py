@@ -21,6 +21,9 @@ good one (parameters are checked before every save). Ctrl-C finishes the step in
 checkpoint and re-raises ``KeyboardInterrupt``. How the files are kept safe (a lock per folder, no
 silent restart of an existing run, atomic writes, a checksum in the checkpoint): ``modern_block.run_folder``.
 
+The run's settings, schedule and optimizer groups: ``modern_block.train_config``; the options both
+command lines share: ``modern_block.cli_options``.
+
 Data parallelism (``modern_block.distributed``). Launched by torchrun, every process trains a copy of
 the model inside ``DistributedDataParallel``. ``batch_size`` stays the global batch: every process draws
 the same seeded offsets and keeps its own slice of them, so N processes see exactly the sequences one
@@ -35,7 +38,6 @@ import contextlib
 import inspect
 import json
 import math
-import os
 import shlex
 import signal
 import statistics
@@ -43,7 +45,7 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -51,137 +53,29 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import distributed, run_folder
+from .cli_options import add_run_options, config_from_args, seed_int
 from .data import BatchSampler, CharTokenizer, Corpus, fixed_batches, load_corpus, train_val_split
 from .device import choose_device, flops_per_token, matmul_parameters, memory_bytes, mfu
 from .distributed import RankFailedError
 from .generate import generate
-from .ladder import RUNG_NAMES, ModelShape, build_model
+from .ladder import build_model
 from .params import count_parameters
 from .run_folder import CHECKPOINT, METRICS, SUMMARY, CheckpointError, RunFolderError
-
-QUICK_ENV = "MODERN_BLOCK_QUICK"
-EVAL_SEED = 1234  # the fixed evaluation windows do not depend on the run's seed
-ARCHS = ("llama", "gpt2")
-# may differ between a run and its resumption (where it runs, how often it looks, how the batch is cut up)
-RUNTIME_FIELDS = ("device", "compile", "log_interval", "micro_batch_size")
-MAX_INT = 2**31 - 1  # sizes and counts beyond this are typos (and overflow some kernels)
-MAX_SEED = 2**63 - 1  # torch's generators take 64-bit seeds
-MAX_LR = 1e3  # far above any rate that trains (lesson 08 shows 10 and 100 diverge), far below float32 overflow
-
-
-@dataclass
-class TrainConfig:
-    """Model shape, optimisation and evaluation settings. Defaults: the GPU scale (nanoGPT's
-    shakespeare-char budget); ``quick_config`` is the CPU scale."""
-
-    arch: str = "llama"  # "llama", "gpt2" or "ladder:<rung>"
-    d: int = 384
-    n_layers: int = 6
-    n_heads: int = 6
-    n_kv_heads: int = 2  # Llama arm only (GPT-2 is MHA); must divide n_heads
-    block_size: int = 256
-    dropout: float = 0.2
-    batch_size: int = 64  # the global batch: sequences per optimizer step, over all processes
-    micro_batch_size: int | None = None  # sequences per forward/backward (None: batch_size / processes)
-    max_steps: int = 5000
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0  # 0 disables clipping
-    eval_interval: int = 250
-    eval_batches: int = 20
-    seed: int = 1337
-    log_interval: int = 10  # steps between reading losses back from the device (and checking them)
-    compile: bool | None = None  # None: on for CUDA, off on the CPU
-    device: str | None = None  # None: CUDA if available, else the CPU
-
-    def __post_init__(self):
-        ints = ("d", "n_layers", "n_heads", "n_kv_heads", "block_size", "batch_size", "max_steps",
-                "eval_interval", "eval_batches", "log_interval")
-        for name in ints + (("micro_batch_size",) if self.micro_batch_size is not None else ()):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_INT:
-                raise ValueError(f"{name} must be a positive int of at most {MAX_INT:,}, got {value!r}")
-        if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
-            raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide batch_size ({self.batch_size})")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"seed must be an int in [0, 2**63 - 1], got {self.seed!r}")
-        if self.arch not in ARCHS and self.arch.removeprefix("ladder:") not in RUNG_NAMES:
-            raise ValueError(f"arch must be one of {list(ARCHS)} or 'ladder:<rung>' with a rung in "
-                             f"{list(RUNG_NAMES)}, got {self.arch!r}")
-        if not (math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
-            raise ValueError(f"lr must be a positive finite number of at most {MAX_LR:g} (AdamW moves every weight "
-                             f"by about lr per step; nanoGPT uses 1e-3; beyond this AdamW's float32 arithmetic "
-                             f"overflows), got {self.lr}")
-        if not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a non-negative int, got {self.warmup_steps!r}")
-        for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not (self.weight_decay >= 0 and self.grad_clip >= 0):
-            raise ValueError(f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, {self.grad_clip}")
-        ModelShape(self.d, self.n_layers, self.n_heads, self.n_kv_heads, self.block_size)  # checks divisibility
-
-    @property
-    def shape(self) -> ModelShape:
-        return ModelShape(self.d, self.n_layers, self.n_heads, self.n_kv_heads, self.block_size, self.dropout)
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Tokens per optimizer step, over all processes."""
-        return self.batch_size * self.block_size
-
-
-def gpu_config(arch: str = "llama", **overrides) -> TrainConfig:
-    """nanoGPT's shakespeare-char budget: 6 layers, 6 heads, 384 wide, block 256, batch 64,
-    5000 steps, dropout 0.2, lr 1e-3 -> 1e-4, warmup 100, beta2 0.99 (GPT-2 there: val loss 1.4697)."""
-    return TrainConfig(arch=arch, **overrides)
-
-
-def quick_config(arch: str = "llama", **overrides) -> TrainConfig:
-    """The CPU scale: about a minute per architecture on 2 cores."""
-    base = dict(d=96, n_layers=3, n_heads=4, n_kv_heads=2, block_size=64, dropout=0.0, batch_size=24,
-                max_steps=300, lr=3e-3, min_lr=3e-4, warmup_steps=20, eval_interval=25, eval_batches=4,
-                log_interval=1, compile=False)
-    base.update(overrides)
-    return TrainConfig(arch=arch, **base)
-
-
-def quick_forced() -> bool:
-    return os.environ.get(QUICK_ENV, "") not in ("", "0")
-
-
-def default_config(arch: str = "llama", quick: bool | None = None, **overrides) -> TrainConfig:
-    """Quick when asked, when ``MODERN_BLOCK_QUICK=1``, or (``quick=None``) when there is no GPU."""
-    if quick_forced() or quick or (quick is None and not torch.cuda.is_available()):
-        return quick_config(arch, **overrides)
-    return gpu_config(arch, **overrides)
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Learning rate of 0-based ``step``: linear warmup to ``lr`` over ``warmup_steps``, then a cosine
-    from ``lr`` down to ``min_lr`` at ``max_steps``."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
-    if step >= cfg.max_steps:
-        return cfg.min_lr
-    progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)  # in [0, 1)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
-
-
-def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices (embeddings, linear weights), none on biases and norm scales."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
+from .train_config import (  # noqa: F401 (the settings are re-exported: `from modern_block.train import TrainConfig`)
+    ARCHS,
+    EVAL_SEED,
+    MAX_LR,
+    QUICK_ENV,
+    RUNTIME_FIELDS,
+    TrainConfig,
+    default_config,
+    gpu_config,
+    lr_at,
+    make_optimizer,
+    quick_config,
+    quick_forced,
+    resumed_config,
+)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -347,7 +241,7 @@ class Trainer:
     def _build(self, cfg: TrainConfig, ckpt: dict | None, corpus: Corpus | None, verbose: bool) -> None:
         """Everything local to this process: data, model, optimizer, the state to resume from."""
         if ckpt is not None:
-            cfg = _resumed_config(cfg, ckpt["config"])
+            cfg = resumed_config(cfg, ckpt["config"])
         self.cfg = cfg
         world, rank = self.ranks.world_size, self.ranks.rank
         if cfg.batch_size % world:
@@ -757,16 +651,6 @@ class Trainer:
         return res
 
 
-def _resumed_config(given: TrainConfig, saved: dict) -> TrainConfig:
-    """The saved config, with the runtime options of ``given``; any other difference is an error."""
-    saved_cfg = TrainConfig(**saved)
-    diffs = [f"{f.name} (saved {getattr(saved_cfg, f.name)!r}, given {getattr(given, f.name)!r})"
-             for f in fields(TrainConfig)
-             if f.name not in RUNTIME_FIELDS and getattr(saved_cfg, f.name) != getattr(given, f.name)]
-    if diffs:
-        raise ValueError("--resume continues the saved run with its own settings; these differ: " + "; ".join(diffs))
-    return replace(saved_cfg, **{name: getattr(given, name) for name in RUNTIME_FIELDS})
-
 
 def train(cfg: TrainConfig, out_dir=None, resume: bool = False, corpus: Corpus | None = None,
           checkpoints: bool = True, progress: bool | None = None, verbose: bool = True, until: int | None = None,
@@ -791,113 +675,8 @@ def sample(model: nn.Module, tokenizer: CharTokenizer, prompt: str = "\n", max_n
     return tokenizer.decode(out[0])
 
 
+
 # ---- command line --------------------------------------------------------------------------------
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text}")
-    return value
-
-
-def seed_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2**63 - 1], got {value}")
-    return value
-
-
-def nonneg_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return value
-
-
-# option -> (TrainConfig field, argparse type, help)
-CONFIG_OPTIONS = {
-    "--max-steps": ("max_steps", positive_int, "training steps"),
-    "--lr": ("lr", positive_float, "peak learning rate"),
-    "--min-lr": ("min_lr", nonneg_float, "learning rate at the end of the cosine (default: lr/10 when --lr is given)"),
-    "--warmup-steps": ("warmup_steps", int, "linear warmup steps"),
-    "--batch-size": ("batch_size", positive_int, "sequences per optimizer step, over all processes"),
-    "--micro-batch-size": ("micro_batch_size", positive_int, "sequences per forward/backward pass in one process "
-                           "(gradient accumulation; default: batch size / processes)"),
-    "--block-size": ("block_size", positive_int, "context length (characters)"),
-    "--dropout": ("dropout", nonneg_float, "dropout probability"),
-    "--weight-decay": ("weight_decay", nonneg_float, "AdamW weight decay on matrices"),
-    "--grad-clip": ("grad_clip", nonneg_float, "gradient-norm clip (0: off)"),
-    "--eval-interval": ("eval_interval", positive_int, "steps between evaluations and checkpoints"),
-    "--eval-batches": ("eval_batches", positive_int, "fixed batches per evaluation"),
-}
-
-
-def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """Options shared by ``modern_block.train`` and ``modern_block compare``."""
-    scale = parser.add_mutually_exclusive_group()
-    scale.add_argument("--quick", action="store_true", help="CPU scale (default when there is no GPU; "
-                       f"{QUICK_ENV}=1 forces it)")
-    scale.add_argument("--full", action="store_true", help="GPU scale even without a GPU (slow on a CPU)")
-    for option, (_, kind, text) in CONFIG_OPTIONS.items():
-        parser.add_argument(option, type=kind, default=None, help=text)
-    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    parser.add_argument("--no-compile", action="store_true", help="do not use torch.compile")
-    parser.add_argument("--compile", action="store_true", help="use torch.compile on the CPU too")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int | None = None,
-                     lr: float | None = None) -> TrainConfig:
-    """The TrainConfig the options ask for; invalid combinations end in ``parser.error`` (exit 2)."""
-    overrides = {name: getattr(args, option[2:].replace("-", "_")) for option, (name, _, _) in CONFIG_OPTIONS.items()}
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    if lr is not None:
-        overrides["lr"] = lr
-    if "lr" in overrides and "min_lr" not in overrides:
-        overrides["min_lr"] = overrides["lr"] / 10  # nanoGPT's convention
-    if seed is not None:
-        overrides["seed"] = seed
-    if args.no_compile and args.compile:
-        parser.error("--compile and --no-compile exclude each other")
-    if args.no_compile or args.compile:
-        overrides["compile"] = args.compile
-    if args.device is not None:
-        try:
-            choose_device(args.device)
-        except (ValueError, RuntimeError) as err:
-            parser.error(f"--device: {err}")
-        overrides["device"] = args.device
-    if args.full and quick_forced():
-        print(f"note: {QUICK_ENV} is set, so --full is ignored: quick mode", file=sys.stderr)
-    try:
-        return default_config(arch, quick_from_args(args), **overrides)
-    except ValueError as err:
-        parser.error(str(err))
-
-
-def quick_from_args(args) -> bool:
-    """Quick mode: --quick, MODERN_BLOCK_QUICK=1, or no GPU unless --full."""
-    return quick_forced() or args.quick or (not args.full and not torch.cuda.is_available())
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m modern_block.train",
                                      description="Train the Llama-style LM or the GPT-2 LM on tinyshakespeare "
