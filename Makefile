@@ -23,7 +23,7 @@ test: install
 	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile --nbval-lax tests notebooks
 
 exercises: install
-	$(BIN)/python -m modern_block.exercises build
+	$(BIN)/python -m modern_block exercises build
 
 check-exercises: install
-	$(BIN)/python -m modern_block.exercises build --check
+	$(BIN)/python -m modern_block exercises build --check

@@ -29,11 +29,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from modern_block import KVCache, LlamaStyleLM, fast, generate  # noqa: E402
-from modern_block.hf import from_hf  # noqa: E402
+from modern_block import KVCache, LlamaStyleLM, generate
+from modern_block.fast import decoding as fast  # noqa: E402
+from modern_block.fast.profiling import decode_weight_bytes, memory_bandwidth  # noqa: E402
+from modern_block.interop.hf import from_hf  # noqa: E402
 from modern_block.kv_cache import kv_cache_bytes_per_token, mla_cache_bytes_per_token  # noqa: E402
 from modern_block.mla import MLAConfig  # noqa: E402
-from modern_block.profiling import decode_weight_bytes, memory_bandwidth  # noqa: E402
 
 CONFIG = dict(V=512, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, seq=256, batch=8, prompt=16)
 CLOCK = time.perf_counter  # --clock cpu switches to this process's CPU time (see main)

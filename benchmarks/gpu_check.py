@@ -25,7 +25,7 @@ What the machine needs: a Python with a CUDA build of torch and this project's d
 to a machine without internet). Each part keeps its own clock (``--budget-min``, default 7.5) and
 fits the training steps to it; ``--steps`` fixes them instead.
 
-``modern_block.experiments`` changes as the lessons do: this script reaches it only through
+``modern_block.training.experiments`` changes as the lessons do: this script reaches it only through
 ``ExperimentAPI`` below, the one place to adapt.
 """
 
@@ -50,11 +50,11 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import torch  # noqa: E402
 
-from modern_block import experiments  # noqa: E402
-from modern_block.data import DATA_ENV, TINYSHAKESPEARE_FILE, load_corpus  # noqa: E402
-from modern_block.ladder import ABLATION_NAMES, LADDER_NAMES, get_rung  # noqa: E402
-from modern_block.train import sample  # noqa: E402
-from modern_block.train_config import TrainConfig, gpu_config  # noqa: E402
+from modern_block.training import experiments  # noqa: E402
+from modern_block.training.config import TrainConfig, gpu_config  # noqa: E402
+from modern_block.training.data import DATA_ENV, TINYSHAKESPEARE_FILE, load_corpus  # noqa: E402
+from modern_block.training.ladder import ABLATION_NAMES, LADDER_NAMES, get_rung  # noqa: E402
+from modern_block.training.trainer import sample  # noqa: E402
 
 NANOGPT_BEST_VAL = 1.4697  # nanoGPT's GPT-2 on shakespeare-char at this budget (A100), its README
 PARTS = ("part1", "part2", "part3")
@@ -63,7 +63,7 @@ TINY = dict(d=32, n_layers=2, n_heads=4, n_kv_heads=2, block_size=16, batch_size
 LESSONS = ("notebooks/08_train_llama_vs_gpt2.ipynb", "notebooks/09_real_model.ipynb")
 
 
-# ---- the adapter: the one place that knows modern_block.experiments ---------------------------------
+# ---- the adapter: the one place that knows modern_block.training.experiments ---------------------------------
 class ExperimentAPI:
     """How this check calls the lesson-08 experiments. Each method is one training run's worth of
     work (the check runs many at once, in separate processes), returning plain data."""

@@ -9,7 +9,7 @@
 The budget is nanoGPT's shakespeare-char one (6 layers, 6 heads, d = 384, block 256, batch 64,
 5000 steps, dropout 0.2, warmup 100, cosine to a tenth of the peak). Every model trains at each
 peak rate of ``--rates`` (default 5e-4 1e-3 2e-3) with each seed of ``--seeds`` (default 0 1 2)
-and is reported at its own best rate, as in lesson 08 (``modern_block.experiments``). ``compare``
+and is reported at its own best rate, as in lesson 08 (``modern_block.training.experiments``). ``compare``
 and ``tied`` run the full 5000 steps (``tied``'s GPT-2 arm is nanoGPT's model: its published best
 val loss there is 1.4697 on an A100); ``ladder`` and ``ablations`` run ``--ladder-steps`` (default
 1000) per run, so their ends are trained again at that budget. ``--max-steps`` shortens every part
@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from modern_block.data import DATA_ENV, load_corpus  # noqa: E402
-from modern_block.experiments import (  # noqa: E402  # noqa: E402
+from modern_block.training.config import TrainConfig, gpu_config  # noqa: E402
+from modern_block.training.data import DATA_ENV, load_corpus  # noqa: E402
+from modern_block.training.experiments import (  # noqa: E402  # noqa: E402
     ARMS,
     GPU_RATES,
     WorkerPool,
@@ -51,7 +52,6 @@ from modern_block.experiments import (  # noqa: E402  # noqa: E402
     run_ladder,
     sweep,
 )
-from modern_block.train_config import TrainConfig, gpu_config  # noqa: E402
 
 PARTS = ("compare", "tied", "ladder", "ablations")
 NANOGPT_GPT2_BEST_VAL = 1.4697  # nanoGPT's README, shakespeare-char, GPT-2 block, this budget, A100

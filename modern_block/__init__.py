@@ -3,14 +3,19 @@
 The model, in course order (each file imports only torch and the files of earlier lessons):
 gpt2 (the 2019 baseline, lesson 00), rmsnorm (01), ffn (SwiGLU, 02), rope (03; its scalings, 09), attention and
 kv_cache (MHA/MQA/GQA and the cache, 04), mla (multi-head latent attention, 05), llama (Block,
-LlamaStyleLM, 07), generate. Around it: presets (real models' attention facts), debug
-(``compare_layers``: where two models diverge), ``modern_block.hf`` (to and from Hugging Face models;
-imports transformers lazily); ``data``, ``train``, ``ladder`` and ``experiments`` train the models
-and compare them; ``checks``, ``exercises`` and ``grade`` serve the classroom assignments.
+LlamaStyleLM, 07), generate; beside them validate (argument checks), params (counting, initialisation) and
+presets (real models' attention facts). Around the model, each part a subpackage that imports the ones before it:
+
+* ``modern_block.fast``: the opt-in fast layer for decoding, and the tools that measure it;
+* ``modern_block.interop``: Hugging Face models and checkpoints to and from the course's classes (transformers is
+  imported lazily), and ``compare_layers`` to find where two models diverge;
+* ``modern_block.training``: data, the trainer, its run folder and processes, the ladder and the experiments;
+* ``modern_block.classroom``: checks, exercises, the grader, quizzes and widgets.
+
+``python -m modern_block`` lists the command lines (train, compare, grade, exercises).
 """
 
 from .attention import GQAttention
-from .debug import compare_layers
 from .ffn import SwiGLU, swiglu_hidden_dim
 from .generate import generate
 from .gpt2 import GPT2LM, CausalSelfAttention, GeluMLP, GPT2Block, causal_attention
@@ -44,6 +49,6 @@ __all__ = [
     "GPT2LM", "GPT2Block", "CausalSelfAttention",
     "KVCache", "LayerCache", "kv_cache_bytes_per_token", "mla_cache_bytes_per_token",
     "PRESETS", "ModelPreset", "cache_size",
-    "generate", "count_parameters", "parameter_breakdown", "compare_layers",
+    "generate", "count_parameters", "parameter_breakdown",
 ]
 __version__ = "0.1.0"

@@ -12,10 +12,10 @@ Optional QK-norm (Qwen3, OLMo 2, Gemma 3) normalises each head's q and k, before
 import torch
 import torch.nn as nn
 
-from ._validate import divisible, even, positive_int
 from .gpt2 import causal_attention
 from .rmsnorm import RMSNorm
 from .rope import apply_rope
+from .validate import divisible, even, positive_int
 
 
 class GQAttention(nn.Module):

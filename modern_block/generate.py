@@ -8,8 +8,8 @@ import math
 
 import torch
 
-from ._validate import positive_int
 from .kv_cache import KVCache
+from .validate import positive_int
 
 
 def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,

@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._validate import divisible, positive_int, token_ids
 from .params import count_parameters, init_gpt2_style
+from .validate import divisible, positive_int, token_ids
 
 
 def causal_attention(q, k, v, past_len: int = 0, dropout_p: float = 0.0, scale: float | None = None):

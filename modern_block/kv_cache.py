@@ -12,7 +12,7 @@ never copies the past, as ``torch.cat`` every step would.
 
 import torch
 
-from ._validate import positive_int
+from .validate import positive_int
 
 
 def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_elem: int = 2) -> int:

@@ -10,13 +10,13 @@ the attention is DeepSeek's multi-head latent attention (lesson 05) instead of G
 import torch
 import torch.nn as nn
 
-from ._validate import check_positions, positive_int, token_ids
 from .attention import GQAttention
 from .ffn import SwiGLU
 from .mla import MLAConfig
 from .params import count_parameters, init_gpt2_style
 from .rmsnorm import RMSNorm
 from .rope import check_rope_scaling, rope_cache
+from .validate import check_positions, positive_int, token_ids
 
 
 class Block(nn.Module):

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ._validate import even, positive_int
 from .gpt2 import causal_attention
 from .rmsnorm import RMSNorm
 from .rope import apply_rope
+from .validate import even, positive_int
 
 
 @dataclass(frozen=True)

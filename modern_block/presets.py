@@ -10,8 +10,8 @@ tokens per global layer); the other layers cache the whole context.
 
 from dataclasses import dataclass
 
-from ._validate import positive_int
 from .kv_cache import kv_cache_bytes_per_token, mla_cache_bytes_per_token
+from .validate import positive_int
 
 BYTES_PER_ELEM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 GiB = 1024**3

@@ -11,7 +11,7 @@ has the input's dtype.
 import torch
 import torch.nn as nn
 
-from ._validate import positive_int
+from .validate import positive_int
 
 
 class RMSNorm(nn.Module):

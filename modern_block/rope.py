@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from ._validate import even, positive_int
+from .validate import even, positive_int
 
 
 def rope_frequencies(dh: int, base: float = 10000.0) -> torch.Tensor:

@@ -8,8 +8,8 @@ import torch
 from test_exercises import RIGHT
 
 import modern_block as mb
-from modern_block import checks
-from modern_block.checks.core import graded
+from modern_block.classroom import checks
+from modern_block.classroom.checks.core import graded
 
 
 @pytest.mark.parametrize("check, impl", RIGHT, ids=[c.__name__ for c, _ in RIGHT])
@@ -59,7 +59,8 @@ def test_a_table_of_the_public_answers_fails_only_in_graded_mode():
 
 
 def test_every_check_of_code_names_the_components_it_exercises():
-    from modern_block import device, train
+    from modern_block.training import device
+    from modern_block.training import trainer as train
 
     names = set(dir(mb)) | set(dir(train)) | set(dir(device)) | {"GQAttention.forward", "_broadcast_tables"}
     values = {c.__name__ for c, impl in RIGHT if not callable(impl)} | {"check_fair_comparison"}

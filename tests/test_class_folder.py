@@ -10,7 +10,7 @@ import time
 import pytest
 from submissions import ROOT, answered, solution, write
 
-from modern_block import grade
+from modern_block.classroom import grade
 
 MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)
     ("00_gpt2_block", "ex1_block_params"): ("def gpt2_block_params(d, d_ff=None):\n    return 12 * d * d",

@@ -1,4 +1,4 @@
-"""modern_block.data: finding, downloading and verifying the text; tokenizer, split, sampler.
+"""modern_block.training.data: finding, downloading and verifying the text; tokenizer, split, sampler.
 
 Network tests never leave this machine: the "download" source is a file:// URL or an HTTP server
 on 127.0.0.1.
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from modern_block import data
-from modern_block.data import (
+from modern_block.training import data
+from modern_block.training.data import (
     TINYSHAKESPEARE_CHARS,
     TINYSHAKESPEARE_FILE,
     TINYSHAKESPEARE_SHA256,

@@ -5,7 +5,7 @@ import torch
 from training_setup import never_online  # noqa: F401 (an autouse fixture: keeps these tests offline)
 
 from modern_block import GPT2LM, LlamaStyleLM
-from modern_block.device import (
+from modern_block.training.device import (
     autocast_dtype,
     choose_device,
     flops_per_token,

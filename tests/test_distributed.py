@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 from training_setup import CORPUS, ROOT, evals, never_online, run, tiny  # noqa: F401 (never_online is autouse)
 
-from modern_block import distributed, run_folder
-from modern_block import train as T
+from modern_block.training import distributed, run_folder
+from modern_block.training import trainer as T
 
 TOLERANCE = 1e-5  # one process without accumulation vs two processes: see the module docstring
 
@@ -176,7 +176,7 @@ def test_torchrun_stops_every_process_when_one_dies_and_the_printed_command_resu
                          dropout=0.0, micro_batch_size=2)  # what FLAGS ask for, in one process and two micro-batches
     reference = T.train(cfg, progress=False, verbose=False)
     out = tmp_path / "run"
-    launch = _torchrun(["--nproc_per_node", "2", "-m", "modern_block.train", *FLAGS, "--out", str(out)], tmp_path)
+    launch = _torchrun(["--nproc_per_node", "2", "-m", "modern_block", "train", *FLAGS, "--out", str(out)], tmp_path)
     deadline = time.monotonic() + 300
     while not (out / T.CHECKPOINT).exists():  # the first checkpoint (step 2) is written ...
         assert launch.poll() is None and time.monotonic() < deadline, launch.communicate()[0]
@@ -194,12 +194,12 @@ def test_torchrun_stops_every_process_when_one_dies_and_the_printed_command_resu
     assert 2 <= kept["step"] < 30 and "[rank0]: Traceback" not in output
 
     command = shlex.split(output.split("resume with: ")[1].splitlines()[0])
-    assert command[:5] == ["torchrun", "--nproc_per_node", "2", "-m", "modern_block.train"]
-    assert command[5:] == [*FLAGS, "--out", str(out), "--resume"]
+    assert command[:6] == ["torchrun", "--nproc_per_node", "2", "-m", "modern_block", "train"]
+    assert command[6:] == [*FLAGS, "--out", str(out), "--resume"]
 
     def resume():  # the printed command's options, in two processes with torchrun's environment
         with open(tmp_path / f"out{os.environ['RANK']}.txt", "w") as f, contextlib.redirect_stdout(f):
-            return T.main(command[5:])
+            return T.main(command[6:])
 
     assert _two_processes(tmp_path, resume) == [0, 0]
     assert f"resumed from {out / T.CHECKPOINT} at step {kept['step']}" in (tmp_path / "out0.txt").read_text()
@@ -216,7 +216,7 @@ def test_torchrun_stops_every_process_when_one_dies_and_the_printed_command_resu
 def test_two_gpus_with_nccl_take_the_steps_of_one(tmp_path):
     flags = ["--arch", "llama", "--full", "--max-steps", "200", "--eval-interval", "50", "--dropout", "0",
              "--device", "cuda", "--no-progress"]  # nanoGPT's model and batch of 64, 200 steps
-    launch = _torchrun(["--nproc_per_node", "2", "-m", "modern_block.train", *flags, "--out", str(tmp_path / "two")],
+    launch = _torchrun(["--nproc_per_node", "2", "-m", "modern_block", "train", *flags, "--out", str(tmp_path / "two")],
                        tmp_path)
     output = launch.communicate(timeout=480)[0]
     print(output[-3000:])

@@ -1,6 +1,6 @@
 """The classroom assignments: solutions, generated exercises and the diagnosing checks.
 
-* exercises/ is what ``python -m modern_block.exercises build`` makes from solutions/ (CI fails if stale);
+* exercises/ is what ``python -m modern_block exercises build`` makes from solutions/ (CI fails if stale);
 * every solution notebook has its exercises, answers and check outputs (the grader's own tests, in
   test_grade.py, grade them: every solution passes, every untouched exercise is "not attempted");
 * each check accepts the package's own implementation and rejects realistic wrong ones with the right
@@ -19,9 +19,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import modern_block as mb
-from modern_block import checks, exercises
-from modern_block.checks import CheckFailed, NotAttempted
-from modern_block.grading.notebook import CHECK_CALL, read_notebook, reference_from, sections
+from modern_block.classroom import checks, exercises
+from modern_block.classroom.checks import CheckFailed, NotAttempted
+from modern_block.classroom.grading.notebook import CHECK_CALL, read_notebook, reference_from, sections
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -153,13 +153,13 @@ def lr_at_ok(step, lr, min_lr, warmup_steps, max_steps):
     """The package's trainer's schedule, the one lesson 08 teaches."""
     from types import SimpleNamespace
 
-    from modern_block.train import lr_at
+    from modern_block.training.trainer import lr_at
 
     return lr_at(step, SimpleNamespace(lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, max_steps=max_steps))
 
 
 def flops_per_token_ok(n_matmul_params, n_layers, n_heads, head_dim, seq_len):
-    from modern_block.device import flops_per_token
+    from modern_block.training.device import flops_per_token
 
     return flops_per_token(n_matmul_params, n_layers, n_heads, head_dim, seq_len)
 
@@ -734,7 +734,7 @@ def test_one_solution_and_one_exercise_notebook_per_lesson():
 
 
 def test_exercises_are_up_to_date_with_the_solutions(capsys):
-    assert exercises.build(ROOT, check=True) == [], "run `python -m modern_block.exercises build`"
+    assert exercises.build(ROOT, check=True) == [], "run `python -m modern_block exercises build`"
     assert exercises.main(["build", "--check", "--root", str(ROOT)]) == 0
     assert "up to date" in capsys.readouterr().out
 
@@ -955,7 +955,7 @@ def llama3_variant(mistake):
 
 
 def test_the_llama3_cases_populate_every_band():
-    from modern_block.checks.lesson09 import _LLAMA3_CASES
+    from modern_block.classroom.checks.lesson09 import _LLAMA3_CASES
 
     for _, dh, base, s, low, high, L0 in _LLAMA3_CASES:
         theta = mb.rope_frequencies(dh, base)

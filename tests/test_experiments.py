@@ -10,10 +10,11 @@ import pytest
 import torch
 from training_setup import CORPUS, SMALL, never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
 
-from modern_block import __main__ as cli
-from modern_block import train as T
-from modern_block.data import Corpus
-from modern_block.experiments import (
+from modern_block import __main__ as entry
+from modern_block.training import compare_cli as cli
+from modern_block.training import trainer as T
+from modern_block.training.data import Corpus
+from modern_block.training.experiments import (
     ARMS,
     Diverged,
     WorkerPool,
@@ -26,7 +27,7 @@ from modern_block.experiments import (
     train_many,
     write_report,
 )
-from modern_block.ladder import ABLATION_NAMES, LADDER_NAMES, LLAMA_END
+from modern_block.training.ladder import ABLATION_NAMES, LADDER_NAMES, LLAMA_END
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = tiny("gpt2", max_steps=4, eval_interval=2, dropout=0.0)
@@ -148,16 +149,16 @@ def test_compare_cli_rejects_bad_arguments(capsys):
                           (["compare", "--lr", "0"], "expected a positive finite number"),
                           (["compare", "--lr", "1e-3", "--rates", "1e-3"], "give one of them"),
                           (["compare", "--rates", "1e-3", "1e-3"], "--rates must be distinct"),
-                          (["compare", "--workers", "0"], "expected a positive integer"),
-                          (["fit"], "invalid choice: 'fit'")):
+                          (["compare", "--workers", "0"], "expected a positive integer")):
         with pytest.raises(SystemExit) as exc:
-            cli.main(argv)
+            entry.main(argv)
         assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert entry.main(["fit"]) == 2 and "unknown command 'fit'" in capsys.readouterr().err
 
 
 def test_compare_cli_writes_report_and_plots(tmp_path, capsys):
     out = tmp_path / "cmp"
-    assert cli.main(["compare", "--quick", "--out", str(out), "--rates", "0.003", "0.01", "--lr-llama", "0.02",
+    assert cli.main(["--quick", "--out", str(out), "--rates", "0.003", "0.01", "--lr-llama", "0.02",
                      "--seeds", "0", *SMALL]) == 0
     report = (out / "report.md").read_text()
     assert "Output head: untied in every arm" in report
@@ -168,7 +169,7 @@ def test_compare_cli_writes_report_and_plots(tmp_path, capsys):
         assert (out / f"{rung}-lr{lr}-seed0" / T.METRICS).exists()
         assert not (out / f"{rung}-lr{lr}-seed0" / T.CHECKPOINT).exists(), "compare keeps no checkpoints"
     assert 0.98 <= results["table"]["qk_norm"]["params"] / results["table"]["untied"]["params"] <= 1.02
-    assert cli.main(["compare", "--quick", "--tied", "--out", str(tmp_path / "tied"), "--lr", "0.01", *SMALL]) == 0
+    assert cli.main(["--quick", "--tied", "--out", str(tmp_path / "tied"), "--lr", "0.01", *SMALL]) == 0
     assert "Output head: tied in every arm" in (tmp_path / "tied" / "report.md").read_text()
     assert "report:" in capsys.readouterr().out
 

@@ -9,7 +9,8 @@ busy 2-core machine), marked slow; CI runs them.
 import pytest
 import torch
 
-from modern_block import GPT2LM, KVCache, LlamaStyleLM, fast, generate
+from modern_block import GPT2LM, KVCache, LlamaStyleLM, generate
+from modern_block.fast import decoding as fast
 from modern_block.mla import MLAConfig
 
 V = 97
@@ -132,7 +133,7 @@ def test_bad_input_is_refused_clearly():
 def test_compiled_decoding_gives_the_plain_models_and_hugging_faces_tokens(case):
     from test_hf import hf_model  # tiny random Llama / Qwen3 (head_dim 12 != d/h, tied) at unit scale
 
-    from modern_block.hf import from_hf
+    from modern_block.interop.hf import from_hf
 
     hf = hf_model(case, num_hidden_layers=1)  # one layer: half the kernels to compile (the eager tests run two)
     model = from_hf(hf)
@@ -159,7 +160,7 @@ def test_fast_logits_equal_hugging_face_for_each_family(name):
     the fast layer's logits over a whole sequence, then one token at a time, equal Hugging Face's."""
     from test_hf_families import ATOL, hf_family, hf_logits, long_tokens
 
-    from modern_block.hf import from_hf
+    from modern_block.interop.hf import from_hf
 
     hf = hf_family(name)
     fm = fast.prepare(from_hf(hf), compile=False)

@@ -1,4 +1,4 @@
-"""The summative grader, ``python -m modern_block.grade``: the grade is decided outside the student's
+"""The summative grader, ``python -m modern_block grade``: the grade is decided outside the student's
 process, so none of the cheats below changes a grade; a broken, hostile or endless submission gets an
 error row (or a failed exercise) of its own and nothing else changes; bad arguments are clean errors.
 
@@ -31,12 +31,12 @@ from submissions import (
 )
 
 import modern_block as mb
-from modern_block import grade
-from modern_block.grading import wire
-from modern_block.grading.remote import RemoteModule
-from modern_block.grading.runner import BoundedText, Runner
-from modern_block.grading.sandbox import Limits
-from modern_block.grading.session import Options
+from modern_block.classroom import grade
+from modern_block.classroom.grading import wire
+from modern_block.classroom.grading.remote import RemoteModule
+from modern_block.classroom.grading.runner import BoundedText, Runner
+from modern_block.classroom.grading.sandbox import Limits
+from modern_block.classroom.grading.session import Options
 
 LESSON = "01_rmsnorm"
 REFERENCE = ROOT / "exercises" / f"{LESSON}.ipynb"
@@ -138,7 +138,7 @@ def class_run(tmp_path_factory):
     victim_bytes = (folder / "honest_right" / f"{LESSON}.ipynb").read_bytes()
     csv_path = folder.parent / "gradebook.csv"
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "modern_block.grade", str(folder), "--reference", str(REFERENCE),
+    proc = subprocess.run([sys.executable, "-m", "modern_block", "grade", str(folder), "--reference", str(REFERENCE),
                            "--jobs", "2", "--json", "--csv", str(csv_path), "--timeout", str(TIMEOUT)],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     seconds = time.monotonic() - started

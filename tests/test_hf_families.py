@@ -12,8 +12,8 @@ import torch
 from test_hf import ATOL, V, hf_logits, randomise, tokens, transformers
 
 from modern_block import LlamaStyleLM, generate
-from modern_block.debug import compare_layers
-from modern_block.hf import from_hf, to_hf
+from modern_block.interop.compare_layers import compare_layers
+from modern_block.interop.hf import from_hf, to_hf
 
 L0, MAX_POS, T_LONG = 16, 64, 40
 BASE = dict(vocab_size=V, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,

@@ -7,7 +7,7 @@ torch is not installed again). It is built once and cached in the temporary fold
 * every lesson that displays widgets (explorers, calculators, quizzes) has its widget cells run, together with the
   cells they need, by nbclient in a kernel of that environment: each must display its widgets (outputs of type
   application/vnd.jupyter.widget-view+json whose models exist in the saved widget state), with no error or stderr;
-* the package's widget code (modern_block.quiz, modern_block.widgets) is driven in a kernel of each environment:
+* the package's widget code (modern_block.classroom: quiz, widgets) is driven in a kernel of each environment:
   clicking and choosing give the same answers on 7.7 and on 8.x.
 """
 
@@ -137,8 +137,8 @@ DRIVE_WIDGETS = r'''
 import json
 import ipywidgets
 from modern_block.presets import GiB, cache_size
-from modern_block.quiz import Question, _widget
-from modern_block.widgets import cache_calculator
+from modern_block.classroom.quiz import Question, _widget
+from modern_block.classroom.widgets import cache_calculator
 
 seen = {"version": ipywidgets.__version__}
 w = _widget(Question(prompt="2 + 2?", options=["3", "4", "5"], answer=1, explanation="Arithmetic."))

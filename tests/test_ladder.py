@@ -6,8 +6,8 @@ import torch
 from training_setup import never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
 
 from modern_block import GPT2LM, LlamaStyleLM, generate
-from modern_block import train as T
-from modern_block.ladder import (
+from modern_block.training import trainer as T
+from modern_block.training.ladder import (
     ABLATIONS,
     LADDER,
     LLAMA_END,

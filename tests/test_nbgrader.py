@@ -4,7 +4,7 @@
 What it shows, and what docs/instructors.md says: the markers and cell metadata are nbgrader's, so nbgrader
 releases the assignment and scores it (2 of 2 for the solution); but nbgrader decides a point inside the
 student's kernel, so a submission that replaces the check function scores there, and only
-``python -m modern_block.grade`` refuses it.
+``python -m modern_block grade`` refuses it.
 """
 
 import hashlib
@@ -18,7 +18,7 @@ import nbformat
 import pytest
 from submissions import RIGHT_RMS, ROOT, WRONG_RMS, answered
 
-from modern_block import grade
+from modern_block.classroom import grade
 
 NBGRADER = "nbgrader==0.9.6"
 # nbgrader's requirements that the course's environment lacks; the rest (jupyter_server, nbconvert,

@@ -7,7 +7,8 @@ import pytest
 import torch
 from repo_files import load_module
 
-from modern_block import KVCache, LlamaStyleLM, fast, generate
+from modern_block import KVCache, LlamaStyleLM, generate
+from modern_block.fast import decoding as fast
 
 
 def _cpu_seconds(fn) -> float:

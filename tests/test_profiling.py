@@ -4,7 +4,7 @@ profiler's banner stays off stderr, and the decoding floor counts the right weig
 import torch
 
 from modern_block import LlamaStyleLM, generate
-from modern_block.profiling import decode_weight_bytes, memory_bandwidth, profile_ops
+from modern_block.fast.profiling import decode_weight_bytes, memory_bandwidth, profile_ops
 
 
 def test_profile_counts_outermost_ops_and_its_parts_add_up(capfd):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from training_setup import disk_fills_up_after
 
-from modern_block import run_folder as R
+from modern_block.training import run_folder as R
 
 
 def _state(step=3):

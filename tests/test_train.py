@@ -26,8 +26,9 @@ from training_setup import (  # noqa: F401 (never_online is an autouse fixture)
     tiny,
 )
 
-from modern_block import GPT2LM, generate, run_folder
-from modern_block import train as T
+from modern_block import GPT2LM, generate
+from modern_block.training import run_folder
+from modern_block.training import trainer as T
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -207,7 +208,7 @@ def test_train_cli_rejects_bad_arguments_with_exit_code_2(argv, message, capsys)
 
 
 def test_a_bad_argument_prints_no_traceback():
-    proc = subprocess.run([sys.executable, "-m", "modern_block.train", "--arch", "llama", "--batch-size", "-1"],
+    proc = subprocess.run([sys.executable, "-m", "modern_block", "train", "--arch", "llama", "--batch-size", "-1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "expected a positive integer" in proc.stderr and "Traceback" not in proc.stderr
@@ -287,10 +288,10 @@ def test_the_resume_command_printed_after_ctrl_c_continues_the_run(tmp_path, mon
     out = tmp_path / "my run"  # a space: the command must quote it
     assert T.main([*flags, "--out", str(out)]) == 130
     command = shlex.split(capsys.readouterr().err.split("resume with: ")[1])
-    assert command[:3] == ["python", "-m", "modern_block.train"] and "--resume" in command
-    assert command[3:] == [*flags, "--out", str(out), "--resume"], "every flag of the run"
+    assert command[:4] == ["python", "-m", "modern_block", "train"] and "--resume" in command
+    assert command[4:] == [*flags, "--out", str(out), "--resume"], "every flag of the run"
     monkeypatch.setattr(T.Trainer, "run", original_run)
-    assert T.main(command[3:]) == 0
+    assert T.main(command[4:]) == 0
     resumed, whole = (torch.load(d / T.CHECKPOINT, weights_only=True) for d in (out, tmp_path / "whole"))
     assert resumed["losses"] == whole["losses"]
 
@@ -415,7 +416,7 @@ def test_resuming_a_finished_run_keeps_its_summary(tmp_path, capsys):
 
 @pytest.mark.gpu
 def test_gpu_training_with_autocast_and_compile_and_an_exact_enough_resume(tmp_path, recwarn):
-    from modern_block.device import choose_device
+    from modern_block.training.device import choose_device
 
     cfg = tiny("llama", device="cuda", compile=True, max_steps=8, dropout=0.0)
     whole = run(cfg, tmp_path / "whole")

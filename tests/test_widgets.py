@@ -2,8 +2,8 @@
 
 import pytest
 
+from modern_block.classroom.widgets import GPU_BYTES, cache_calculator, cache_report
 from modern_block.presets import GiB
-from modern_block.widgets import GPU_BYTES, cache_calculator, cache_report
 
 
 def test_report_gives_the_chapters_llama3_70b_figure():

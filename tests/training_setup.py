@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from modern_block import train as T
-from modern_block.data import Corpus
+from modern_block.training import trainer as T
+from modern_block.training.data import Corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "".join(f"{w} the quick brown fox {i % 7} jumps over the lazy dog; " for i, w in

@@ -1,0 +1,163 @@
+"""Lesson 03: the RoPE tables and the two layouts of applying them."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from ...rope import rope_cache
+from .core import (
+    _call,
+    _check,
+    _fail,
+    _gen,
+    _judge,
+    _require_dtype,
+    _shape,
+)
+from .reference import _rope64
+
+
+def _rope_tables64(T, dh, base, *, exponent="2i/dh", positions_from=0, full=None):
+    i = torch.arange(dh // 2, dtype=torch.float64)
+    if exponent == "2i/dh":
+        theta = base ** (-2 * i / dh)
+    elif exponent == "i/dh":
+        theta = base ** (-i / dh)
+    elif exponent == "4i/dh":
+        theta = base ** (-4 * i / dh)
+    elif exponent == "+2i/dh":
+        theta = base ** (2 * i / dh)
+    elif exponent == "linspace":
+        theta = base ** (-torch.linspace(0, 1, dh // 2, dtype=torch.float64))
+    elif exponent == "per_dim":
+        theta = base ** (-torch.arange(dh, dtype=torch.float64) / dh)
+    else:
+        raise ValueError(exponent)
+    ang = torch.outer(torch.arange(positions_from, positions_from + T, dtype=torch.float64), theta)
+    if full == "cat":
+        ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos(), ang.sin()
+
+
+@_check(components=("rope_cache", "rope_frequencies"))
+def check_rope_cache(rope_cache_fn) -> str:
+    """``rope_cache(T, dh, base=10000.0)`` → ``(cos, sin)``, each float32 of shape [T, dh/2], angle
+    m·θ_i with θ_i = base^(-2i/dh)."""
+    __tracebackhide__ = True
+    name = "check_rope_cache"
+    cases = [(8, 4, None), (16, 8, None), (64, 16, 500000.0), (4096, 64, None), (1, 2, None)]
+    for T, dh, base in cases:
+        b = 10000.0 if base is None else base
+        call = f"rope_cache({T}, {dh}" + ("" if base is None else f", base={base:g}") + ")"
+        out = _call(name, call, rope_cache_fn, T, dh, *(() if base is None else (base,)))
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            _fail(name, f"{call} must return a pair (cos, sin), got {type(out).__name__}.")
+        cos, sin = out
+        want_cos, want_sin = _rope_tables64(T, dh, b)
+        # float32 angles near position 4096 carry ~2.4e-4 rad of rounding: allow for it there
+        atol = 2e-3 if T > 1000 else 2e-5
+        mistakes = [
+            ("the exponent is i/dh; it is 2i/dh (θ_i = base^(-2i/dh) for pair i = 0 .. dh/2-1).",
+             dict(exponent="i/dh")),
+            ("the exponent counts 2i twice: with i from torch.arange(0, dh, 2) (already even numbers), "
+             "use base^(-i/dh), not base^(-2i/dh).", dict(exponent="4i/dh")),
+            ("the exponent has the wrong sign: θ_i = base^(-2i/dh) starts at 1 rad/token and decreases.",
+             dict(exponent="+2i/dh")),
+            ("the exponents run from 0 to 1 (linspace); they are 2i/dh for i < dh/2, so the last is 1 - 2/dh.",
+             dict(exponent="linspace")),
+            ("positions start at 1; the first token is at position 0 (cos = 1, sin = 0 there).",
+             dict(positions_from=1)),
+            ("one angle per dimension (dh columns); RoPE has one angle per pair: dh/2 columns.",
+             dict(exponent="per_dim")),
+            ("the tables were duplicated to dh columns (Hugging Face's layout); here cos and sin have one "
+             "column per pair, shape [T, dh/2].", dict(full="cat")),
+        ]
+        if b != 10000.0:
+            mistakes.append((f"the base argument is ignored: use base (here {b:g}) in θ_i = base^(-2i/dh).",
+                             dict(base=10000.0)))
+        for which, got, want in (("cos", cos, want_cos), ("sin", sin, want_sin)):
+            k = 0 if which == "cos" else 1
+            cands = [("cos and sin were returned in the wrong order: return (cos, sin).",
+                      (want_sin, want_cos)[k])]
+            for diag, kw in mistakes:
+                kw = dict(kw)
+                bb = kw.pop("base", b)
+                cands.append((diag, _rope_tables64(T, dh, bb, **kw)[k]))
+            if isinstance(got, torch.Tensor) and got.shape == want.shape[::-1] and T > 1:
+                _fail(name, f"{call}: {which} has shape {_shape(got)}; it should be [T, dh/2] = {list(want.shape)} "
+                            "(positions along the rows).")
+            _judge(name, got, want, cands, f"{call}, {which}", atol=atol, rtol=0,
+                   hint="angle[m, i] = m·base^(-2i/dh), m = 0 .. T-1, i = 0 .. dh/2-1.")
+        for which, got in (("cos", cos), ("sin", sin)):
+            _require_dtype(name, got, torch.float32, call, which, "return float32 tables.")
+    return "5 cases incl. base 500,000 and positions up to 4,095"
+
+
+def _rope_cases(g):
+    """(description, x, cos, sin) cases shared by the two RoPE-application checks."""
+    cos8, sin8 = rope_cache(6, 8)
+    cos16, sin16 = rope_cache(4096, 16)
+    cos2, sin2 = rope_cache(8, 2)
+    return [
+        ("x of shape [1, 2, 6, 8] at positions 0..5", torch.randn(1, 2, 6, 8, generator=g), cos8, sin8),
+        ("x of shape [2, 3, 4, 16] at positions 4090..4093 (long positions)",
+         torch.randn(2, 3, 4, 16, generator=g), cos16[4090:4094], sin16[4090:4094]),
+        ("x of shape [1, 1, 1, 2] at position 7 (one pair)", torch.randn(1, 1, 1, 2, generator=g),
+         cos2[7:8], sin2[7:8]),
+    ]
+
+
+def _check_rope_fn(name, fn, layout) -> str:
+    __tracebackhide__ = True
+    other = "interleaved" if layout == "half" else "half"
+    g = _gen(4)
+    layouts = {"half": "half-split (pair i with i + dh/2: x1, x2 = x.chunk(2, -1))",
+               "interleaved": "interleaved (pair 2i with 2i+1: x[..., 0::2], x[..., 1::2])"}
+    for desc, x, cos, sin in _rope_cases(g):
+        x_before = x.clone()
+        got = _call(name, f"{name[6:]} on {desc}", fn, x, cos, sin)
+        if not torch.equal(x, x_before):
+            _fail(name, f"on {desc}: your function changed x in place; return a new tensor.")
+        want = _rope64(x, cos, sin, layout)
+        mk = partial(_rope64, x, cos, sin)
+        cands = [
+            (f"the other RoPE layout: you rotated {layouts[other]}; this function uses {layouts[layout]}.",
+             partial(mk, other)),
+            ("rotation in the wrong direction (sin has the wrong sign): rotate (a, b) to "
+             "(a·cos - b·sin, a·sin + b·cos).", partial(mk, layout, sign=-1.0)),
+            (f"the other layout and the wrong direction: use {layouts[layout]} and (a·cos - b·sin, a·sin + b·cos).",
+             partial(mk, other, sign=-1.0)),
+            ("cos and sin were swapped.", partial(mk, layout, swap_tables=True)),
+            ("the two halves of the result were swapped: return cat([x1·cos - x2·sin, x1·sin + x2·cos])."
+             if layout == "half" else
+             "the rotated pairs were written back half-split (cat) instead of re-interleaved: "
+             "torch.stack([a, b], dim=-1).flatten(-2).", partial(mk, layout, swap_halves=True)),
+            ("only x·cos: the rotate-half term (sin) is missing.", partial(mk, "cos_only")),
+            ("x is returned unrotated.", partial(mk, "none")),
+        ]
+        _judge(name, got, want, cands, f"on {desc}", hint=f"layout: {layouts[layout]}.")
+    x = torch.randn(2, 2, 5, 8, generator=g).to(torch.bfloat16)
+    cos, sin = rope_cache(5, 8)
+    desc = "a bfloat16 x of shape [2, 2, 5, 8] with float32 tables"
+    got = _call(name, f"{name[6:]} on {desc}", fn, x, cos, sin)
+    _judge(name, got, _rope64(x, cos.to(torch.bfloat16), sin.to(torch.bfloat16), layout), [], f"on {desc}",
+           rtol=2e-2, atol=2e-2)
+    _require_dtype(name, got, x.dtype, f"on {desc}", "the output",
+                   "keep x's dtype (cast cos and sin to x.dtype first).")
+    return "4 cases: batch 1 and 2, positions up to 4,093, one pair, bfloat16"
+
+
+@_check(components=("apply_rope", "_broadcast_tables"))
+def check_apply_rope(apply_rope_fn) -> str:
+    """``apply_rope(x, cos, sin)``: half-split layout; x [B, heads, T, dh], tables [T, dh/2]."""
+    __tracebackhide__ = True
+    return _check_rope_fn("check_apply_rope", apply_rope_fn, "half")
+
+
+@_check(components=("apply_rope_interleaved", "interleaved_to_half_split", "permute_qk_weight"))
+def check_apply_rope_interleaved(apply_rope_interleaved_fn) -> str:
+    """``apply_rope_interleaved(x, cos, sin)``: pairs (2i, 2i+1); same shapes as apply_rope."""
+    __tracebackhide__ = True
+    return _check_rope_fn("check_apply_rope_interleaved", apply_rope_interleaved_fn, "interleaved")

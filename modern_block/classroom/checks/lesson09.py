@@ -1,0 +1,138 @@
+"""Lesson 09: RoPE scaling for a longer context (Llama 3's rule, the NTK-aware base) and a real model's cache."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import torch
+
+from ...kv_cache import kv_cache_bytes_per_token
+from ...rope import rope_frequencies
+from .core import _call, _check, _fail, _gen, _graded, _judge, _judge_int, _judge_number, _pick, _require_dtype
+
+
+def _llama3_64(theta, s, low, high, L0, *, mistake=None):
+    """Llama 3's rule in float64, with one knob per common mistake."""
+    theta = theta.double()
+    wavelength = (1 / theta) if mistake == "no_2pi" else 2 * math.pi / theta
+    if mistake == "frequency_as_wavelength":  # thresholds compared with θ itself
+        wavelength = theta
+    short_edge, long_edge = L0 / high, L0 / low
+    if mistake == "bands_swapped":
+        short_edge, long_edge = long_edge, short_edge
+    turns = wavelength / L0 if mistake == "turns_inverted" else L0 / wavelength
+    a = (turns - low) / (high - low)
+    slow = theta * s if mistake == "multiplied" else theta / s
+    blended = {"blend_reversed": a * slow + (1 - a) * theta, "middle_kept": theta,
+               "middle_divided": slow}.get(mistake, (1 - a) * slow + a * theta)
+    if mistake == "scale_all":
+        return theta / s
+    return torch.where(wavelength < short_edge, theta, torch.where(wavelength > long_edge, slow, blended))
+
+
+_LLAMA3_CASES = [  # (what, d_h, base, factor, low_freq_factor, high_freq_factor, original_len)
+    ("Llama 3.1 8B", 128, 500000.0, 8.0, 1.0, 4.0, 8192),
+    ("Llama 3.2 1B", 64, 500000.0, 32.0, 1.0, 4.0, 8192),
+    ("a small head with all three bands", 32, 10000.0, 4.0, 2.0, 8.0, 256),
+]
+
+_LLAMA3_MISTAKES = [
+    ("scale_all", "every frequency was divided by the factor: that is position interpolation. Llama 3 keeps the "
+                  "short waves (wavelength < original_len / high_freq_factor) as they are and divides only the long "
+                  "ones (wavelength > original_len / low_freq_factor)."),
+    ("bands_swapped", "the two thresholds are swapped (the wrong smoothing band): short waves are those with "
+                      "wavelength < original_len / high_freq_factor, long waves those with wavelength > "
+                      "original_len / low_freq_factor; the band in between is blended."),
+    ("frequency_as_wavelength", "the frequencies θ were compared with the wavelength thresholds (wavelength vs "
+                                "frequency): every θ ≤ 1 then counts as a short wave and nothing changes. Convert "
+                                "first: wavelength = 2π / θ, in tokens per full turn."),
+    ("no_2pi", "the wavelength was taken as 1/θ: a full turn is 2π radians, so the wavelength is 2π / θ tokens."),
+    ("turns_inverted", "the blend weight uses wavelength / original_len; it uses the number of turns in the "
+                       "original context, original_len / wavelength: a = (original_len / wavelength - low) / "
+                       "(high - low)."),
+    ("blend_reversed", "the blend is reversed: a = (original_len / wavelength - low) / (high - low) weights the "
+                       "unscaled θ (a = 1 at the short edge), and 1 - a weights θ / factor."),
+    ("middle_kept", "the middle band was left unscaled: between the two thresholds θ is blended, "
+                    "(1 - a)·θ/factor + a·θ."),
+    ("middle_divided", "the middle band was divided like the long waves: between the two thresholds θ is blended, "
+                       "(1 - a)·θ/factor + a·θ."),
+    ("multiplied", "the long waves' frequencies were multiplied by the factor; divide them (a slower rotation "
+                   "stretches the wavelength so the longer context fits)."),
+]
+
+
+@_check(components=("llama3_frequencies", "scaled_frequencies", "rope_cache"))
+def check_llama3_rope_scaling(llama3_frequencies_fn) -> str:
+    """``llama3_frequencies(theta, factor, low_freq_factor, high_freq_factor, original_len)`` → the scaled
+    frequencies, same shape and dtype as ``theta`` [dh/2]: Llama 3.1's piecewise rule by wavelength."""
+    __tracebackhide__ = True
+    name = "check_llama3_rope_scaling"
+    cases = list(_LLAMA3_CASES)
+    if _graded():  # a hidden context length, factor and band
+        g = _gen(9)
+        low, high = _pick(g, [(1.0, 4.0), (1.0, 2.0), (2.0, 8.0)])
+        cases.append(("a hidden configuration", 64, _pick(g, [10000.0, 500000.0]), _pick(g, [4.0, 8.0, 16.0]),
+                      low, high, _pick(g, [2048, 4096, 16384])))
+    for what, dh, base, s, low, high, L0 in cases:
+        theta = rope_frequencies(dh, base)  # [dh/2], float32
+        before = theta.clone()
+        call = (f"llama3_frequencies(theta of {what} (d_h {dh}, base {base:,.0f}), factor={s:g}, "
+                f"low_freq_factor={low:g}, high_freq_factor={high:g}, original_len={L0})")
+        got = _call(name, call, llama3_frequencies_fn, theta, s, low, high, L0)
+        if not torch.equal(theta, before):
+            _fail(name, f"{call}: your function changed theta in place; return a new tensor.")
+        want = _llama3_64(theta, s, low, high, L0)
+        cands = [(diag, partial(_llama3_64, theta, s, low, high, L0, mistake=m)) for m, diag in _LLAMA3_MISTAKES]
+        _judge(name, got, want, cands, call, rtol=1e-5, atol=0,
+               hint="wavelength = 2π/θ; keep θ below original_len/high_freq_factor, divide it by the factor above "
+                    "original_len/low_freq_factor, blend in between.")
+        _require_dtype(name, got, theta.dtype, call, "the output", "return theta's dtype (float32).")
+    return f"{len(cases)} configurations incl. Llama 3.1 8B and Llama 3.2 1B, every band populated"
+
+
+@_check(components=("dynamic_ntk_frequencies",))
+def check_ntk_scaled_base(ntk_scaled_base_fn) -> str:
+    """``ntk_scaled_base(base, dh, kappa)`` → b' = base · kappa^(dh/(dh-2)), the NTK-aware base that keeps the
+    fastest pair and divides the slowest one's frequency by exactly kappa."""
+    __tracebackhide__ = True
+    name = "check_ntk_scaled_base"
+    cases = [(10000.0, 128, 4.0), (500000.0, 64, 2.0), (10000.0, 16, 8.0)]
+    if _graded():
+        g = _gen(10)
+        cases.append((_pick(g, [10000.0, 100000.0, 1000000.0]), _pick(g, [32, 64, 96]), _pick(g, [1.5, 3.0, 16.0])))
+    for base, dh, kappa in cases:
+        call = f"ntk_scaled_base({base:g}, {dh}, {kappa:g})"
+        got = _call(name, call, ntk_scaled_base_fn, base, dh, kappa)
+        want = base * kappa ** (dh / (dh - 2))
+        cands = [
+            ("the exponent d_h/(d_h - 2) is missing: with base·kappa the slowest pair is divided by only "
+             "kappa^((d_h - 2)/d_h).", base * kappa),
+            ("the exponent is upside down: it is d_h/(d_h - 2), slightly above 1.", base * kappa ** ((dh - 2) / dh)),
+            ("the base must grow to slow the rotations down: multiply by kappa^(d_h/(d_h - 2)), do not divide.",
+             base / kappa ** (dh / (dh - 2))),
+            ("kappa was raised to d_h/2: the exponent is d_h/(d_h - 2).", base * kappa ** (dh / 2)),
+        ]
+        _judge_number(name, got, want, cands, call, rel=1e-6,
+                      hint="the slowest pair's frequency is b^(-(d_h-2)/d_h); solve for the base that divides it "
+                           "by kappa.")
+    return f"{len(cases)} cases: Llama 2-style, Llama 3-style and a 16-dimensional head"
+
+
+@_check(components=())
+def check_smollm2_cache_bytes(n_bytes) -> str:
+    """``smollm2_cache_bytes``: SmolLM2-135M's KV cache per token in bf16 (30 layers, 9 query heads over 3 K/V
+    heads of 64)."""
+    __tracebackhide__ = True
+    L, h, kv, dh = 30, 9, 3, 64
+    want = kv_cache_bytes_per_token(L, kv, dh, 2)
+    cands = [
+        ("half the answer: both K and V are cached, so count the head vectors twice.", want // 2),
+        ("the cache of MHA (9 K/V heads, or the model width 576 = 9 × 64): with GQA only the 3 K/V heads are "
+         "cached.", kv_cache_bytes_per_token(L, h, dh, 2)),
+        ("4 bytes per number: bf16 takes 2.", kv_cache_bytes_per_token(L, kv, dh, 4)),
+        ("one layer only: each of the 30 layers caches its own K and V.", kv_cache_bytes_per_token(1, kv, dh, 2)),
+    ]
+    _judge_int("check_smollm2_cache_bytes", n_bytes, want, cands, "smollm2_cache_bytes",
+               hint="2 (K and V) · n_layers · n_kv_heads · head_dim · 2 bytes.")
+    return f"{want:,} bytes per token, a third of MHA's"

@@ -1,0 +1,198 @@
+"""Write the exercise notebooks (exercises/) from the solution notebooks (solutions/), the single source.
+
+In a solution notebook the answer code sits between two marker lines, nbgrader's:
+
+        ### BEGIN SOLUTION
+        # HINT: normalise in float32, then cast back with .type_as(x)
+        ...the answer...
+        ### END SOLUTION
+
+The exercise copy replaces each such block, markers included, by one line at the BEGIN marker's
+indentation, ``raise NotImplementedError("<hint>")``; the hint is the text of the block's first
+``# HINT:`` comment, or a default. Everything around the block (imports, ``def`` and ``class``
+lines, docstrings, check cells) stays. Outputs and execution counts are cleared, and the Colab
+badge points at the exercise notebook. The output is deterministic (nbformat's sorted, indented
+JSON, cell ids copied from the solutions); ``--check`` compares the notebooks' content, so a file that
+another nbformat version laid out differently is not reported as stale.
+
+    python -m modern_block exercises build           # (re)write exercises/ from solutions/
+    python -m modern_block exercises build --check   # list stale files and exit 1; write nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+HINT = "# HINT:"
+DEFAULT_HINT = "replace this line with your code"
+SOLUTIONS, EXERCISES = "solutions", "exercises"
+GENERATED_KEY = "modern_block"  # notebook metadata key marking a generated exercise notebook
+CELL_METADATA_DROPPED = ("execution", "collapsed", "scrolled")
+
+
+class SolutionMarkerError(ValueError):
+    """The solution markers of a cell are malformed (unmatched, nested or misspelt)."""
+
+
+def _literal(text: str) -> str:
+    """A double-quoted Python string literal for ``text`` (JSON escapes are valid Python escapes)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def strip_solutions(source: str, where: str = "cell") -> str:
+    """Replace each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` block of ``source`` by a stub line."""
+    out: list[str] = []
+    block_start, indent, hint = None, "", None
+    for n, line in enumerate(source.split("\n"), 1):
+        stripped = line.strip()
+        if stripped == BEGIN:
+            if block_start is not None:
+                raise SolutionMarkerError(f"{where}, line {n}: {BEGIN} inside the block opened on line {block_start}")
+            block_start, indent, hint = n, line[: len(line) - len(line.lstrip())], None
+        elif stripped == END:
+            if block_start is None:
+                raise SolutionMarkerError(f"{where}, line {n}: {END} without a {BEGIN}")
+            out.append(f"{indent}raise NotImplementedError({_literal(hint or DEFAULT_HINT)})")
+            block_start = None
+        elif "BEGIN SOLUTION" in line or "END SOLUTION" in line:
+            raise SolutionMarkerError(f"{where}, line {n}: malformed marker {stripped!r}; write exactly "
+                                      f"{BEGIN!r} or {END!r} on a line of its own")
+        elif block_start is not None:
+            if hint is None and stripped.startswith(HINT):
+                hint = stripped[len(HINT):].strip()
+        else:
+            out.append(line)
+    if block_start is not None:
+        raise SolutionMarkerError(f"{where}, line {block_start}: {BEGIN} is never closed by {END}")
+    return "\n".join(out)
+
+
+def has_solution(source: str) -> bool:
+    return any(line.strip() == BEGIN for line in source.split("\n"))
+
+
+def exercise_notebook(solution, solution_path: str, exercise_path: str):
+    """The exercise version of a solution notebook (a new NotebookNode; the input is not changed)."""
+    nb = copy.deepcopy(solution)
+    for i, cell in enumerate(nb.cells):
+        where = f"{solution_path}, cell {i}"
+        if cell.cell_type == "code":
+            cell.source = strip_solutions(cell.source, where)
+            cell.outputs = []
+            cell.execution_count = None
+            try:
+                compile("\n".join(line for line in cell.source.split("\n") if not line.lstrip().startswith(("%", "!"))),
+                        where, "exec")
+            except SyntaxError as err:
+                raise SolutionMarkerError(f"{where}: the stubbed cell is not valid Python ({err.msg}, line "
+                                          f"{err.lineno}); put the markers around whole statements") from None
+        elif "BEGIN SOLUTION" in cell.source or "END SOLUTION" in cell.source:
+            raise SolutionMarkerError(f"{where}: solution markers are only supported in code cells")
+        for key in CELL_METADATA_DROPPED:
+            cell.metadata.pop(key, None)
+    if nb.cells and nb.cells[0].cell_type == "markdown":  # the Colab badge opens this copy, not the solution
+        nb.cells[0].source = nb.cells[0].source.replace(f"/{solution_path})", f"/{exercise_path})")
+    nb.metadata.pop("widgets", None)
+    nb.metadata[GENERATED_KEY] = {"generated_from": solution_path,
+                                  "generator": "python -m modern_block exercises build"}
+    return nb
+
+
+def render(nb) -> str:
+    """The exact file text: nbformat's own JSON (sorted keys, one-space indent) and a final newline."""
+    text = nbformat.writes(nb)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def _content(text: str):
+    """A notebook's content, independent of how its JSON is laid out."""
+    try:
+        return nbformat.reads(text, as_version=4)
+    except Exception:  # unreadable: compare the raw text
+        return text
+
+
+def default_root() -> Path:
+    """The current directory if it has solutions/, else the checkout this package lives in."""
+    cwd = Path.cwd()
+    if (cwd / SOLUTIONS).is_dir():
+        return cwd
+    return Path(__file__).resolve().parents[2]  # modern_block/classroom/exercises.py -> the checkout
+
+
+def _is_generated(path: Path) -> bool:
+    try:
+        return GENERATED_KEY in json.loads(path.read_text(encoding="utf-8")).get("metadata", {})
+    except (OSError, ValueError):
+        return False
+
+
+def build(root: Path | None = None, check: bool = False) -> list[str]:
+    """Bring exercises/ in line with solutions/. Returns one line per file that was (check=True: would
+    be) written or removed; an empty list means everything was up to date."""
+    root = Path(root) if root is not None else default_root()
+    src_dir, dst_dir = root / SOLUTIONS, root / EXERCISES
+    if not src_dir.is_dir():
+        raise FileNotFoundError(f"no {SOLUTIONS}/ folder in {root}")
+    changes = []
+    wanted = set()
+    for src in sorted(src_dir.glob("*.ipynb")):
+        dst = dst_dir / src.name
+        wanted.add(dst.name)
+        src_rel, dst_rel = f"{SOLUTIONS}/{src.name}", f"{EXERCISES}/{dst.name}"
+        text = render(exercise_notebook(nbformat.read(src, as_version=4), src_rel, dst_rel))
+        current = dst.read_text(encoding="utf-8") if dst.exists() else None
+        if current == text:
+            continue
+        if current is None:
+            changes.append(f"{dst_rel}: missing (from {src_rel})")
+        elif _content(current) != _content(text):
+            changes.append(f"{dst_rel}: out of date (from {src_rel})")
+        elif check:  # same notebook, other JSON formatting (another nbformat version wrote it): not stale
+            continue
+        if not check:
+            dst_dir.mkdir(exist_ok=True)
+            dst.write_text(text, encoding="utf-8")
+    for extra in sorted(dst_dir.glob("*.ipynb")) if dst_dir.is_dir() else []:
+        if extra.name not in wanted and _is_generated(extra):
+            changes.append(f"{EXERCISES}/{extra.name}: generated from a solution that no longer exists")
+            if not check:
+                extra.unlink()
+    return changes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m modern_block exercises",
+                                     description="Generate the exercise notebooks from the solution notebooks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="write exercises/ from solutions/")
+    b.add_argument("--check", action="store_true", help="only list stale exercise notebooks; exit 1 if any")
+    b.add_argument("--root", type=Path, default=None, help="folder holding solutions/ and exercises/")
+    args = parser.parse_args(argv)
+    try:
+        changes = build(args.root, check=args.check)
+    except (SolutionMarkerError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for line in changes:
+        print(line)
+    if args.check:
+        if changes:
+            print(f"{len(changes)} exercise notebook(s) are stale: run `python -m modern_block exercises build`")
+            return 1
+        print("exercises/ is up to date with solutions/")
+        return 0
+    print(f"wrote {len(changes)} exercise notebook(s)" if changes else "exercises/ was already up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

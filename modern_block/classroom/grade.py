@@ -1,0 +1,311 @@
+"""Grade exercise notebooks, a whole class at once, outside the students' code.
+
+    python -m modern_block grade SUBMISSIONS [SUBMISSIONS ...] --reference REF [--jobs N] [--csv FILE] [--json]
+        [--timeout S] [--notebook-timeout S] [--memory-mb M] [--kernel NAME] [--same-user]
+
+SUBMISSIONS are notebooks or folders (searched for ``*.ipynb``; ``folder/alice/01_rmsnorm.ipynb`` is
+student ``alice``). REF is the notebook handed out (``exercises/NN_*.ipynb``), or a folder of them
+matched by file name. Each exercise is reported as passed, failed (with the check's diagnosis) or not
+attempted; a submission that cannot be graded (not a notebook, another lesson, endless, hostile) gets
+a row ``error: <reason>`` and nothing else changes.
+
+How: every submission runs in a fresh process of its own (``modern_block.classroom.grading.sandbox``), which
+executes its cells; the checks of ``modern_block.classroom.checks`` run here, in the grader, on inputs drawn from a
+secret, calling the student's functions and modules through stand-ins that bring back only data
+(``grading.remote``, ``grading.wire``). Nothing the student's code does to its own process (replacing a
+check, ``torch.allclose`` or the IPython input transformers, printing, exiting, killing its parent) can
+change a grade; handing in the package's own implementation is reported as such.
+
+Exit status: 0 every exercise of every submission passed; 1 some did not, or some submission got an
+error row; 2 the grader could not run (bad arguments, an unusable reference, no notebooks found).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import math
+import os
+import shutil
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .exercises import default_root
+from .grading.notebook import MAX_NOTEBOOK_BYTES, BadReference, NotebookError, Reference, read_notebook, reference_from
+from .grading.report import FAILED, NOT_ATTEMPTED, PASSED, Report, format_report, gradebook
+from .grading.sandbox import Limits, SandboxError, Zygote
+from .grading.session import Options, grade_submission
+
+__all__ = ["PASSED", "FAILED", "NOT_ATTEMPTED", "Options", "Limits", "Report", "Submission", "collect",
+           "load_reference", "grade_all", "grade_paths", "format_report", "gradebook", "main"]
+
+
+class UsageError(Exception):
+    """The grader cannot run with these arguments (exit status 2)."""
+
+
+@dataclass
+class Submission:
+    path: Path
+    notebook: str  # as shown in the report
+    student: str
+    data: bytes | None = None
+    read_error: str | None = None
+
+
+def _read(path: Path) -> tuple[bytes | None, str | None]:
+    """The file's bytes, read once, before any student code runs (so no submission can change another)."""
+    try:
+        if not path.is_file():
+            return None, "not a regular file"
+        if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+            return None, f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
+        return path.read_bytes(), None
+    except OSError as err:
+        return None, f"cannot read the file ({err.strerror or err})"
+
+
+def collect(paths, exclude=()) -> list[Submission]:
+    """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``, ``exclude`` left
+    out of the search), read into memory."""
+    excluded = {Path(p).resolve() for p in exclude}
+    found: list[tuple[Path, str]] = []
+    for given in map(Path, paths):
+        if given.is_dir():
+            for nb in sorted(given.rglob("*.ipynb")):
+                rel = nb.relative_to(given)
+                if any(part.startswith(".") for part in rel.parts) or nb.resolve() in excluded:
+                    continue
+                found.append((nb, rel.parts[0] if len(rel.parts) > 1 else rel.stem))
+        elif given.exists() or given.is_symlink():
+            found.append((given, ""))  # named below
+        else:
+            raise UsageError(f"no such notebook or folder: {given}")
+    stems = [path.stem for path, student in found if not student]
+    subs = []
+    for path, student in found:
+        if not student:  # a file given by name: its stem, or folder/stem when two share a stem
+            student = f"{path.parent.name}/{path.stem}" if stems.count(path.stem) > 1 else path.stem
+        data, error = _read(path)
+        subs.append(Submission(path, str(path), student, data, error))
+    return subs
+
+
+def load_reference(path) -> dict[str, Reference]:
+    """The reference notebook(s) by file name. Raises UsageError when one cannot be used."""
+    path = Path(path)
+    files = sorted(path.glob("*.ipynb")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise UsageError(f"--reference: no such notebook or folder of notebooks: {path}")
+    refs = {}
+    for f in files:
+        data, error = _read(f)
+        try:
+            if error:
+                raise NotebookError(error)
+            refs[f.name] = reference_from(read_notebook(data), f.name)
+        except (NotebookError, BadReference) as err:
+            raise UsageError(f"--reference {f}: {err}") from None
+    return refs
+
+
+_COURSE_REFERENCES: dict[str, Reference | None] = {}
+
+
+def course_reference(sub: Submission) -> Reference | None:
+    """Without --reference: the course's own solution notebook the submission was generated from (named in
+    its metadata), when this installation has it; its check cells are the ones handed out."""
+    try:
+        generated = read_notebook(sub.data or b"")[0].generated_from
+    except (NotebookError, IndexError):
+        return None
+    if not generated or not generated.startswith("solutions/") or "/" in generated[len("solutions/"):]:
+        return None
+    if generated not in _COURSE_REFERENCES:
+        path = default_root() / generated
+        try:
+            _COURSE_REFERENCES[generated] = load_reference(path)[path.name] if path.is_file() else None
+            if _COURSE_REFERENCES[generated] is not None:
+                _COURSE_REFERENCES[generated].name = generated
+        except UsageError:
+            _COURSE_REFERENCES[generated] = None
+    return _COURSE_REFERENCES[generated]
+
+
+def _reference_for(sub: Submission, refs: dict[str, Reference] | None) -> tuple[Reference | None, str | None]:
+    if refs is None:
+        return course_reference(sub), None
+    if len(refs) == 1:
+        return next(iter(refs.values())), None
+    name = sub.path.name
+    if name in refs:
+        return refs[name], None
+    same_lesson = [r for n, r in refs.items() if n[:3] == name[:3] and name[:2].isdigit()]
+    if len(same_lesson) == 1:
+        return same_lesson[0], None
+    return None, f"no reference notebook for {name} among {', '.join(sorted(refs))}"
+
+
+_ZYGOTES: dict[tuple, Zygote] = {}
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _zygote(python: str | None, limits: Limits) -> Zygote:
+    """One pre-loaded sandbox process per interpreter and limits, kept for the life of this process."""
+    key = (python or sys.executable, limits)
+    with _ZYGOTE_LOCK:
+        if key not in _ZYGOTES:
+            zygote = Zygote(python, limits)  # SandboxError off Linux
+            try:
+                zygote.start()
+            except SandboxError:
+                zygote.close()
+                raise
+            _ZYGOTES[key] = zygote
+            atexit.register(zygote.close)
+        return _ZYGOTES[key]
+
+
+def grade_all(submissions: list[Submission], refs: dict[str, Reference] | None, options: Options | None = None,
+              jobs: int = 1, limits: Limits | None = None, python: str | None = None) -> list[Report]:
+    """Grade the submissions, ``jobs`` at a time, each in a process of its own; reports in the given order."""
+    options = options or Options()
+    zygote = _zygote(python, limits or Limits())
+
+    def one(sub: Submission) -> Report:
+        ref, problem = _reference_for(sub, refs)
+        try:
+            report = grade_submission(sub.notebook, sub.student, sub.data, ref, zygote, options,
+                                      read_error=sub.read_error or problem)
+            if refs is None and ref is not None:
+                report.notes.append(f"no --reference: graded with the check cells of the course's {ref.name}")
+            return report
+        except Exception as err:  # a bug in the grader: this row says so, the others are graded
+            return Report(sub.notebook, sub.student, error=f"internal error in the grader ({type(err).__name__}: "
+                                                              f"{err}); please report it")
+
+    if jobs <= 1 or len(submissions) <= 1:
+        return [one(s) for s in submissions]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, submissions))
+
+
+def grade_paths(paths, reference=None, **kwargs) -> list[Report]:
+    """The Python entry point: ``grade_paths(["submissions/"], "exercises/01_rmsnorm.ipynb", jobs=2)``."""
+    refs = load_reference(reference) if reference is not None else None
+    return grade_all(collect(paths, exclude=[reference] if reference else []), refs, **kwargs)
+
+
+def python_of_kernel(name: str) -> str:
+    """The interpreter of a Jupyter kernel (a Python one). Raises UsageError for an unknown kernel."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    except ImportError:
+        if name == "python3":
+            return sys.executable
+        raise UsageError("--kernel needs jupyter_client installed") from None
+    manager = KernelSpecManager()
+    try:
+        spec = manager.get_kernel_spec(name)
+    except NoSuchKernel:
+        known = ", ".join(sorted(manager.find_kernel_specs())) or "none"
+        raise UsageError(f"--kernel: no Jupyter kernel named {name!r} (installed: {known})") from None
+    if spec.language.lower() != "python" or not spec.argv:
+        raise UsageError(f"--kernel {name}: not a Python kernel ({spec.language})")
+    exe = spec.argv[0]
+    exe = sys.executable if exe in ("python", "python3") and name == "python3" else shutil.which(exe) or exe
+    if not os.path.isfile(exe):
+        raise UsageError(f"--kernel {name}: its interpreter {exe} does not exist")
+    return exe
+
+
+def _emit(text: str, stream=None) -> None:
+    """Write ``text``; characters the console cannot encode (a cp1252 Windows console) become '?'."""
+    stream = stream or sys.stdout
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        stream.write(text.encode(encoding, errors="replace").decode(encoding))
+    stream.flush()
+
+
+def _positive(kind, low: float, high: float):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g}, got {text}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m modern_block grade",
+                                description="Grade exercise notebooks (a whole class folder at once).")
+    p.add_argument("submissions", nargs="+", help="notebooks or folders of notebooks")
+    p.add_argument("--reference", default=None,
+                   help="the notebook handed out (or a folder of them, matched by file name); without it, the "
+                        "course's solution notebook named in a notebook's metadata when this installation has it, "
+                        "else the notebook's own check cells")
+    p.add_argument("--jobs", type=_positive(int, 1, 64), default=1, help="submissions graded at once (default 1)")
+    p.add_argument("--csv", default=None, help="write the gradebook (one row per submission) to this CSV file")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
+    p.add_argument("--timeout", type=_positive(float, 0.1, 3600), default=60.0,
+                   help="seconds for each cell and each exercise's check (default 60)")
+    p.add_argument("--notebook-timeout", type=_positive(float, 1, 86400), default=600.0,
+                   help="seconds for a whole submission (default 600)")
+    p.add_argument("--memory-mb", type=_positive(int, 256, 1 << 20), default=2048,
+                   help="memory a submission's process may add to the loaded interpreter (default 2048)")
+    p.add_argument("--kernel", default="python3", help="Jupyter kernel whose Python runs the submissions")
+    p.add_argument("--same-user", action="store_true",
+                   help="when run as root, run submissions as root too, not as users of their own (weaker)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exit_:  # argparse has printed the usage error
+        return 2 if exit_.code else 0
+    try:
+        if args.csv and not Path(args.csv).resolve().parent.is_dir():
+            raise UsageError(f"--csv: the folder of {args.csv} does not exist")
+        refs = load_reference(args.reference) if args.reference else None
+        submissions = collect(args.submissions, exclude=[args.reference] if args.reference else [])
+        if not submissions:
+            raise UsageError(f"no notebooks found in {', '.join(args.submissions)}")
+        python = python_of_kernel(args.kernel)
+        limits = Limits(memory_mb=args.memory_mb, cpu_seconds=int(args.notebook_timeout) + 30,
+                        same_user=args.same_user)
+        options = Options(timeout=args.timeout, notebook_timeout=args.notebook_timeout)
+        reports = grade_all(submissions, refs, options, args.jobs, limits, python)
+    except (UsageError, SandboxError) as err:
+        _emit(f"error: {err}\n", sys.stderr)
+        return 2
+    if args.csv:
+        Path(args.csv).write_text(gradebook(reports), encoding="utf-8", newline="")
+    if args.json:
+        doc = {"notebooks": [r.to_dict() for r in reports], "all_passed": all(r.all_passed for r in reports),
+               "summary": {"notebooks": len(reports), "errors": sum(r.error is not None for r in reports),
+                           "all_passed": sum(r.all_passed for r in reports)}}
+        text = json.dumps(doc, indent=1, ensure_ascii=False)
+        try:
+            text.encode(getattr(sys.stdout, "encoding", None) or "utf-8")
+        except (UnicodeEncodeError, LookupError):  # a console that cannot show it: \u escapes, still JSON
+            text = json.dumps(doc, indent=1)
+        _emit(text + "\n")
+    else:
+        _emit("\n\n".join(format_report(r) for r in reports) + "\n")
+    return 0 if all(r.all_passed for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

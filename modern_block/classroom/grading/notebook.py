@@ -1,0 +1,248 @@
+"""Reading notebooks, finding the reference's exercises, and planning a submission's run.
+
+The reference is the notebook handed out (an ``exercises/`` notebook, or its solution): it is trusted.
+An exercise is a section headed ``## Exercise N: title`` (to the next heading of the same or a higher
+level); its check cells are the cells calling ``checks.check_...(name, ...)``, nothing else. A notebook
+without such headings is split at its check cells instead.
+
+A submission is only read, never trusted: its code cells run, in order, in the student's process, except
+the cells that are the reference's check cells (same cell id, or the same text). Each exercise is checked
+where its check cell stands in the submission (else at the end of its section, else at the end), by the
+grader, with the names the reference's check call passes.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+
+MAX_NOTEBOOK_BYTES = 20 << 20
+EXERCISE_HEADING = re.compile(r"^(#{1,6})\s*Exercise\s+(\d+)\s*[:.·—–-]?\s*(.*?)\s*$", re.IGNORECASE)
+ANY_HEADING = re.compile(r"^(#{1,6})\s")
+CHECK_CALL = re.compile(r"\bcheck_\w+\s*\(")
+
+
+class NotebookError(ValueError):
+    """A file that cannot be graded; the message is the reason shown in the student's row."""
+
+
+class BadReference(ValueError):
+    """A reference notebook the grader cannot use (the grader stops: exit status 2)."""
+
+
+@dataclass
+class Cell:
+    index: int
+    kind: str  # "code", "markdown" or "raw"
+    source: str
+    id: str | None = None
+    generated_from: str | None = None
+
+
+@dataclass
+class CheckCall:
+    check: str  # a name in modern_block.classroom.checks
+    args: list  # ("name", str) or ("value", literal) per positional argument
+    kwargs: dict
+
+    @property
+    def names(self) -> list[str]:
+        return [v for kind, v in self.args + list(self.kwargs.values()) if kind == "name"]
+
+
+@dataclass
+class RefExercise:
+    number: int
+    title: str
+    calls: list[CheckCall] = field(default_factory=list)
+    check_ids: set = field(default_factory=set)
+    check_sources: set = field(default_factory=set)
+
+
+@dataclass
+class Reference:
+    name: str
+    exercises: list[RefExercise]
+    generated_from: str | None = None
+    unchecked: list[tuple[int, str]] = field(default_factory=list)  # exercise sections without a check cell
+
+
+def read_notebook(data: bytes) -> list[Cell]:
+    """The cells of a notebook file's bytes; NotebookError says why a file is not a usable notebook."""
+    if not data.strip():
+        raise NotebookError("the file is empty")
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise NotebookError(f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
+    try:
+        raw = json.loads(data.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise NotebookError("not a notebook: the file is not UTF-8 text (a binary file?)") from None
+    except json.JSONDecodeError as err:
+        raise NotebookError(f"not a notebook: not valid JSON ({err.msg} at line {err.lineno})") from None
+    except RecursionError:
+        raise NotebookError("not a notebook: JSON nested too deeply") from None
+    if not isinstance(raw, dict) or "cells" not in raw and "worksheets" not in raw:
+        raise NotebookError("not a notebook: the JSON has no cells")
+    version = raw.get("nbformat")
+    if version != 4:
+        raise NotebookError(f"nbformat {version!r} is not supported (the grader reads version 4 notebooks; "
+                            "open and save it in a current Jupyter)")
+    cells = raw.get("cells")
+    if not isinstance(cells, list):
+        raise NotebookError("not a notebook: 'cells' is not a list")
+    if not cells:
+        raise NotebookError("the notebook has no cells")
+    meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+    generated = meta.get("modern_block", {}).get("generated_from") if isinstance(meta.get("modern_block"), dict) \
+        else None
+    out = []
+    for i, cell in enumerate(cells):
+        if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
+            raise NotebookError(f"not a valid notebook: cell {i} has no cell_type code, markdown or raw")
+        source = cell.get("source", "")
+        if isinstance(source, list) and all(isinstance(s, str) for s in source):
+            source = "".join(source)
+        if not isinstance(source, str):
+            raise NotebookError(f"not a valid notebook: cell {i} has no source text")
+        cell_id = cell.get("id") if isinstance(cell.get("id"), str) else None
+        out.append(Cell(i, cell["cell_type"], source, cell_id))
+    if out:
+        out[0].generated_from = generated if isinstance(generated, str) else None
+    return out
+
+
+def _normal(source: str) -> str:
+    return "\n".join(line.strip() for line in source.strip().splitlines() if line.strip())
+
+
+def sections(cells: list[Cell]) -> list[tuple[int, str, list[Cell]]]:
+    """(number, title, cells) of each ``Exercise N`` section, in order."""
+    found, current, level = [], None, 0
+    for cell in cells:
+        if cell.kind == "markdown":
+            for line in cell.source.splitlines():
+                line = line.strip()
+                m = EXERCISE_HEADING.match(line)
+                if m:
+                    current = (int(m.group(2)), m.group(3) or f"Exercise {m.group(2)}", [])
+                    level = len(m.group(1))
+                    found.append(current)
+                elif current is not None and ANY_HEADING.match(line) and len(ANY_HEADING.match(line).group(1)) <= level:
+                    current = None
+        elif current is not None:
+            current[2].append(cell)
+    return found
+
+
+def parse_check_cell(cell: Cell) -> list[CheckCall]:
+    """The check calls of a reference check cell: each statement ``[checks.]check_x(name or literal, ...)``."""
+    from .. import checks
+
+    try:
+        tree = ast.parse(cell.source)
+    except SyntaxError as err:
+        raise BadReference(f"cell {cell.index}: not valid Python ({err.msg})") from None
+    calls = []
+    for stmt in tree.body:
+        call = stmt.value if isinstance(stmt, ast.Expr) else None
+        func = call.func if isinstance(call, ast.Call) else None
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if name not in checks.__all__ or not name.startswith("check_"):
+            raise BadReference(f"cell {cell.index}: a check cell must only call modern_block.classroom.checks "
+                               f"functions, as in `checks.check_rms(rms)`; found {ast.unparse(stmt)[:80]!r}")
+
+        calls.append(CheckCall(name, [_argument(cell, a) for a in call.args],
+                               {k.arg: _argument(cell, k.value) for k in call.keywords}))
+    return calls
+
+
+def _argument(cell: Cell, node: ast.AST) -> tuple:
+    if isinstance(node, ast.Name):
+        return ("name", node.id)
+    if isinstance(node, ast.Constant):
+        return ("value", node.value)
+    raise BadReference(f"cell {cell.index}: pass names or literals to a check, not {ast.unparse(node)!r}")
+
+
+def reference_from(cells: list[Cell], name: str) -> Reference:
+    """The exercises of a reference notebook. Raises BadReference when it has none the grader can use."""
+    exercises, unchecked = [], []
+    found = sections(cells)
+    if not found:  # no headings: each check cell closes an exercise
+        found = [(n, "", [c]) for n, c in enumerate(
+            (c for c in cells if c.kind == "code" and CHECK_CALL.search(c.source)), start=1)]
+    for number, title, section in found:
+        ex = RefExercise(number, title)
+        for cell in section:
+            if cell.kind == "code" and CHECK_CALL.search(cell.source):
+                ex.calls += parse_check_cell(cell)
+                ex.check_sources.add(_normal(cell.source))
+                if cell.id:
+                    ex.check_ids.add(cell.id)
+        if not title and ex.calls:
+            ex.title = ex.calls[0].check
+        if ex.calls:
+            exercises.append(ex)
+        else:
+            unchecked.append((number, title))
+    if not exercises:
+        raise BadReference("no exercises found: expected sections headed '## Exercise N: title' with a cell "
+                              "calling a modern_block.classroom.checks function")
+    numbers = [e.number for e in exercises]
+    if len(set(numbers)) != len(numbers):
+        raise BadReference(f"exercise numbers repeat: {numbers}")
+    return Reference(name, exercises, cells[0].generated_from if cells else None, unchecked)
+
+
+@dataclass
+class Plan:
+    """What to run, in order: ("cell", Cell) and ("check", RefExercise) steps; and, per exercise number,
+    the submission's code cells that answer it (for saying which cell failed)."""
+
+    steps: list[tuple[str, object]]
+    answers: dict[int, list[int]]
+
+
+def plan_run(cells: list[Cell], ref: Reference) -> Plan:
+    """Where each of the reference's exercises is checked in the submission ``cells``. Raises
+    NotebookError when the submission is plainly another lesson's notebook."""
+    generated = cells[0].generated_from if cells else None
+    if ref.generated_from and generated and generated != ref.generated_from:
+        raise NotebookError(f"this notebook is {generated.rsplit('/', 1)[-1]}, the reference is "
+                            f"{ref.generated_from.rsplit('/', 1)[-1]}: graded against the wrong lesson?")
+    code = [c for c in cells if c.kind == "code"]
+    all_ids = set().union(*(e.check_ids for e in ref.exercises))
+    all_sources = set().union(*(e.check_sources for e in ref.exercises))
+    is_check = {c.index for c in code if (c.id and c.id in all_ids) or _normal(c.source) in all_sources}
+    by_number = {number: (title, section) for number, title, section in sections(cells)}
+    end = cells[-1].index + 1
+    points, matched = {}, 0
+    for ex in ref.exercises:
+        by_id = [c.index for c in code if c.id and c.id in ex.check_ids]
+        by_text = [c.index for c in code if _normal(c.source) in ex.check_sources]
+        title, section = by_number.get(ex.number, ("", None))
+        matched += bool(by_id or by_text or (section is not None and title.lower() == ex.title.lower()))
+        if by_id or by_text:
+            points[ex.number] = min(by_id or by_text)
+        elif section:
+            points[ex.number] = section[-1].index + 0.5
+        else:
+            points[ex.number] = end
+    if not matched:
+        raise NotebookError(f"none of the exercises of {ref.name} is in this notebook (no matching check cell "
+                            "or 'Exercise N' heading): graded against the wrong lesson?")
+    steps: list[tuple[float, int, tuple[str, object]]] = []
+    for c in code:
+        if c.index not in is_check and c.source.strip():
+            steps.append((c.index, 1, ("cell", c)))
+    for ex in ref.exercises:
+        steps.append((points[ex.number], 0, ("check", ex)))
+    steps.sort(key=lambda s: (s[0], s[1]))
+    answers, previous = {}, -1.0
+    for ex in sorted(ref.exercises, key=lambda e: points[e.number]):
+        answers[ex.number] = [c.index for c in code
+                              if previous < c.index < points[ex.number] and c.index not in is_check]
+        previous = points[ex.number]
+    return Plan([s for _, _, s in steps], answers)

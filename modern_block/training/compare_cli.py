@@ -1,0 +1,85 @@
+"""``python -m modern_block compare``: the GPT-2 block against the Llama-style block, and a report.
+
+Both models have the same kind of output head (untied by default; ``--tied`` ties both), the same
+number of parameters (within 2%, ``modern_block.training.ladder``), the same characters in the same order
+(same sampler seeds), the same schedule shape, steps and evaluation windows. Each trains at every
+peak learning rate of a small sweep, once per seed, and is reported at its own best rate. Writes
+DIR/report.md, DIR/loss_curves.png, DIR/sweep.png, DIR/results.json and, per run,
+DIR/<model>-lr<LR>-seed<S>/metrics.jsonl and summary.json (no checkpoints: use
+``modern_block.training.trainer`` to keep and resume one run). The experiment itself lives in
+``modern_block.training.experiments``; this is its command line.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .distributed import RankFailedError, is_main_process, ranks_from_env
+from .experiments import ARMS, GPU_RATES, QUICK_RATES, compare, write_report
+from .options import add_run_options, config_from_args, positive_float, positive_int, quick_from_args, seed_int
+from .run_folder import RunFolderError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    cmp_parser = argparse.ArgumentParser(prog="python -m modern_block compare", description=__doc__.split("\n\n")[0])
+    cmp_parser.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
+    cmp_parser.add_argument("--seeds", type=seed_int, nargs="+", default=None,
+                            help="seeds, one run per model, rate and seed (default: 0 1; 0 1 2 at GPU scale)")
+    cmp_parser.add_argument("--rates", type=positive_float, nargs="+", default=None, metavar="LR",
+                            help=f"peak learning rates to sweep (default: {' '.join(map(str, QUICK_RATES))}; "
+                                 f"{' '.join(map(str, GPU_RATES))} at GPU scale)")
+    for arch in ("gpt2", "llama"):
+        cmp_parser.add_argument(f"--lr-{arch}", type=positive_float, default=None,
+                                help=f"train the {'GPT-2' if arch == 'gpt2' else 'Llama-style'} model at this "
+                                     "peak rate only (no sweep for it)")
+    cmp_parser.add_argument("--tied", action="store_true",
+                            help="tie both models' output heads to their embeddings (default: both untied)")
+    cmp_parser.add_argument("--workers", type=positive_int, default=1,
+                            help="trainings at once, each in its own process (CPU cores, or runs sharing a GPU)")
+    add_run_options(cmp_parser)
+    return cmp_parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    base = config_from_args(parser, args, "gpt2")
+    quick = quick_from_args(args)
+    mode = "quick (CPU scale)" if quick else "GPU scale"
+    seeds = args.seeds if args.seeds is not None else ([0, 1] if quick else [0, 1, 2])
+    if len(set(seeds)) != len(seeds):
+        parser.error(f"--seeds must be distinct, got {seeds}")
+    if args.workers > 1 and ranks_from_env().distributed:
+        parser.error("--workers: under torchrun the processes share every run; leave --workers at 1")
+    if args.rates is not None and args.lr is not None:
+        parser.error("--lr trains both models at one rate; --rates sweeps: give one of them")
+    shared = args.rates or ([args.lr] if args.lr is not None else list(QUICK_RATES if quick else GPU_RATES))
+    if len(set(shared)) != len(shared):
+        parser.error(f"--rates must be distinct, got {shared}")
+    gpt2_arm, llama_arm = ARMS[args.tied]
+    rates = {gpt2_arm: [args.lr_gpt2] if args.lr_gpt2 else shared,
+             llama_arm: [args.lr_llama] if args.lr_llama else shared}
+    start = time.perf_counter()
+    try:
+        arms = compare(base, rates, seeds, tie=args.tied, out_dir=args.out, workers=args.workers,
+                       progress=False if args.no_progress else None, verbose=args.workers == 1)
+    except (RunFolderError, RankFailedError) as err:  # RunFolderError: --out in use by another run
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    if not is_main_process():  # under torchrun every process trains; rank 0 writes the report
+        return 0
+    if not any(arm.trained for arm in arms.values()):
+        print("error: every run diverged (non-finite loss); try lower --rates", file=sys.stderr)
+        return 1
+    report = write_report(arms, args.out, mode, time.perf_counter() - start)
+    print((Path(args.out) / "report.md").read_text().split("\n## Samples")[0])
+    print(f"report: {report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The training text, a character tokenizer, a train/val split and a seeded batch sampler.
+
+Where the text comes from, in order:
+  1. ``$MODERN_BLOCK_DATA/tinyshakespeare.txt`` (a folder with a local copy, for machines without
+     internet; CI points it at ``../shared/data``), used if its sha256 is right;
+  2. the cache, ``$XDG_CACHE_HOME/modern_block`` (or ``~/.cache/modern_block``), same check;
+  3. a download from the public address into the cache: written to a temporary file, checked,
+     then renamed into place, so the cache never holds a partial file under the final name
+     (a corrupt or truncated file left there by anything else fails the checksum and is fetched again);
+  4. if none of these works: the Python standard library's own source text (every installation has
+     it), announced plainly, so a notebook still runs offline. It is a different corpus: losses are
+     not comparable with tinyshakespeare's.
+"""
+
+import hashlib
+import os
+import sysconfig
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..validate import positive_int
+
+TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+TINYSHAKESPEARE_CHARS = 1_115_394
+TINYSHAKESPEARE_FILE = "tinyshakespeare.txt"
+DATA_ENV = "MODERN_BLOCK_DATA"
+FALLBACK_CHARS = 1_000_000  # about as much text as tinyshakespeare
+
+
+class ChecksumError(ValueError):
+    """A file's sha256 is not the expected one (corrupt, truncated or a different file)."""
+
+
+@dataclass
+class Corpus:
+    """The text and where it came from. ``name`` is "tinyshakespeare" or "python-stdlib"."""
+
+    text: str
+    name: str
+    source: str  # a path, a URL, or a description of the fallback
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.name != "tinyshakespeare"
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/modern_block``, or ``~/.cache/modern_block`` when the variable is unset."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "modern_block"
+
+
+def sha256_of(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download(url: str, dest, sha256: str, timeout: float = 30.0) -> Path:
+    """Fetch ``url`` into ``dest`` atomically and verify it: the bytes go to a temporary file in the
+    same folder, are checked against ``sha256``, and only then renamed onto ``dest`` (``os.replace``
+    is atomic on one file system). Raises ``ChecksumError`` (nothing is written) on a mismatch and
+    ``OSError``/``urllib.error.URLError`` when the source cannot be reached."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
+    try:
+        h = hashlib.sha256()
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            for chunk in iter(lambda: response.read(1 << 16), b""):
+                h.update(chunk)
+                out.write(chunk)
+        if h.hexdigest() != sha256:
+            raise ChecksumError(f"the file from {url} has sha256 {h.hexdigest()}, expected {sha256} "
+                                "(corrupt, truncated or a different file); it was not kept")
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return dest
+
+
+def _verified(path: Path, sha256: str) -> bool:
+    return path.is_file() and sha256_of(path) == sha256
+
+
+def stdlib_text(max_chars: int = FALLBACK_CHARS) -> tuple[str, str]:
+    """The standard library's top-level ``*.py`` files in sorted name order, concatenated until
+    ``max_chars`` is reached. Deterministic for one Python installation. Returns (text, description)."""
+    positive_int("max_chars", max_chars)
+    folder = Path(sysconfig.get_paths()["stdlib"])
+    parts, total, used = [], 0, 0
+    for path in sorted(folder.glob("*.py")):
+        try:
+            part = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        parts.append(part)
+        total += len(part)
+        used += 1
+        if total >= max_chars:
+            break
+    text = "".join(parts)[:max_chars]
+    return text, f"{len(text):,} characters of Python source from {used} files in {folder}"
+
+
+def load_corpus(url: str = TINYSHAKESPEARE_URL, data_dir=None, cache=None, fallback: bool = True,
+                timeout: float = 30.0, verbose: bool = True) -> Corpus:
+    """tinyshakespeare from a local copy, the cache or ``url`` (see the module docstring).
+
+    ``data_dir`` defaults to ``$MODERN_BLOCK_DATA`` and ``cache`` to ``cache_dir()``. ``url`` may be
+    any address urllib reads (tests use ``file://`` and a local HTTP server). With ``fallback=False``
+    a failed download raises instead of switching to the standard library's source text.
+    """
+    say = print if verbose else (lambda *a, **k: None)
+    data_dir = data_dir if data_dir is not None else os.environ.get(DATA_ENV)
+    if data_dir:
+        local = Path(data_dir) / TINYSHAKESPEARE_FILE
+        if _verified(local, TINYSHAKESPEARE_SHA256):
+            return Corpus(local.read_text(encoding="utf-8"), "tinyshakespeare", str(local))
+        if local.exists():
+            say(f"warning: {local} does not have the expected sha256; ignoring it")
+    cached = Path(cache if cache is not None else cache_dir()) / TINYSHAKESPEARE_FILE
+    if cached.exists():
+        if _verified(cached, TINYSHAKESPEARE_SHA256):
+            return Corpus(cached.read_text(encoding="utf-8"), "tinyshakespeare", str(cached))
+        say(f"the cached copy {cached} is corrupt or incomplete (wrong sha256); fetching it again")
+        cached.unlink()
+    try:
+        say(f"downloading tinyshakespeare from {url}")
+        download(url, cached, TINYSHAKESPEARE_SHA256, timeout)
+        return Corpus(cached.read_text(encoding="utf-8"), "tinyshakespeare", url)
+    except (OSError, urllib.error.URLError, ChecksumError) as err:  # URLError is an OSError; listed for clarity
+        if not fallback:
+            raise
+        text, description = stdlib_text()
+        say(f"tinyshakespeare is not available ({err}).\n"
+            f"USING A DIFFERENT CORPUS: {description}. Losses are not comparable with tinyshakespeare's. "
+            f"Set {DATA_ENV} to a folder holding {TINYSHAKESPEARE_FILE} to use the real text offline.")
+        return Corpus(text, "python-stdlib", description)
+
+
+def load_text(**kwargs) -> str:
+    """Just the text of ``load_corpus(**kwargs)``."""
+    return load_corpus(**kwargs).text
+
+
+class CharTokenizer:
+    """One token per character; the vocabulary is the sorted set of characters of a text."""
+
+    def __init__(self, chars: str):
+        if not isinstance(chars, str) or not chars:
+            raise ValueError("chars must be a non-empty string of distinct characters")
+        if len(set(chars)) != len(chars):
+            raise ValueError("chars must not repeat a character")
+        self.chars = "".join(sorted(chars))
+        self._codes = np.array([ord(c) for c in self.chars], dtype=np.uint32)  # sorted code points
+
+    @classmethod
+    def from_text(cls, text: str) -> "CharTokenizer":
+        return cls("".join(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Token ids, int64 of shape [len(text)]. Unknown characters raise a ValueError naming them."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # one code point per character
+        ids = np.searchsorted(self._codes, codes)  # position in the sorted vocabulary
+        known = (ids < len(self._codes)) & (self._codes[np.minimum(ids, len(self._codes) - 1)] == codes)
+        if not known.all():
+            unknown = sorted({chr(c) for c in codes[~known].tolist()})
+            shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unknown[:10])
+            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+            raise ValueError(f"text contains {len(unknown)} character(s) not in the tokenizer's vocabulary of "
+                             f"{self.vocab_size}: {shown}{more}")
+        return torch.from_numpy(ids.astype(np.int64))
+
+    def decode(self, ids) -> str:
+        """Text of a sequence of ids (tensor or list)."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {bad[:5]}")
+        return "".join(self.chars[i] for i in ids)
+
+
+def train_val_split(ids: torch.Tensor, val_fraction: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+    """First (1 - val_fraction) of the tokens for training, the rest for validation (no shuffling:
+    the same split every time, and no validation window overlaps a training one)."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    n_train = int(len(ids) * (1.0 - val_fraction))
+    return ids[:n_train], ids[n_train:]
+
+
+class BatchSampler:
+    """Random windows of ``block_size + 1`` tokens: x = window[:-1], y = window[1:].
+
+    Offsets come from the sampler's own CPU ``torch.Generator``, so the sequence of batches depends
+    on ``seed`` alone (not on the device, nor on other random draws); ``state()``/``set_state()``
+    save and restore it for an exact resume.
+
+    Data parallelism: with ``world_size`` processes, each draws the offsets of the whole batch of
+    ``batch_size`` (the same draws everywhere) and keeps slice ``rank`` of them, ``batch_size /
+    world_size`` windows. Together the processes see exactly the windows one process would.
+    """
+
+    def __init__(self, data: torch.Tensor, block_size: int, batch_size: int, seed: int = 0, device=None,
+                 rank: int = 0, world_size: int = 1):
+        positive_int("block_size", block_size)
+        positive_int("batch_size", batch_size)
+        positive_int("world_size", world_size)
+        if batch_size % world_size:
+            raise ValueError(f"batch_size ({batch_size}) must be divisible by world_size ({world_size})")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
+        if data.dim() != 1 or len(data) < block_size + 1:
+            raise ValueError(f"data must be a 1-D tensor of more than block_size={block_size} tokens, "
+                             f"got shape {list(data.shape)}")
+        self.data = data.to(device) if device is not None else data
+        self.block_size, self.batch_size = block_size, batch_size
+        share = batch_size // world_size
+        self.share = slice(rank * share, (rank + 1) * share)  # this process's part of every batch
+        self.generator = torch.Generator().manual_seed(seed)
+        self._arange = torch.arange(block_size + 1, device=self.data.device)  # [T+1]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n_starts = len(self.data) - self.block_size  # last start leaves room for the target
+        starts = torch.randint(n_starts, (self.batch_size,), generator=self.generator)[self.share]  # [B/world], CPU
+        windows = self.data[starts.to(self.data.device)[:, None] + self._arange]  # [B/world, T+1]
+        return windows[:, :-1], windows[:, 1:]  # x, y: [B/world, T]
+
+    def state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+
+def fixed_batches(data: torch.Tensor, block_size: int, batch_size: int, n_batches: int, seed: int = 0,
+                  device=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n_batches`` batches drawn once with their own seed: evaluating on the same windows every
+    time makes losses comparable across steps, seeds and architectures."""
+    positive_int("n_batches", n_batches)
+    sampler = BatchSampler(data, block_size, batch_size, seed, device)
+    return [next(sampler) for _ in range(n_batches)]

@@ -1,0 +1,185 @@
+"""Data parallelism over the processes that ``torchrun`` starts: which process am I, and the few
+messages the trainer's processes exchange.
+
+    torchrun --nproc_per_node 2 -m modern_block train --arch llama --out runs/llama
+
+torchrun starts one process per device and tells each where it stands through the environment:
+``RANK`` (0 .. WORLD_SIZE-1 over all machines), ``LOCAL_RANK`` (its device on this machine),
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` and where to meet (``MASTER_ADDR``, ``MASTER_PORT``). Every
+process holds the whole model and computes gradients on its own share of the batch;
+``DistributedDataParallel`` averages the gradients during backward (an all-reduce), so every
+process takes the same optimizer step and the copies of the model stay identical. The processes
+talk over gloo on the CPU and NCCL on GPUs.
+
+Without these variables, or with ``WORLD_SIZE=1``, there is one process and nothing here
+communicates: every helper below then returns its input unchanged.
+"""
+
+import atexit
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+class RankFailedError(RuntimeError):
+    """Another process of a data-parallel run failed or was stopped; this one cannot go on alone."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the run."""
+
+    rank: int = 0  # over all machines
+    world_size: int = 1
+    local_rank: int = 0  # on this machine: the GPU it uses
+    local_world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that prints and writes files."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def ranks_from_env(environ=None) -> Ranks:
+    """The ``Ranks`` torchrun put in the environment; one process when they are absent."""
+    environ = os.environ if environ is None else environ
+    if "WORLD_SIZE" not in environ:
+        return Ranks()
+    values = {}
+    for name in ENV_VARS:
+        text = environ.get(name, "0" if name.startswith("LOCAL") or name == "RANK" else "1")
+        try:
+            values[name] = int(text)
+        except ValueError:
+            raise ValueError(f"the environment variable {name} must be an integer (torchrun sets it), "
+                             f"got {text!r}") from None
+    ranks = Ranks(values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"],
+                  max(values["LOCAL_WORLD_SIZE"], 1))
+    if not (ranks.world_size >= 1 and 0 <= ranks.rank < ranks.world_size and 0 <= ranks.local_rank):
+        raise ValueError(f"inconsistent torchrun environment: RANK={ranks.rank}, WORLD_SIZE={ranks.world_size}, "
+                         f"LOCAL_RANK={ranks.local_rank}")
+    return ranks
+
+
+def device_type_for(device: str | None) -> str:
+    """"cuda" or "cpu": the kind of device a ``--device`` value (None: CUDA if available) names."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
+def setup(device_type: str) -> Ranks:
+    """Join torchrun's process group (once per process; later calls reuse it) and, on GPUs, make
+    ``cuda:LOCAL_RANK`` this process's device. Returns this process's ``Ranks``."""
+    ranks = ranks_from_env()
+    if not ranks.distributed:
+        return ranks
+    if device_type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was asked for, but torch.cuda.is_available() is False")
+        if ranks.local_rank >= torch.cuda.device_count():
+            raise ValueError(f"torchrun started process LOCAL_RANK={ranks.local_rank} but this machine has "
+                             f"{torch.cuda.device_count()} GPU(s): pass --nproc_per_node "
+                             f"{torch.cuda.device_count()} or fewer")
+        torch.cuda.set_device(ranks.local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        atexit.register(_leave)
+    return ranks
+
+
+def _leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_main_process() -> bool:
+    """True in a single process and on rank 0 of a torchrun launch."""
+    return ranks_from_env().is_main
+
+
+def is_comm_failure(err: BaseException) -> bool:
+    """Whether ``err`` is a failed exchange with other processes (a peer died or hung up):
+    torch's own ``DistError`` types, and gloo's and NCCL's errors, which arrive as plain
+    RuntimeErrors naming the library."""
+    if isinstance(err, RankFailedError) or (hasattr(dist, "DistError") and isinstance(err, dist.DistError)):
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and ("gloo" in text or "nccl" in text or "connection reset" in text)
+
+
+def as_rank_failure(err: BaseException) -> RankFailedError:
+    """A peer's failure in plain words: gloo's "[.../pair.cc:537] Read error [127.0.0.1]:50406:
+    Connection reset by peer. This is typically caused by ..." keeps only its middle."""
+    if isinstance(err, RankFailedError):
+        return err
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    text = text.split(" This is typically caused")[0].rstrip(".")
+    return RankFailedError(f"another process of this run stopped or cannot be reached ({text[:200]})")
+
+
+def _exchange(fn):
+    """Run a collective; a peer's failure becomes a ``RankFailedError`` with a plain message."""
+    try:
+        return fn()
+    except RuntimeError as err:
+        if is_comm_failure(err):
+            raise as_rank_failure(err) from err
+        raise
+
+
+def all_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The element-wise sum of ``tensor`` over all processes (``tensor`` itself in one process)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        _exchange(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM))
+    return tensor
+
+
+def all_max(tensor: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        _exchange(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MAX))
+    return tensor
+
+
+def gather_objects(obj) -> list:
+    """``[obj of rank 0, obj of rank 1, ...]`` on every process (``[obj]`` in one process). For
+    small Python objects (random states, error messages), pickled on the way."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    out = [None] * dist.get_world_size()
+    _exchange(lambda: dist.all_gather_object(out, obj))
+    return out
+
+
+def broadcast_object(obj, src: int = 0):
+    """Rank ``src``'s ``obj`` on every process."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return obj
+    box = [obj]
+    _exchange(lambda: dist.broadcast_object_list(box, src=src))
+    return box[0]
+
+
+def agree_or_raise(error: BaseException | None, info=None) -> list:
+    """Called by every process after a step that may fail on some of them only (checking the
+    output folder, reading the checkpoint): if any process failed, every process raises the first
+    failure, so none of them waits forever for the others. Otherwise returns every process's
+    ``info`` (for the processes to compare what they found)."""
+    gathered = gather_objects((error, info))
+    me = dist.get_rank() if len(gathered) > 1 else 0
+    for rank, (err, _) in enumerate(gathered):
+        if err is not None:
+            if rank == me:
+                raise error
+            raise err if isinstance(err, BaseException) else RankFailedError(f"rank {rank} failed: {err}")
+    return [info for _, info in gathered]

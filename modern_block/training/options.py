@@ -1,0 +1,119 @@
+"""Command-line options shared by ``python -m modern_block train`` and ``python -m modern_block compare``:
+argument types that reject bad values with a clear message, the run options, and the ``TrainConfig``
+they ask for."""
+
+import argparse
+import math
+import sys
+
+import torch
+
+from .config import MAX_SEED, QUICK_ENV, TrainConfig, default_config, quick_forced
+from .device import choose_device
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text}")
+    return value
+
+
+def seed_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2**63 - 1], got {value}")
+    return value
+
+
+def nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
+# option -> (TrainConfig field, argparse type, help)
+CONFIG_OPTIONS = {
+    "--max-steps": ("max_steps", positive_int, "training steps"),
+    "--lr": ("lr", positive_float, "peak learning rate"),
+    "--min-lr": ("min_lr", nonneg_float, "learning rate at the end of the cosine (default: lr/10 when --lr is given)"),
+    "--warmup-steps": ("warmup_steps", int, "linear warmup steps"),
+    "--batch-size": ("batch_size", positive_int, "sequences per optimizer step, over all processes"),
+    "--micro-batch-size": ("micro_batch_size", positive_int, "sequences per forward/backward pass in one process "
+                           "(gradient accumulation; default: batch size / processes)"),
+    "--block-size": ("block_size", positive_int, "context length (characters)"),
+    "--dropout": ("dropout", nonneg_float, "dropout probability"),
+    "--weight-decay": ("weight_decay", nonneg_float, "AdamW weight decay on matrices"),
+    "--grad-clip": ("grad_clip", nonneg_float, "gradient-norm clip (0: off)"),
+    "--eval-interval": ("eval_interval", positive_int, "steps between evaluations and checkpoints"),
+    "--eval-batches": ("eval_batches", positive_int, "fixed batches per evaluation"),
+}
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared by ``modern_block.training.trainer`` and ``modern_block compare``."""
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument("--quick", action="store_true", help="CPU scale (default when there is no GPU; "
+                       f"{QUICK_ENV}=1 forces it)")
+    scale.add_argument("--full", action="store_true", help="GPU scale even without a GPU (slow on a CPU)")
+    for option, (_, kind, text) in CONFIG_OPTIONS.items():
+        parser.add_argument(option, type=kind, default=None, help=text)
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    parser.add_argument("--no-compile", action="store_true", help="do not use torch.compile")
+    parser.add_argument("--compile", action="store_true", help="use torch.compile on the CPU too")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int | None = None,
+                     lr: float | None = None) -> TrainConfig:
+    """The TrainConfig the options ask for; invalid combinations end in ``parser.error`` (exit 2)."""
+    overrides = {name: getattr(args, option[2:].replace("-", "_")) for option, (name, _, _) in CONFIG_OPTIONS.items()}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if lr is not None:
+        overrides["lr"] = lr
+    if "lr" in overrides and "min_lr" not in overrides:
+        overrides["min_lr"] = overrides["lr"] / 10  # nanoGPT's convention
+    if seed is not None:
+        overrides["seed"] = seed
+    if args.no_compile and args.compile:
+        parser.error("--compile and --no-compile exclude each other")
+    if args.no_compile or args.compile:
+        overrides["compile"] = args.compile
+    if args.device is not None:
+        try:
+            choose_device(args.device)
+        except (ValueError, RuntimeError) as err:
+            parser.error(f"--device: {err}")
+        overrides["device"] = args.device
+    if args.full and quick_forced():
+        print(f"note: {QUICK_ENV} is set, so --full is ignored: quick mode", file=sys.stderr)
+    try:
+        return default_config(arch, quick_from_args(args), **overrides)
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def quick_from_args(args) -> bool:
+    """Quick mode: --quick, MODERN_BLOCK_QUICK=1, or no GPU unless --full."""
+    return quick_forced() or args.quick or (not args.full and not torch.cuda.is_available())
+
