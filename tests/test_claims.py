@@ -34,7 +34,8 @@ SCALES = {"K": 10**3, "thousand": 10**3, "M": 10**6, "million": 10**6, "billion"
 # Published constants a lesson may state without printing them: {lesson number or "*": {text: why}}.
 # ``text`` is the number as the claim check reads it, unit included (the failure message shows it).
 EXEMPT: dict[str, dict[str, str]] = {
-    "*": {"8x": "the short card's headline claim, quoted to refute it (COURSE.md)"},
+    "*": {"8x": "the short card's headline claim, quoted to refute it (COURSE.md)",
+          "95%": "the confidence level of the course's intervals (COURSE.md, Statistics)"},
     "00": {"0.044715": "the constant of GPT-2's tanh GELU (Hendrycks & Gimpel, 2016)"},
     "02": {"2.67": "8/3, the SwiGLU sizing ratio (arithmetic)"},
     "04": {"5%": "the GQA paper's uptraining budget (Ainslie et al., 2023)"},
