@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import functools
 import math
 
@@ -59,14 +60,16 @@ def pick(g: torch.Generator, options):
     return options[int(torch.randint(len(options), (1,), generator=g))]
 
 
-def exercise_check(fn=None, *, components: tuple[str, ...] = ()):
+def exercise_check(fn=None, *, components: tuple[str, ...] = (), uses: tuple[str, ...] = ()):
     """Run a check with a private random state, without autograd, turning a stub's
     NotImplementedError into NotAttempted, and print the success line.
 
     ``components`` names the package's own objects that implement what the exercise asks for (a class or
-    function name, ``Class.method`` for one method): the grader reports a submission that calls them."""
+    function name, ``Class.method`` for one method): while the grader grades the exercise they are not
+    available to the submission. ``uses`` names the package objects a right answer may build on (lesson 07's
+    LM stacks the package's Block): the grader never hides those while this exercise is graded."""
     if fn is None:
-        return functools.partial(exercise_check, components=components)
+        return functools.partial(exercise_check, components=components, uses=uses)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -87,6 +90,7 @@ def exercise_check(fn=None, *, components: tuple[str, ...] = ()):
             print(f"✓ {name} passed ({summary})")
 
     wrapper.components = tuple(components)
+    wrapper.uses = tuple(uses)
     return wrapper
 
 
@@ -95,15 +99,53 @@ def fail(name: str, message: str):
     raise CheckFailed(f"{name}: {message}")
 
 
+class Output:
+    """An argument whose contents after the call the check reads: the KV cache the student's function is to
+    extend in place, or an input it must leave alone. Like every argument it gets a fresh copy; after the call
+    ``value`` is what the function left in that copy (the check's own value is never touched)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def fresh(value):
+    """A copy of an argument for the student's code: whatever it does to it never reaches the check's own
+    values, from which the expected output is computed. Stand-ins for the student's objects (the grader's)
+    are passed as they are."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if hasattr(value, "call_with_outputs"):
+        return value
+    if isinstance(value, nn.Module):
+        return copy.deepcopy(value)
+    if isinstance(value, dict):
+        return {k: fresh(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [fresh(v) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
+
+
 def call_student(name: str, what: str, fn, *args, **kwargs):
-    """Call the student's code; a crash becomes a CheckFailed that says which call crashed."""
+    """Call the student's code on fresh copies of the arguments (``Output`` ones come back); a crash becomes
+    a CheckFailed that says which call crashed. In the grader ``fn`` is a stand-in for an object in the
+    student's process (``call_with_outputs``): the copies travel there as data and only the outputs return."""
     __tracebackhide__ = True
+    outputs = [i for i, a in enumerate(args) if isinstance(a, Output)]
+    copies = [fresh(a.value if isinstance(a, Output) else a) for a in args]
+    keywords = {k: fresh(v) for k, v in kwargs.items()}
     try:
-        return fn(*args, **kwargs)
+        if hasattr(fn, "call_with_outputs"):
+            value, changed = fn.call_with_outputs(copies, keywords, outputs)
+        else:
+            value, changed = fn(*copies, **keywords), {i: copies[i] for i in outputs}
     except (NotImplementedError, NotAttempted, CheckFailed):
         raise
     except Exception as err:  # the student's code crashed: say where, keep the traceback chained
         raise CheckFailed(f"{name}: {what} raised {type(err).__name__}: {err}") from err
+    for i in outputs:
+        args[i].value = changed[i]
+    return value
 
 
 def shape_of(t) -> str:

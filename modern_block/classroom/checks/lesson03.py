@@ -8,6 +8,7 @@ import torch
 
 from ...rope import rope_cache
 from .core import (
+    Output,
     call_student,
     exercise_check,
     fail,
@@ -116,9 +117,9 @@ def _check_rope_fn(name, fn, layout) -> str:
     layouts = {"half": "half-split (pair i with i + dh/2: x1, x2 = x.chunk(2, -1))",
                "interleaved": "interleaved (pair 2i with 2i+1: x[..., 0::2], x[..., 1::2])"}
     for desc, x, cos, sin in _rope_cases(g):
-        x_before = x.clone()
-        got = call_student(name, f"{name[6:]} on {desc}", fn, x, cos, sin)
-        if not torch.equal(x, x_before):
+        after = Output(x)  # what the function leaves in its copy of x
+        got = call_student(name, f"{name[6:]} on {desc}", fn, after, cos, sin)
+        if not (isinstance(after.value, torch.Tensor) and torch.equal(after.value, x)):
             fail(name, f"on {desc}: your function changed x in place; return a new tensor.")
         want = rope64(x, cos, sin, layout)
         mk = partial(rope64, x, cos, sin)

@@ -12,6 +12,7 @@ from ...rmsnorm import RMSNorm
 from ...rope import rope_cache
 from .core import (
     CheckFailed,
+    Output,
     call_student,
     dtype_name,
     exercise_check,
@@ -244,7 +245,7 @@ GQA_LOAD_HINTS = {
 }
 
 
-@exercise_check(components=("GQAttention", "causal_attention"))
+@exercise_check(components=("GQAttention", "causal_attention"), uses=("RMSNorm", "apply_rope"))
 def check_gqattention(GQAttentionClass) -> str:
     """``GQAttention(d, n_heads, n_kv_heads, qk_norm=True)`` with wq/wk/wv/wo/q_norm/k_norm and
     ``forward(x, cos, sin)``, causal."""
@@ -331,7 +332,8 @@ def _decode64(ref: GQAttention, x, cos, sin, schedule, *, positions="offset", ca
     return torch.cat(outs, dim=1)
 
 
-@exercise_check(components=("GQAttention.forward", "causal_attention", "LayerCache", "KVCache"))
+@exercise_check(components=("GQAttention.forward", "causal_attention", "LayerCache", "KVCache"),
+                uses=("RMSNorm", "apply_rope"))
 def check_kv_cache(attend_cached) -> str:
     """``attend_cached(attn, x, cos, sin, cache)``: attention of the new tokens x [B, T, d] (which follow
     the cached ones) through the package's GQAttention ``attn``; ``cache`` is a dict with "k" and "v"
@@ -350,7 +352,7 @@ def check_kv_cache(attend_cached) -> str:
         total = sum(schedule)
         x = torch.randn(B, total, d, generator=g)
         cos, sin = rope_cache(total + 4, d // h)
-        cache = {"k": None, "v": None}
+        cache = Output({"k": None, "v": None})  # the function extends it in place: a declared output
         outs = []
         start = 0
         for step, T in enumerate(schedule):
@@ -385,7 +387,8 @@ def check_kv_cache(attend_cached) -> str:
         judge(name, got, want, cands, f"with {desc}, the outputs of all steps", atol=2e-5, rtol=1e-4,
               hint="Each step's output must equal the matching rows of attn(all tokens so far).")
         # what is cached: the n_kv rotated keys and the values, for every token so far
-        k, v = cache.get("k"), cache.get("v")
+        held = cache.value if isinstance(cache.value, dict) else {}
+        k, v = held.get("k"), held.get("v")
         if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
             fail(name, f"with {desc}: after the last step cache['k'] and cache['v'] must be tensors, got "
                        f"{type(k).__name__} and {type(v).__name__}.")

@@ -18,7 +18,7 @@ from .lesson04 import GQA_LOAD_HINTS, grade_attention_module
 from .reference import rms_norm64, rope64
 
 
-@exercise_check(components=("GQAttention",))
+@exercise_check(components=("GQAttention",), uses=("RMSNorm", "apply_rope"))
 def check_qk_norm_rope(qk_norm_rope) -> str:
     """``qk_norm_rope(q, k, q_norm, k_norm, cos, sin)`` → (q, k): each head's q and k normalised by their
     own RMSNorm, then rotated by RoPE."""
@@ -58,7 +58,7 @@ def check_qk_norm_rope(qk_norm_rope) -> str:
     return "2 cases: GQA and one KV head, random norm scales"
 
 
-@exercise_check(components=("GQAttention", "causal_attention"))
+@exercise_check(components=("GQAttention", "causal_attention"), uses=("RMSNorm", "apply_rope"))
 def check_qk_norm_attention(QKNormAttentionClass) -> str:
     """``QKNormAttention(d, n_heads, n_kv_heads)``: GQA attention with per-head RMSNorm on q and k (before
     RoPE), attributes wq/wk/wv/wo/q_norm/k_norm, ``forward(x, cos, sin)``."""

@@ -62,7 +62,7 @@ def _block_candidates(ref: Block, x, cos, sin):
     ]
 
 
-@exercise_check(components=("Block",))
+@exercise_check(components=("Block",), uses=("RMSNorm", "GQAttention", "SwiGLU"))
 def check_block(BlockClass) -> str:
     """``Block(d, n_heads, n_kv_heads, d_ff)``: pre-norm residual block with attn_norm, attn (GQAttention),
     ffn_norm, ffn (SwiGLU); ``forward(x, cos, sin)``."""
@@ -91,7 +91,7 @@ def check_block(BlockClass) -> str:
 _CHAPTER_PARAMS = 3_283_456
 
 
-@exercise_check(components=("LlamaStyleLM",))
+@exercise_check(components=("LlamaStyleLM",), uses=("Block", "RMSNorm", "rope_cache"))
 def check_llama_lm(LlamaStyleLMClass) -> str:
     """``LlamaStyleLM(V, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, max_len=1024,
     rope_base=10000.0, tie=False)``: emb, blocks, norm, head, non-persistent cos/sin buffers;

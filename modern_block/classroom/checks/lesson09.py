@@ -10,6 +10,7 @@ import torch
 from ...kv_cache import kv_cache_bytes_per_token
 from ...rope import rope_frequencies
 from .core import (
+    Output,
     call_student,
     exercise_check,
     fail,
@@ -87,11 +88,11 @@ def check_llama3_rope_scaling(llama3_frequencies_fn) -> str:
                       low, high, pick(g, [2048, 4096, 16384])))
     for what, dh, base, s, low, high, L0 in cases:
         theta = rope_frequencies(dh, base)  # [dh/2], float32
-        before = theta.clone()
+        after = Output(theta)  # what the function leaves in its copy of theta
         call = (f"llama3_frequencies(theta of {what} (d_h {dh}, base {base:,.0f}), factor={s:g}, "
                 f"low_freq_factor={low:g}, high_freq_factor={high:g}, original_len={L0})")
-        got = call_student(name, call, llama3_frequencies_fn, theta, s, low, high, L0)
-        if not torch.equal(theta, before):
+        got = call_student(name, call, llama3_frequencies_fn, after, s, low, high, L0)
+        if not (isinstance(after.value, torch.Tensor) and torch.equal(after.value, theta)):
             fail(name, f"{call}: your function changed theta in place; return a new tensor.")
         want = _llama3_64(theta, s, low, high, L0)
         cands = [(diag, partial(_llama3_64, theta, s, low, high, L0, mistake=m)) for m, diag in _LLAMA3_MISTAKES]
