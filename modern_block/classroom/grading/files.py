@@ -88,7 +88,9 @@ def _walk(folder: str, depth: int, found: list, refused: list) -> None:
             if entry.name.endswith(".ipynb") or os.path.isdir(entry.path):
                 refused.append((entry.path, "a symbolic link: the grader does not follow links in a class folder"))
         elif entry.is_dir(follow_symlinks=False):
-            if depth >= MAX_DEPTH:
+            if entry.name.endswith(".ipynb"):
+                refused.append((entry.path, "not a regular file (a folder)"))
+            elif depth >= MAX_DEPTH:
                 refused.append((entry.path, f"a folder more than {MAX_DEPTH} levels deep"))
             else:
                 _walk(entry.path, depth + 1, found, refused)

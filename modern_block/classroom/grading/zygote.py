@@ -83,10 +83,9 @@ def drop_capabilities() -> None:
 def student(sock_fd: int, spec: dict) -> None:
     """The student's process, once inside: contain itself, then serve the grader. Never returns."""
     try:
+        os.setsid()  # its own session and process group: kill(0, ...) reaches nothing of the grader's
         if spec.get("sandbox"):
             drop_capabilities()
-        else:
-            os.setsid()
         os.closerange(3, sock_fd)
         os.closerange(sock_fd + 1, 1 << 16)
         os.chdir(spec["workdir"])
