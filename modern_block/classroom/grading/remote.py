@@ -56,7 +56,8 @@ def module_spec(module: nn.Module) -> dict:
     """A module of the grader's, by value: its class (``module:qualname``), simple attributes, parameters,
     buffers and submodules. The student's process rebuilds a fresh one for every call."""
     cls = type(module)
-    if not cls.__module__.startswith(("torch.nn.", "modern_block.")) or "." in cls.__qualname__:
+    model_file = cls.__module__.startswith("modern_block.") and cls.__module__.count(".") == 1
+    if not (cls.__module__.startswith("torch.nn.modules.") or model_file) or "." in cls.__qualname__:
         raise TypeError(f"the grader cannot send a {cls.__name__} to the student's process")
     return {"class": f"{cls.__module__}:{cls.__qualname__}",
             "attrs": {k: v for k, v in vars(module).items() if k not in _MODULE_INTERNALS and _plain(v)},
