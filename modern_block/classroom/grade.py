@@ -68,7 +68,7 @@ def load_reference(path) -> dict[str, Reference]:
         raise UsageError(f"--reference: no such notebook or folder of notebooks: {path}")
     refs = {}
     for f in files:
-        data, error = read_regular(str(f))
+        data, error = read_regular(os.path.realpath(f))  # the instructor's own: links followed
         try:
             if error:
                 raise NotebookError(error)

@@ -100,9 +100,10 @@ def _walk(folder: str, depth: int, found: list, refused: list) -> None:
 
 def collect(paths, exclude=()) -> list[Submission]:
     """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``, ``exclude`` left
-    out of the search), read into memory. Raises FileNotFoundError for a path that does not exist."""
+    out of the search), read into memory. A notebook named here is read through a link; inside a folder
+    nothing is. Raises FileNotFoundError for a path that does not exist."""
     excluded = {os.path.realpath(p) for p in exclude}
-    rows: list[tuple[str, str, str | None]] = []  # (path, student, refusal)
+    rows: list[tuple[str, str, str | None]] = []  # (path, student, refusal); student "" for a named file
     for given in map(os.fspath, paths):
         if os.path.isdir(given):
             found: list[str] = []
@@ -113,16 +114,20 @@ def collect(paths, exclude=()) -> list[Submission]:
                 student = parts[0] if len(parts) > 1 else Path(parts[0]).stem
                 rows.append((path, student, reason))
         elif os.path.lexists(given):
-            rows.append((given, "", None))  # named below
+            rows.append((given, "", None))
         else:
             raise FileNotFoundError(given)
     stems = [Path(path).stem for path, student, _ in rows if not student]
     subs = []
     for path, student, reason in rows:
-        if not student:  # a file given by name: its stem, or folder/stem when two share a stem
+        if reason:
+            data, error = None, reason
+        elif student:
+            data, error = read_regular(path)
+        else:  # a file given by name: its stem, or folder/stem when two share a stem
             p = Path(path)
             student = f"{p.parent.name}/{p.stem}" if stems.count(p.stem) > 1 else p.stem
-        data, error = (None, reason) if reason else read_regular(path)
+            data, error = read_regular(os.path.realpath(path))
         subs.append(Submission(path, path, student, data, error))
     return subs
 
