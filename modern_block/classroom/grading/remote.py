@@ -220,12 +220,12 @@ class RemoteModule(nn.Module):
         *path, leaf = dotted.split(".")
         owner: nn.Module = self
         for part in path:
-            if not part or part.startswith("_") or hasattr(nn.Module, part):
+            if not (part.isidentifier() or part.isdigit()) or part.startswith("_") or hasattr(nn.Module, part):
                 raise ValueError(f"an unusable submodule name {dotted!r}")
             if part not in owner._modules:
                 owner._modules[part] = nn.Module()
             owner = owner._modules[part]
-        if not leaf or leaf.startswith("_") or "." in leaf or hasattr(nn.Module, leaf):
+        if not (leaf.isidentifier() or leaf.isdigit()) or leaf.startswith("_") or hasattr(nn.Module, leaf):
             raise ValueError(f"an unusable attribute name {dotted!r}")
         return owner, leaf
 
