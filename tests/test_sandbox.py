@@ -376,3 +376,23 @@ def test_outputs_are_written_whole_and_never_through_a_link(tmp_path):
         files.write_atomic(str(tmp_path / ("x" * 300)), "x", "--csv")
     assert victim.read_text() == "keep" and sorted(os.listdir(tmp_path)) == ["folder.csv", "grades.csv", "link.csv",
                                                                             "victim"]
+
+
+FAILING_BWRAP = "#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n"
+
+
+@pytest.mark.parametrize("bwrap", [None, FAILING_BWRAP], ids=["not installed", "no user namespaces"])
+def test_without_a_working_sandbox_the_grader_refuses_and_names_the_flag(bwrap, tmp_path, monkeypatch, capsys):
+    if bwrap is not None:
+        (tmp_path / "bwrap").write_text(bwrap)
+        (tmp_path / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin" if bwrap else str(tmp_path))
+    with pytest.raises(SandboxError) as refused:
+        Launcher(limits=Limits(memory_mb=1234))
+    message = str(refused.value)
+    assert "--no-sandbox-i-trust-these-notebooks" in message
+    assert ("bubblewrap is not installed" if bwrap is None else "No permissions to create new namespace") in message
+    solution = str(ROOT / "solutions" / "01_rmsnorm.ipynb")
+    assert grade.main([solution, "--reference", str(ROOT / "exercises"), "--memory-mb", "1235"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the grader runs every submission in a bubblewrap sandbox") and err.count("\n") == 1
