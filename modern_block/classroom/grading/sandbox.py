@@ -58,12 +58,13 @@ from .bwrap import (
 )
 from .cgroups import Cgroups, Group
 
-STARTUP_TIMEOUT = 180.0  # seconds for a sandboxed interpreter to import torch on a busy machine
+STARTUP_TIMEOUT = 180.0  # seconds for the zygote to import torch, or a sandbox to start, on a busy machine
 INTERPRETER_BYTES = 1 << 30  # memory of the loaded interpreter (torch, IPython), on top of --memory-mb
 PROCESSES = 128  # processes and threads of one sandbox (with a cgroup)
 EXTRA_PROCESSES = 64  # without a cgroup: processes a submission may add to its user's count
 UNSAFE_FLAG = "--no-sandbox-i-trust-these-notebooks"
 _PROBE = "import sys; sys.exit(0 if sys.path else 1)"
+
 
 class SandboxLost(BaseException):
     """The student's process timed out, died or sent garbage. A BaseException, so that no ``except
