@@ -396,3 +396,22 @@ def test_without_a_working_sandbox_the_grader_refuses_and_names_the_flag(bwrap, 
     assert grade.main([solution, "--reference", str(ROOT / "exercises"), "--memory-mb", "1235"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: the grader runs every submission in a bubblewrap sandbox") and err.count("\n") == 1
+
+
+@pytest.mark.skipif(_launcher() is None, reason="no sandbox here (bubblewrap cannot start)")
+def test_without_a_cgroup_every_process_is_limited_and_the_pid_namespace_ends_them():
+    launcher = Launcher(limits=Limits(memory_mb=300, cpu_seconds=77))
+    if launcher.cgroups is not None:
+        launcher.cgroups.close()
+        launcher.cgroups = None  # as where no cgroup may be made
+    try:
+        box = launcher.spawn(frozenset(), None)
+        reply = box.request({"op": "exec", "source": "import subprocess\nprint(subprocess.run(['cat', "
+                             "'/proc/self/limits'], capture_output=True, text=True).stdout)"}, time.monotonic() + 60)
+        limits = {line[:26].strip(): line[26:].split()[:2] for line in reply["output"].splitlines()[1:] if line}
+        assert limits["Max cpu time"] == ["77", "82"] and limits["Max file size"] == [str(16 << 20)] * 2
+        assert limits["Max core file size"] == ["0", "0"] and limits["Max processes"][0] != "unlimited"
+        assert int(limits["Max address space"][0]) > 300 << 20 and box.group is None
+        box.close()
+    finally:
+        launcher.close()
