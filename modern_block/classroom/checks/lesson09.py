@@ -9,7 +9,19 @@ import torch
 
 from ...kv_cache import kv_cache_bytes_per_token
 from ...rope import rope_frequencies
-from .core import _call, _check, _fail, _gen, _graded, _judge, _judge_int, _judge_number, _pick, _require_dtype
+from .core import (
+    Output,
+    call_student,
+    exercise_check,
+    fail,
+    generator,
+    is_graded,
+    judge,
+    judge_int,
+    judge_number,
+    pick,
+    require_dtype,
+)
 
 
 def _llama3_64(theta, s, low, high, L0, *, mistake=None):
@@ -62,48 +74,48 @@ _LLAMA3_MISTAKES = [
 ]
 
 
-@_check(components=("llama3_frequencies", "scaled_frequencies", "rope_cache"))
+@exercise_check(components=("llama3_frequencies", "scaled_frequencies", "rope_cache"))
 def check_llama3_rope_scaling(llama3_frequencies_fn) -> str:
     """``llama3_frequencies(theta, factor, low_freq_factor, high_freq_factor, original_len)`` → the scaled
     frequencies, same shape and dtype as ``theta`` [dh/2]: Llama 3.1's piecewise rule by wavelength."""
     __tracebackhide__ = True
     name = "check_llama3_rope_scaling"
     cases = list(_LLAMA3_CASES)
-    if _graded():  # a hidden context length, factor and band
-        g = _gen(9)
-        low, high = _pick(g, [(1.0, 4.0), (1.0, 2.0), (2.0, 8.0)])
-        cases.append(("a hidden configuration", 64, _pick(g, [10000.0, 500000.0]), _pick(g, [4.0, 8.0, 16.0]),
-                      low, high, _pick(g, [2048, 4096, 16384])))
+    if is_graded():  # a hidden context length, factor and band
+        g = generator(9)
+        low, high = pick(g, [(1.0, 4.0), (1.0, 2.0), (2.0, 8.0)])
+        cases.append(("a hidden configuration", 64, pick(g, [10000.0, 500000.0]), pick(g, [4.0, 8.0, 16.0]),
+                      low, high, pick(g, [2048, 4096, 16384])))
     for what, dh, base, s, low, high, L0 in cases:
         theta = rope_frequencies(dh, base)  # [dh/2], float32
-        before = theta.clone()
+        after = Output(theta)  # what the function leaves in its copy of theta
         call = (f"llama3_frequencies(theta of {what} (d_h {dh}, base {base:,.0f}), factor={s:g}, "
                 f"low_freq_factor={low:g}, high_freq_factor={high:g}, original_len={L0})")
-        got = _call(name, call, llama3_frequencies_fn, theta, s, low, high, L0)
-        if not torch.equal(theta, before):
-            _fail(name, f"{call}: your function changed theta in place; return a new tensor.")
+        got = call_student(name, call, llama3_frequencies_fn, after, s, low, high, L0)
+        if not (isinstance(after.value, torch.Tensor) and torch.equal(after.value, theta)):
+            fail(name, f"{call}: your function changed theta in place; return a new tensor.")
         want = _llama3_64(theta, s, low, high, L0)
         cands = [(diag, partial(_llama3_64, theta, s, low, high, L0, mistake=m)) for m, diag in _LLAMA3_MISTAKES]
-        _judge(name, got, want, cands, call, rtol=1e-5, atol=0,
-               hint="wavelength = 2π/θ; keep θ below original_len/high_freq_factor, divide it by the factor above "
-                    "original_len/low_freq_factor, blend in between.")
-        _require_dtype(name, got, theta.dtype, call, "the output", "return theta's dtype (float32).")
+        judge(name, got, want, cands, call, rtol=1e-5, atol=0,
+              hint="wavelength = 2π/θ; keep θ below original_len/high_freq_factor, divide it by the factor above "
+                   "original_len/low_freq_factor, blend in between.")
+        require_dtype(name, got, theta.dtype, call, "the output", "return theta's dtype (float32).")
     return f"{len(cases)} configurations incl. Llama 3.1 8B and Llama 3.2 1B, every band populated"
 
 
-@_check(components=("dynamic_ntk_frequencies",))
+@exercise_check(components=("dynamic_ntk_frequencies",))
 def check_ntk_scaled_base(ntk_scaled_base_fn) -> str:
     """``ntk_scaled_base(base, dh, kappa)`` → b' = base · kappa^(dh/(dh-2)), the NTK-aware base that keeps the
     fastest pair and divides the slowest one's frequency by exactly kappa."""
     __tracebackhide__ = True
     name = "check_ntk_scaled_base"
     cases = [(10000.0, 128, 4.0), (500000.0, 64, 2.0), (10000.0, 16, 8.0)]
-    if _graded():
-        g = _gen(10)
-        cases.append((_pick(g, [10000.0, 100000.0, 1000000.0]), _pick(g, [32, 64, 96]), _pick(g, [1.5, 3.0, 16.0])))
+    if is_graded():
+        g = generator(10)
+        cases.append((pick(g, [10000.0, 100000.0, 1000000.0]), pick(g, [32, 64, 96]), pick(g, [1.5, 3.0, 16.0])))
     for base, dh, kappa in cases:
         call = f"ntk_scaled_base({base:g}, {dh}, {kappa:g})"
-        got = _call(name, call, ntk_scaled_base_fn, base, dh, kappa)
+        got = call_student(name, call, ntk_scaled_base_fn, base, dh, kappa)
         want = base * kappa ** (dh / (dh - 2))
         cands = [
             ("the exponent d_h/(d_h - 2) is missing: with base·kappa the slowest pair is divided by only "
@@ -113,13 +125,13 @@ def check_ntk_scaled_base(ntk_scaled_base_fn) -> str:
              base / kappa ** (dh / (dh - 2))),
             ("kappa was raised to d_h/2: the exponent is d_h/(d_h - 2).", base * kappa ** (dh / 2)),
         ]
-        _judge_number(name, got, want, cands, call, rel=1e-6,
-                      hint="the slowest pair's frequency is b^(-(d_h-2)/d_h); solve for the base that divides it "
-                           "by kappa.")
+        judge_number(name, got, want, cands, call, rel=1e-6,
+                     hint="the slowest pair's frequency is b^(-(d_h-2)/d_h); solve for the base that divides it "
+                          "by kappa.")
     return f"{len(cases)} cases: Llama 2-style, Llama 3-style and a 16-dimensional head"
 
 
-@_check(components=())
+@exercise_check(components=())
 def check_smollm2_cache_bytes(n_bytes) -> str:
     """``smollm2_cache_bytes``: SmolLM2-135M's KV cache per token in bf16 (30 layers, 9 query heads over 3 K/V
     heads of 64)."""
@@ -133,6 +145,6 @@ def check_smollm2_cache_bytes(n_bytes) -> str:
         ("4 bytes per number: bf16 takes 2.", kv_cache_bytes_per_token(L, kv, dh, 4)),
         ("one layer only: each of the 30 layers caches its own K and V.", kv_cache_bytes_per_token(1, kv, dh, 2)),
     ]
-    _judge_int("check_smollm2_cache_bytes", n_bytes, want, cands, "smollm2_cache_bytes",
-               hint="2 (K and V) · n_layers · n_kv_heads · head_dim · 2 bytes.")
+    judge_int("check_smollm2_cache_bytes", n_bytes, want, cands, "smollm2_cache_bytes",
+              hint="2 (K and V) · n_layers · n_kv_heads · head_dim · 2 bytes.")
     return f"{want:,} bytes per token, a third of MHA's"
