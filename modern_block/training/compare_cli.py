@@ -7,7 +7,8 @@ peak learning rate of a small sweep, once per seed, and is reported at its own b
 DIR/report.md, DIR/loss_curves.png, DIR/sweep.png, DIR/results.json and, per run,
 DIR/<model>-lr<LR>-seed<S>/metrics.jsonl and summary.json (no checkpoints: use
 ``modern_block.training.trainer`` to keep and resume one run). The experiment itself lives in
-``modern_block.training.experiments``; this is its command line.
+``modern_block.training.experiments``, its report in ``modern_block.training.report``; this is its
+command line.
 """
 
 import argparse
@@ -16,26 +17,27 @@ import time
 from pathlib import Path
 
 from .distributed import RankFailedError, is_main_process, ranks_from_env
-from .experiments import ARMS, GPU_RATES, QUICK_RATES, compare, write_report
-from .options import add_run_options, config_from_args, positive_float, positive_int, quick_from_args, seed_int
+from .experiments import ARMS, GPU_RATES, QUICK_RATES, compare
+from .options import add_run_options, config_from_args, positive_float_arg, positive_int_arg, quick_from_args, seed_arg
+from .report import write_report
 from .run_folder import RunFolderError
 
 
 def build_parser() -> argparse.ArgumentParser:
     cmp_parser = argparse.ArgumentParser(prog="python -m modern_block compare", description=__doc__.split("\n\n")[0])
     cmp_parser.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
-    cmp_parser.add_argument("--seeds", type=seed_int, nargs="+", default=None,
+    cmp_parser.add_argument("--seeds", type=seed_arg, nargs="+", default=None,
                             help="seeds, one run per model, rate and seed (default: 0 1; 0 1 2 at GPU scale)")
-    cmp_parser.add_argument("--rates", type=positive_float, nargs="+", default=None, metavar="LR",
+    cmp_parser.add_argument("--rates", type=positive_float_arg, nargs="+", default=None, metavar="LR",
                             help=f"peak learning rates to sweep (default: {' '.join(map(str, QUICK_RATES))}; "
                                  f"{' '.join(map(str, GPU_RATES))} at GPU scale)")
     for arch in ("gpt2", "llama"):
-        cmp_parser.add_argument(f"--lr-{arch}", type=positive_float, default=None,
+        cmp_parser.add_argument(f"--lr-{arch}", type=positive_float_arg, default=None,
                                 help=f"train the {'GPT-2' if arch == 'gpt2' else 'Llama-style'} model at this "
                                      "peak rate only (no sweep for it)")
     cmp_parser.add_argument("--tied", action="store_true",
                             help="tie both models' output heads to their embeddings (default: both untied)")
-    cmp_parser.add_argument("--workers", type=positive_int, default=1,
+    cmp_parser.add_argument("--workers", type=positive_int_arg, default=1,
                             help="trainings at once, each in its own process (CPU cores, or runs sharing a GPU)")
     add_run_options(cmp_parser)
     return cmp_parser

@@ -149,11 +149,6 @@ def load_corpus(url: str = TINYSHAKESPEARE_URL, data_dir=None, cache=None, fallb
         return Corpus(text, "python-stdlib", description)
 
 
-def load_text(**kwargs) -> str:
-    """Just the text of ``load_corpus(**kwargs)``."""
-    return load_corpus(**kwargs).text
-
-
 class CharTokenizer:
     """One token per character; the vocabulary is the sorted set of characters of a text."""
 

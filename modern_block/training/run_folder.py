@@ -1,7 +1,7 @@
 """What a training run keeps on disk, written so that a run is never lost.
 
     DIR/metrics.jsonl   one JSON line per evaluation, appended as the run goes
-    DIR/ckpt.pt         everything needed to continue exactly, and a sha256 of its contents
+    DIR/ckpt.pt         everything needed to continue exactly, and a sha256 of its contents (``training.checkpoint``)
     DIR/summary.json    the run's summary, rewritten at the end of each session
     DIR/.lock           held (an operating-system file lock) by the one training writing DIR
 
@@ -10,40 +10,112 @@ The rules, and why:
   typo in ``--out`` must not wipe a day of training.
 - One training per folder at a time. The lock is the operating system's (``flock``; ``msvcrt`` on
   Windows), so it is released when its process ends, even when it is killed: no stale lock files.
-- Every file is written to a temporary file with a unique name in the same folder and renamed onto
-  its final name (``os.replace`` is atomic), so a reader sees the old file or the new one, never
-  half of one. A failed write (a full disk) removes its temporary file; the old file stays.
-- The checkpoint carries a sha256 of everything in it, checked when it is loaded: a flipped bit
-  is reported, not trained on. Any unreadable checkpoint gives a ``CheckpointError`` naming the file.
+- Every file is replaced atomically (``training.files``): a reader sees the old file or the new one.
 - A torn last line of ``metrics.jsonl`` (the process died while appending it) is dropped, and said so.
 """
 
-import hashlib
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import ConfigError
+from .files import write_text_atomic
 
 CHECKPOINT = "ckpt.pt"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 LOCK = ".lock"
-CHECKPOINT_FORMAT = 2  # 1: no checksum, no throughput history (read, with a warning)
-REQUIRED_KEYS = ("format", "config", "chars", "corpus", "step", "elapsed_s", "losses", "model", "optimizer",
-                 "scaler", "rng_cpu", "rng_cuda", "sampler")
 
 
-class RunFolderError(ValueError):
+class RunFolderError(ConfigError):
     """``--out`` cannot be used as asked: not a folder, not writable, in use, or already holding a run."""
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be read (empty, truncated, damaged, incomplete) or written (disk full)."""
+def _silent(*args, **kwargs) -> None:
+    pass
+
+
+class RunFolder:
+    """The files of one run in ``path``; ``path=None``: a run that keeps no files. Only the ``writer``
+    (the one process of a run that writes, rank 0) writes; every process may read the checkpoint.
+    ``checkpoints=False``: metrics and summary only (``compare``'s runs)."""
+
+    def __init__(self, path=None, writer: bool = True, checkpoints: bool = True):
+        self.path = Path(path) if path is not None else None
+        self.writer = writer and self.path is not None
+        self.keeps_checkpoints = checkpoints and self.path is not None
+        self._lock: RunLock | None = None
+
+    def _file(self, name: str) -> Path | None:
+        return self.path / name if self.path is not None else None
+
+    @property
+    def checkpoint(self) -> Path | None:
+        return self._file(CHECKPOINT)
+
+    @property
+    def metrics(self) -> Path | None:
+        return self._file(METRICS)
+
+    def claim(self, resume: bool, overwrite: bool, say=_silent) -> dict | None:
+        """Check and lock the folder (the writer); return the checkpoint to resume from (every
+        process), or None for a new run. An earlier run is refused unless ``resume`` or ``overwrite``."""
+        if self.path is None:
+            return None
+        if resume and overwrite:
+            raise RunFolderError("resume and overwrite exclude each other")
+        if self.writer:
+            prepare(self.path)
+            self._lock = RunLock(self.path)
+        if resume and self.checkpoint.exists():
+            return load_checkpoint(self.checkpoint)
+        if self.writer:
+            found = existing_run(self.path)
+            if resume:
+                say(f"no checkpoint in {self.path}; starting a new run"
+                    + (f" (replacing what is there: {found})" if found else ""))
+            elif found and not overwrite:
+                raise RunFolderError(f"{self.path} already holds a run ({found}). Pass --resume to continue it, "
+                                     "--overwrite to start it over, or choose another --out")
+        return None
+
+    def start(self) -> None:
+        """A new run: an earlier run's files go (every check has passed by now), an empty metrics file."""
+        if self.writer:
+            clear(self.path)
+            self.metrics.write_text("")
+
+    def metrics_up_to(self, step: int, say=_silent) -> list[dict]:
+        """On resume (the writer): the evaluations up to the checkpoint's ``step``; later lines, written
+        after it, are dropped from the file (they will be written again)."""
+        if not self.writer:
+            return []
+        rows = [m for m in read_metrics(self.metrics, say=say) if m["step"] <= step]
+        write_text_atomic(self.metrics, "".join(json.dumps(m) + "\n" for m in rows))
+        return rows
+
+    def append_metrics(self, row: dict) -> None:
+        if self.writer:
+            with open(self.metrics, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def write_summary(self, summary: dict) -> None:
+        if self.writer:
+            write_text_atomic(self.path / SUMMARY, json.dumps(summary, indent=1) + "\n")
+
+    def save_checkpoint(self, state: dict) -> None:
+        if self.writer and self.keeps_checkpoints:
+            save_checkpoint(state, self.checkpoint)
+
+    def release(self) -> None:
+        """Release the folder's lock."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 # ---- the folder --------------------------------------------------------------------------------------
@@ -125,144 +197,6 @@ else:
 
     def _unlock(f):
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-# ---- writing files atomically ------------------------------------------------------------------------
-class _WriteErrors:
-    """A file that remembers the first OSError its writes raised. ``torch.save`` turns a failed
-    write (a full disk) into "unexpected pos ..." or "basic_ios::clear: iostream error"; this keeps
-    the real cause to report."""
-
-    def __init__(self, file):
-        self.file, self.error = file, None
-
-    def write(self, data):
-        try:
-            return self.file.write(data)
-        except OSError as err:
-            self.error = self.error or err
-            raise
-
-    def __getattr__(self, name):
-        return getattr(self.file, name)
-
-
-def _open_for_writing(fd: int):
-    return os.fdopen(fd, "wb")
-
-
-def write_atomic(path: Path, write) -> None:
-    """``write(file)`` into a uniquely named temporary file beside ``path``, then rename it onto
-    ``path``. On any failure the temporary file is removed and ``path`` is left as it was; a
-    failed write raises the ``OSError`` that caused it (ENOSPC: disk full)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with _open_for_writing(fd) as raw:
-            f = _WriteErrors(raw)
-            try:
-                write(f)
-            except Exception as err:
-                if f.error is not None and f.error is not err:
-                    raise f.error from err
-                raise
-            f.flush()
-            os.fsync(f.fileno())  # on disk before it takes the final name
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    write_atomic(path, lambda f: f.write(text.encode()))
-
-
-# ---- the checkpoint ----------------------------------------------------------------------------------
-def digest(obj) -> str:
-    """sha256 of a checkpoint's contents: every tensor's dtype, shape and bytes, and every other
-    value's repr, in order (dicts keep their insertion order through ``torch.save``/``load``)."""
-    h = hashlib.sha256()
-
-    def walk(x):
-        if isinstance(x, torch.Tensor):
-            t = x.detach().cpu().contiguous()
-            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
-        elif isinstance(x, dict):
-            h.update(b"{")
-            for k, v in x.items():
-                h.update(repr(k).encode())
-                walk(v)
-            h.update(b"}")
-        elif isinstance(x, (list, tuple)):
-            h.update(b"[" if isinstance(x, list) else b"(")
-            for v in x:
-                walk(v)
-            h.update(b"]")
-        else:
-            h.update(repr(x).encode())
-
-    walk(obj)
-    return h.hexdigest()
-
-
-def to_cpu(obj):
-    """A copy of a nested state with every tensor on the CPU (what is hashed is what is saved)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_cpu(v) for v in obj)
-    return obj
-
-
-def save_checkpoint(state: dict, path: Path) -> None:
-    """Write ``state`` with its checksum to ``path`` atomically (see ``write_atomic``); a failed
-    write (full disk, lost mount) is a ``CheckpointError`` that says the old checkpoint is kept."""
-    state = to_cpu(state)
-    state["checksum"] = digest(state)
-    try:
-        write_atomic(path, lambda f: torch.save(state, f))
-    except (OSError, RuntimeError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0][:200]
-        free = shutil.disk_usage(path.parent).free
-        raise CheckpointError(f"could not write the checkpoint {path} ({reason}; {free / 2**20:,.0f} MiB free "
-                              f"on that disk). The file there before this write is unchanged") from err
-
-
-def load_checkpoint(path: Path) -> dict:
-    """The checkpoint at ``path``, verified: a ``CheckpointError`` naming the file when it is empty,
-    truncated, not a checkpoint, lacks keys, or fails its checksum."""
-    advice = "restore a good copy, or start the run again with --overwrite"
-    size = path.stat().st_size
-    if size == 0:
-        raise CheckpointError(f"the checkpoint {path} is empty (0 bytes): the write that made it never finished; "
-                              f"{advice}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain containers only
-    except Exception as err:  # noqa: BLE001 - torch raises many types for damaged files
-        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"the checkpoint {path} ({size:,} bytes) cannot be read: it is truncated, damaged or "
-                              f"not a checkpoint of this trainer ({type(err).__name__}: {first}); {advice}") from None
-    if not isinstance(ckpt, dict):
-        raise CheckpointError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint of this trainer; {advice}")
-    missing = [k for k in REQUIRED_KEYS if k not in ckpt]
-    if missing:
-        raise CheckpointError(f"the checkpoint {path} lacks {missing}: it was not written by this trainer, or "
-                              f"was edited; {advice}")
-    stored = ckpt.pop("checksum", None)
-    computed = digest(ckpt)
-    if stored is None:
-        if ckpt["format"] >= 2:
-            raise CheckpointError(f"the checkpoint {path} lacks its checksum; {advice}")
-        print(f"note: {path} was written before checkpoints carried a checksum; it is not verified",
-              file=sys.stderr)
-    elif computed != stored:
-        raise CheckpointError(f"the checkpoint {path} fails its checksum: its contents changed after it was "
-                              f"written (a flipped bit on the disk or in a copy); {advice}")
-    ckpt["checksum"] = computed  # what was verified: processes compare it to be sure they read the same file
-    return ckpt
 
 
 # ---- the metrics log ---------------------------------------------------------------------------------
