@@ -6,13 +6,14 @@ every process when one of them dies). A torchrun launch costs three fresh interp
 one; the resume it prints runs in forked processes, which the trainer cannot tell from torchrun's.
 
 Why two processes match one process with gradient accumulation to the last bit, and one process
-without it only to about 1e-6: with the same global batch of 4 sequences, process r (or micro-batch r)
+without it only approximately: with the same global batch of 4 sequences, process r (or micro-batch r)
 computes the mean loss of its 2 sequences; DDP sums the two gradients and halves them, gradient
 accumulation halves each and sums them, and halving is exact in binary floating point: the same
 numbers. One pass over all 4 sequences instead averages 4 per-sequence terms in another order, and
 float addition is not associative, so the last bits of the gradient differ; AdamW then divides by
-sqrt(v), which carries those ~1e-7 relative differences into the weights. 1e-5 on the loss leaves
-about 20x room over what the runs below show (up to ~5e-7).
+sqrt(v), which carries those ~1e-7 relative differences into the weights, and they grow with the steps
+(the README quotes them after 10 and 400 steps). Over the 6 steps here 1e-5 on the loss leaves about
+20x room over what the runs show (up to ~5e-7).
 """
 
 import contextlib
