@@ -177,3 +177,35 @@ def test_readme_quotes_the_committed_lesson_08_run():
     for number in quoted:
         assert number.replace("−", "-") in outputs, f"README quotes {number}, which lesson 08's outputs do not show"
     assert "tied heads" in paragraph and re.search(r"tied heads +[+-]\d\.\d+ ± \d\.\d+: no difference", outputs)
+
+
+@pytest.mark.parametrize("where", ["a run's metrics", "the report"])
+def test_compare_cli_a_full_disk_is_one_line_and_keeps_the_runs(tmp_path, monkeypatch, capsys, where):
+    import errno
+
+    from modern_block.training import files, report, run_folder
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def append_fails(self, row):
+        with files.refused_writes(f"append an evaluation to {self.metrics}"):
+            full()
+
+    if where == "the report":  # report.py turns the OSError into one line naming the file
+        monkeypatch.setattr(report, "write_text_atomic", full)
+    else:
+        monkeypatch.setattr(run_folder.RunFolder, "append_metrics", append_fails)
+    out = tmp_path / "cmp"
+    assert cli.main(["--quick", "--out", str(out), "--lr", "0.01", "--seeds", "0", *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not ") and "(No space left on device)" in err and "No report written" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not [p for p in out.rglob("*") if p.name.endswith(files.TEMPORARY)]
+
+
+def test_compare_cli_an_out_path_too_long_is_one_line(tmp_path, capsys):
+    assert cli.main(["--quick", "--out", str(tmp_path / ("y" * 300)), "--lr", "0.01", "--seeds", "0", *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write in --out") and "File name too long" in err
+    assert len(err.strip().splitlines()) == 1

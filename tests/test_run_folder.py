@@ -18,10 +18,12 @@ from modern_block.training import run_folder as R
 
 def _state(step=3):
     return {"format": CK.CHECKPOINT_FORMAT, "config": {"lr": 0.01}, "chars": "ab", "corpus": "t", "step": step,
-            "elapsed_s": 1.5, "losses": [2.0, 1.5, 1.25], "model": {"w": torch.randn(64, 64), "b": torch.zeros(64)},
+            "elapsed_s": 1.5, "losses": [2.0 / (i + 1) for i in range(step)],
+            "model": {"w": torch.randn(64, 64), "b": torch.zeros(64)},
             "optimizer": {"state": {0: {"exp_avg": torch.ones(3)}},
                           "param_groups": [{"lr": 0.01, "betas": (0.9, 0.99)}]},
-            "scaler": None, "rng_cpu": torch.get_rng_state(), "rng_cuda": None, "sampler": torch.get_rng_state()}
+            "scaler": None, "rng_cpu": torch.get_rng_state(), "rng_cuda": None, "sampler": torch.get_rng_state(),
+            "run_id": "a1b2", "metrics": [{"step": 0, "val_loss": 4.2}]}
 
 
 def test_a_checkpoint_round_trips_with_its_checksum(tmp_path):
@@ -139,5 +141,5 @@ def test_out_must_be_a_writable_folder(tmp_path, monkeypatch):
         def denied(*args, **kwargs):
             raise PermissionError(errno.EACCES, "Permission denied")
         monkeypatch.setattr(R.tempfile, "mkstemp", denied)
-    with pytest.raises(R.RunFolderError, match=r"cannot write in --out .*read_only \(Permission denied\)"):
+    with pytest.raises(F.StorageError, match=r"cannot write in --out .*read_only \(Permission denied\)"):
         R.prepare(read_only)

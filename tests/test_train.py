@@ -2,6 +2,7 @@
 validation, gradient accumulation, and a run that is never lost (each case of issue 17 as a user
 meets it; the file-level mechanics are in test_run_folder.py, several processes in test_distributed.py)."""
 
+import errno
 import json
 import math
 import os
@@ -386,9 +387,10 @@ def test_out_in_a_read_only_folder_is_refused_up_front(tmp_path, monkeypatch, ca
         def denied(*args, **kwargs):
             raise PermissionError(13, "Permission denied")
         monkeypatch.setattr(run_folder.tempfile, "mkstemp", denied)
-    with pytest.raises(SystemExit) as exc:
-        train_cli.main(["--arch", "gpt2", "--quick", "--out", str(read_only / "run"), *SMALL])
-    assert exc.value.code == 2 and "cannot write in --out" in capsys.readouterr().err
+    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(read_only / "run"), *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write in --out") and "(Permission denied)" in err and "did not start" in err
+    assert len(err.strip().splitlines()) == 1 and list(read_only.iterdir()) == []
 
 
 def test_sizes_that_cannot_fit_are_refused_before_anything_is_allocated(tmp_path, capsys):
@@ -451,3 +453,169 @@ def test_fp16_with_a_grad_scaler_on_the_gpu(tmp_path, monkeypatch):
     result = run(cfg, tmp_path, resume=True)
     assert result.finished and all(math.isfinite(x) for x in result.losses)
     assert result.metrics[-1]["val_loss"] < result.metrics[0]["val_loss"]
+
+
+# ---- the run folder tells the truth, leaves nothing behind, and a full disk is one line (issue 26) -------------
+
+
+def test_the_checkpoint_carries_the_runs_identity_and_its_evaluations(tmp_path):
+    run(tiny("gpt2", max_steps=6), tmp_path)
+    ckpt = load_checkpoint(tmp_path / CHECKPOINT)
+    rows = [json.loads(x) for x in (tmp_path / METRICS).read_text().splitlines()]
+    assert ckpt["metrics"] == rows and [r["step"] for r in rows] == [0, 4, 6]
+    assert ckpt["run_id"] == json.loads((tmp_path / SUMMARY).read_text())["run_id"]
+
+
+@pytest.mark.parametrize("damage", ["torn line at the checkpoint's step", "line missing", "another run's lines"])
+def test_a_resume_puts_back_the_checkpoints_own_evaluations(tmp_path, capsys, damage):
+    cfg = tiny("gpt2", max_steps=8)
+    whole = run(cfg)
+    run(cfg, tmp_path, until=4)  # evaluations at 0 and 4, the checkpoint at 4
+    path = tmp_path / METRICS
+    lines = path.read_text().splitlines()
+    if damage == "torn line at the checkpoint's step":
+        path.write_text(lines[0] + "\n" + lines[1][:25])
+    elif damage == "line missing":
+        path.write_text(lines[1] + "\n")
+    else:  # the folder's metrics and summary are another seed's
+        other = tmp_path.parent / "other"
+        run(replace(cfg, seed=99), other, until=4)
+        for name in (METRICS, SUMMARY):
+            (tmp_path / name).write_bytes((other / name).read_bytes())
+    resumed = T.train(cfg, tmp_path, resume=True, corpus=CORPUS, progress=False)
+    out = capsys.readouterr().out
+    assert "did not hold the checkpoint's evaluations" in out and "it now holds the 2 the checkpoint carries" in out
+    assert evals(resumed) == evals(whole) and resumed.losses == whole.losses
+    assert [tuple(json.loads(x)[k] for k in ("step", "train_loss", "val_loss")) for x in path.read_text().splitlines()
+            ] == evals(whole)
+    summary = json.loads((tmp_path / SUMMARY).read_text())
+    assert summary["best_val_loss"] == whole.best_val_loss and summary["config"]["seed"] == cfg.seed
+    if damage == "another run's lines":
+        assert "another run's" in out
+
+
+def test_a_summary_of_another_run_is_removed_on_resume(tmp_path, capsys):
+    cfg = tiny("gpt2", max_steps=8)
+    run(cfg, tmp_path, until=4)
+    (tmp_path / SUMMARY).write_text(json.dumps({"run_id": "someone-else", "best_val_loss": 0.1}))
+    trainer = T.Trainer(cfg, tmp_path, resume=True, corpus=CORPUS, progress=False)
+    trainer.close()
+    assert "summarised another run (someone-else)" in capsys.readouterr().out
+    assert not (tmp_path / SUMMARY).exists(), "until this run writes its own"
+
+
+def test_temporary_files_of_killed_writes_are_removed_at_the_next_start(tmp_path, capsys):
+    cfg = tiny("gpt2", max_steps=8)
+    run(cfg, tmp_path, until=4)
+    for name in ("ckpt.pt.k2j3h4.tmp", "metrics.jsonl.x1.tmp", "summary.json.y2.tmp"):
+        (tmp_path / name).write_bytes(b"\0" * 1000)
+    (tmp_path / "notes.tmp").write_text("not ours")
+    T.train(cfg, tmp_path, resume=True, corpus=CORPUS, progress=False)
+    assert "removed 3 temporary file(s)" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", CHECKPOINT, METRICS, "notes.tmp", SUMMARY]
+
+
+@pytest.mark.parametrize("refusal", ["sizes that cannot fit", "settings that differ", "folder in use"])
+def test_a_refused_run_leaves_no_folder_it_created(tmp_path, refusal, capsys):
+    out = tmp_path / "new" / "deeper" / "run"
+    if refusal == "sizes that cannot fit":
+        argv = ["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--eval-batches", str(10**8)]
+    elif refusal == "settings that differ":
+        run(tiny("gpt2", max_steps=2), out)
+        argv = ["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--resume"]
+    else:
+        holder = T.Trainer(tiny(), out, corpus=CORPUS, progress=False, verbose=False)
+        argv = ["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--overwrite"]
+    before = sorted(p.name for p in out.iterdir()) if out.exists() else None
+    with pytest.raises(SystemExit) as exc:
+        train_cli.main(argv)
+    assert exc.value.code == 2
+    if before is None:
+        assert not (tmp_path / "new").exists(), "the folders it made are gone"
+    else:
+        assert sorted(p.name for p in out.iterdir()) == before, "an existing run's folder is left as it was"
+    if refusal == "folder in use":
+        holder.close()
+
+
+@pytest.mark.parametrize("where", ["lock file", "first evaluation", "a later evaluation", "summary", "metrics rewrite"])
+def test_a_full_disk_anywhere_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys, where):
+    out = tmp_path / "run"
+    argv = ["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]
+    if where == "metrics rewrite":
+        assert train_cli.main(argv) == 0
+        argv = [*argv, "--resume"]
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def fails(*args, **kwargs):
+        raise full
+
+    if where == "lock file":
+        monkeypatch.setattr(run_folder.os, "write", fails)
+    elif where in ("first evaluation", "a later evaluation"):
+        real = run_folder.RunFolder.append_metrics
+        count = [0]
+
+        def append(self, row):
+            count[0] += 1
+            if count[0] == (1 if where == "first evaluation" else 3):  # the 3rd: after the checkpoint of step 2
+                with files.refused_writes(f"append an evaluation to {self.metrics}"):
+                    raise full
+            real(self, row)
+
+        monkeypatch.setattr(run_folder.RunFolder, "append_metrics", append)
+    else:  # every atomic write fails: the metrics rewrite of a resume, or the summary (checkpoints set aside)
+        monkeypatch.setattr(files, "_open_for_writing", disk_fills_up_after(0))
+        if where == "summary":
+            monkeypatch.setattr(run_folder, "save_checkpoint", lambda state, path: None)
+    code = train_cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("error: ") and "No space left on device" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    kept = {"lock file": "did not start", "first evaluation": "No checkpoint had been written yet",
+            "a later evaluation": "The last good checkpoint (step 2) is kept", "summary": "The evaluations are in",
+            "metrics rewrite": "is as it was"}[where]
+    assert kept in err, err
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")], "no temporary file left"
+    if where == "lock file":
+        assert not out.exists(), "the refused run's folder is gone"
+
+
+def test_an_out_path_longer_than_the_file_system_allows_is_one_line(tmp_path, capsys):
+    out = tmp_path / ("x" * 300) / "run"
+    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write in --out") and "File name too long" in err
+    assert len(err.strip().splitlines()) == 1 and len(err) < 400, "the path is shortened in the message"
+
+
+def test_only_configuration_errors_are_usage_errors(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("a bug inside the trainer")
+
+    monkeypatch.setattr(T, "train_step", broken)
+    with pytest.raises(ValueError, match="a bug inside the trainer"):  # a traceback, not "usage: ... exit 2"
+        train_cli.main(["--arch", "gpt2", "--quick", "--out", str(tmp_path), *SMALL])
+    assert issubclass(run_folder.RunFolderError, config.ConfigError)
+
+
+def test_ctrl_c_says_only_what_happens(capsys, python_sigint_handler):
+    def ctrl_c_at_2(trainer):
+        if trainer.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        T.train(tiny("gpt2", max_steps=6), None, corpus=CORPUS, progress=False, on_step=ctrl_c_at_2)
+    captured = capsys.readouterr()
+    assert "Ctrl-C: stopping after this step (press again" in captured.err and "checkpoint" not in captured.err
+    assert "interrupted after step 2: no checkpoint written" in captured.out
+
+
+def test_a_process_that_ignores_ctrl_c_keeps_ignoring_it():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job; compare's workers
+    try:
+        seen = []
+        run(tiny("gpt2", max_steps=2), on_step=lambda t: seen.append(signal.getsignal(signal.SIGINT)))
+        assert seen == [signal.SIG_IGN, signal.SIG_IGN]
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -14,10 +14,13 @@ command line.
 import argparse
 import sys
 import time
-from pathlib import Path
+from concurrent.futures.process import BrokenProcessPool
 
+from .checkpoint import CheckpointError
+from .config import ConfigError
 from .distributed import RankFailedError, is_main_process, ranks_from_env
 from .experiments import ARMS, GPU_RATES, QUICK_RATES, compare
+from .files import StorageError, reason
 from .options import add_run_options, config_from_args, positive_float_arg, positive_int_arg, quick_from_args, seed_arg
 from .report import write_report
 from .run_folder import RunFolderError
@@ -63,22 +66,33 @@ def main(argv=None) -> int:
     rates = {gpt2_arm: [args.lr_gpt2] if args.lr_gpt2 else shared,
              llama_arm: [args.lr_llama] if args.lr_llama else shared}
     start = time.perf_counter()
+    kept = f"what the runs wrote is kept in {args.out} (metrics.jsonl; summary.json for each run that finished)"
     try:
         arms = compare(base, rates, seeds, tie=args.tied, out_dir=args.out, workers=args.workers,
                        progress=False if args.no_progress else None, verbose=args.workers == 1)
-    except (RunFolderError, RankFailedError) as err:  # RunFolderError: --out in use by another run
-        print(f"error: {err}", file=sys.stderr)
+        if not is_main_process():  # under torchrun every process trains; rank 0 writes the report
+            return 0
+        if not any(arm.trained for arm in arms.values()):
+            print("error: every run diverged (non-finite loss); try lower --rates", file=sys.stderr)
+            return 1
+        report = write_report(arms, args.out, mode, time.perf_counter() - start)
+    except (RunFolderError, RankFailedError, StorageError, CheckpointError) as err:  # RunFolderError: in use
+        print(f"error: {err}. No report written; {kept}", file=sys.stderr)
+        return 1
+    except ConfigError as err:
+        parser.error(str(err))
+    except BrokenProcessPool as err:
+        print(f"error: a worker process died ({err}); no report written; {kept}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"error: {reason(err)}{f': {err.filename}' if err.filename else ''}. No report written; {kept}",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"interrupted: compare stopped every run after its current step and started no other; no report "
+              f"written; {kept}", file=sys.stderr)
         return 130
-    if not is_main_process():  # under torchrun every process trains; rank 0 writes the report
-        return 0
-    if not any(arm.trained for arm in arms.values()):
-        print("error: every run diverged (non-finite loss); try lower --rates", file=sys.stderr)
-        return 1
-    report = write_report(arms, args.out, mode, time.perf_counter() - start)
-    print((Path(args.out) / "report.md").read_text().split("\n## Samples")[0])
+    print(report.read_text().split("\n## Samples")[0])
     print(f"report: {report}")
     return 0
 

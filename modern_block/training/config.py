@@ -146,9 +146,8 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> t
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
 
 
-def resumed_config(given: TrainConfig, saved: dict) -> TrainConfig:
+def resumed_config(given: TrainConfig, saved_cfg: TrainConfig) -> TrainConfig:
     """The saved config, with the runtime options of ``given``; any other difference is an error."""
-    saved_cfg = TrainConfig(**saved)
     diffs = [f"{f.name} (saved {getattr(saved_cfg, f.name)!r}, given {getattr(given, f.name)!r})"
              for f in fields(TrainConfig)
              if f.name not in RUNTIME_FIELDS and getattr(saved_cfg, f.name) != getattr(given, f.name)]

@@ -3,9 +3,13 @@ learning-rate sweep and the ladder's bars.
 
     write_report(arms, out_dir, mode, total_s)   DIR/report.md, DIR/loss_curves.png, DIR/sweep.png, DIR/results.json
     plot_loss_curves, plot_sweep, plot_ladder    the figures, each returned (and saved when given a path)
+
+Every file is written atomically (``training.files``); a file system that refuses a write is a
+``StorageError`` naming the file.
 """
 
 import datetime
+import io
 import json
 import math
 from dataclasses import asdict
@@ -14,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .experiments import Arm, gap, mean_std, summarize
+from .files import refused_writes, shown, write_atomic, write_text_atomic
 from .rungs import get_rung
 from .trainer import TrainResult, sample
 
@@ -25,7 +30,8 @@ def _fmt(value, spec: str, none: str = "n/a") -> str:
 def write_report(arms: dict[str, Arm], out_dir, mode: str, total_s: float, n_sample: int = 200) -> Path:
     """DIR/report.md, DIR/loss_curves.png, DIR/sweep.png and DIR/results.json for ``compare``'s arms."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with refused_writes(f"create the report's folder {shown(out)}"):
+        out.mkdir(parents=True, exist_ok=True)
     table = summarize(arms)
     rungs = list(arms)
     first = next(r for arm in arms.values() for r in arm.trained)
@@ -87,12 +93,14 @@ def write_report(arms: dict[str, Arm], out_dir, mode: str, total_s: float, n_sam
               f"## Samples (KV-cache decoding, temperature 0.8, seed 0, {n_sample} characters, first seed's model)", ""]
     for r, text in samples.items():
         lines += [f"### {arms[r].label}", "", "```", text.strip("\n"), "```", ""]
-    (out / "report.md").write_text("\n".join(lines))
+    with refused_writes(f"write the report {shown(out / 'report.md')}"):
+        write_text_atomic(out / "report.md", "\n".join(lines))
     payload = {"mode": mode, "total_s": total_s, "torch": torch.__version__, "table": table, "samples": samples,
                "runs": {r: {f"{lr:g}": [x.summary() | {"metrics": x.metrics} if isinstance(x, TrainResult)
                                         else {"diverged": x.message, "config": asdict(x.config)} for x in runs]
                             for lr, runs in arm.runs.items()} for r, arm in arms.items()}}
-    (out / "results.json").write_text(json.dumps(payload, indent=1) + "\n")
+    with refused_writes(f"write {shown(out / 'results.json')}"):
+        write_text_atomic(out / "results.json", json.dumps(payload, indent=1) + "\n")
     return out / "report.md"
 
 
@@ -110,7 +118,10 @@ def _finish(fig, path):
     """Lay the figure out, save it when ``path`` is given, return it."""
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=120)
+        image = io.BytesIO()
+        fig.savefig(image, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
+        with refused_writes(f"write the figure {shown(Path(path))}"):
+            write_atomic(Path(path), lambda f: f.write(image.getvalue()))
     return fig
 
 

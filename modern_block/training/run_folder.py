@@ -11,9 +11,16 @@ The rules, and why:
 - One training per folder at a time. The lock is the operating system's (``flock``; ``msvcrt`` on
   Windows), so it is released when its process ends, even when it is killed: no stale lock files.
 - Every file is replaced atomically (``training.files``): a reader sees the old file or the new one.
-- A torn last line of ``metrics.jsonl`` (the process died while appending it) is dropped, and said so.
+  Temporary files that a killed write left behind are removed at the next start, once the lock is held.
+- The metrics on disk are the checkpoint's own: a resume rewrites ``metrics.jsonl`` to hold exactly the
+  evaluations the checkpoint carries (a torn or missing line is put back, another run's lines replaced,
+  and said so), and a ``summary.json`` of another run is removed.
+- A run refused before it starts (settings, a folder in use, a full disk) removes the folders and the
+  lock file it created. When the file system refuses a write, the error is a ``StorageError`` that
+  names the file and the reason.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -23,7 +30,7 @@ from pathlib import Path
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ConfigError
-from .files import write_text_atomic
+from .files import StorageError, reason, refused_writes, remove_temporaries, shown, write_text_atomic
 
 CHECKPOINT = "ckpt.pt"
 METRICS = "metrics.jsonl"
@@ -49,6 +56,7 @@ class RunFolder:
         self.writer = writer and self.path is not None
         self.keeps_checkpoints = checkpoints and self.path is not None
         self._lock: RunLock | None = None
+        self._created: list[Path] = []  # folders this run made: removed again if it is refused
 
     def _file(self, name: str) -> Path | None:
         return self.path / name if self.path is not None else None
@@ -62,19 +70,27 @@ class RunFolder:
         return self._file(METRICS)
 
     def claim(self, resume: bool, overwrite: bool, say=_silent) -> dict | None:
-        """Check and lock the folder (the writer); return the checkpoint to resume from (every
-        process), or None for a new run. An earlier run is refused unless ``resume`` or ``overwrite``."""
+        """Check and lock the folder and remove stale temporary files (the writer); return the checkpoint
+        to resume from (every process), or None for a new run. An earlier run is refused unless
+        ``resume`` or ``overwrite``."""
         if self.path is None:
             return None
         if resume and overwrite:
             raise RunFolderError("resume and overwrite exclude each other")
         if self.writer:
+            self._created = missing_folders(self.path)
             prepare(self.path)
             self._lock = RunLock(self.path)
+            with refused_writes(f"remove the temporary files in {shown(self.path)}"):
+                n, size = remove_temporaries(self.path, (CHECKPOINT, METRICS, SUMMARY))
+            if n:
+                say(f"note: removed {n} temporary file(s) ({size / 2**20:,.1f} MiB) that interrupted writes left "
+                    f"in {self.path}")
         if resume and self.checkpoint.exists():
             return load_checkpoint(self.checkpoint)
         if self.writer:
-            found = existing_run(self.path)
+            with refused_writes(f"read {shown(self.path)}"):
+                found = existing_run(self.path)
             if resume:
                 say(f"no checkpoint in {self.path}; starting a new run"
                     + (f" (replacing what is there: {found})" if found else ""))
@@ -86,26 +102,53 @@ class RunFolder:
     def start(self) -> None:
         """A new run: an earlier run's files go (every check has passed by now), an empty metrics file."""
         if self.writer:
-            clear(self.path)
-            self.metrics.write_text("")
+            with refused_writes(f"start the run in {shown(self.path)}"):
+                clear(self.path)
+                self.metrics.write_text("")
 
-    def metrics_up_to(self, step: int, say=_silent) -> list[dict]:
-        """On resume (the writer): the evaluations up to the checkpoint's ``step``; later lines, written
-        after it, are dropped from the file (they will be written again)."""
+    def resumed_metrics(self, step: int, saved: list[dict] | None, run_id: str | None, say=_silent) -> list[dict]:
+        """On resume (the writer): the evaluations of the checkpoint at ``step``. ``saved``: the ones it
+        carries (older checkpoints carry none: the file's, up to ``step``, are kept). ``metrics.jsonl`` is
+        rewritten to hold exactly them: later lines (written after the checkpoint) will be written again.
+        A ``summary.json`` of another run than ``run_id`` is removed."""
         if not self.writer:
             return []
-        rows = [m for m in read_metrics(self.metrics, say=say) if m["step"] <= step]
-        write_text_atomic(self.metrics, "".join(json.dumps(m) + "\n" for m in rows))
+        with refused_writes(f"read {shown(self.metrics)}"):
+            on_disk = [m for m in read_metrics(self.metrics, say=say) if m["step"] <= step]
+        rows = on_disk if saved is None else saved
+        if saved is None:
+            say(f"note: {self.checkpoint} was written before checkpoints carried their evaluations: the ones in "
+                f"{METRICS} up to step {step} are kept unchecked")
+        elif on_disk != saved:
+            say(f"note: {self.metrics} did not hold the checkpoint's evaluations ({_differences(on_disk, saved)}); "
+                f"it now holds the {len(saved)} the checkpoint carries")
+        with refused_writes(f"rewrite {shown(self.metrics)}"):
+            write_text_atomic(self.metrics, "".join(json.dumps(m) + "\n" for m in rows))
+            self._drop_other_summary(run_id, say)
         return rows
+
+    def _drop_other_summary(self, run_id: str | None, say) -> None:
+        path = self.path / SUMMARY
+        if run_id is None or not path.exists():
+            return
+        try:
+            theirs = json.loads(path.read_text()).get("run_id")
+        except (ValueError, AttributeError):
+            theirs = "unreadable"
+        if theirs != run_id:
+            path.unlink()
+            say(f"note: removed {path}: it summarised another run ({theirs}), not the checkpoint's ({run_id})")
 
     def append_metrics(self, row: dict) -> None:
         if self.writer:
-            with open(self.metrics, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            with refused_writes(f"append an evaluation to {shown(self.metrics)}"):
+                with open(self.metrics, "a") as f:
+                    f.write(json.dumps(row) + "\n")
 
     def write_summary(self, summary: dict) -> None:
         if self.writer:
-            write_text_atomic(self.path / SUMMARY, json.dumps(summary, indent=1) + "\n")
+            with refused_writes(f"write {shown(self.path / SUMMARY)}"):
+                write_text_atomic(self.path / SUMMARY, json.dumps(summary, indent=1) + "\n")
 
     def save_checkpoint(self, state: dict) -> None:
         if self.writer and self.keeps_checkpoints:
@@ -117,20 +160,58 @@ class RunFolder:
             self._lock.release()
             self._lock = None
 
+    def abandon(self) -> None:
+        """A run refused before it started: remove the lock file and the folders it created (when they
+        hold nothing else), then release the lock. Best effort: a file system that refuses is left as it is."""
+        if self._lock is not None and self._lock.created:
+            with contextlib.suppress(OSError):
+                self._lock.path.unlink()  # while holding the lock: see RunLock
+        self.release()
+        for folder in reversed(self._created):  # the innermost first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        self._created = []
+
+
+def _differences(on_disk: list[dict], saved: list[dict]) -> str:
+    """How the file's evaluations differ from the checkpoint's, in words."""
+    mine = {m["step"]: m for m in on_disk}
+    missing = [m["step"] for m in saved if m["step"] not in mine]
+    other = [m["step"] for m in saved if m["step"] in mine and mine[m["step"]] != m]
+    extra = sorted(set(mine) - {m["step"] for m in saved})
+    parts = ([f"missing or torn at step(s) {missing}"] if missing else []) + (
+        [f"other values at step(s) {other}: another run's"] if other else []) + (
+        [f"steps the checkpoint never saw: {extra}"] if extra else [])
+    return "; ".join(parts)
+
 
 # ---- the folder --------------------------------------------------------------------------------------
-def prepare(folder: Path) -> None:
-    """Create ``folder`` if needed and check that files can be written in it, with errors that say which."""
-    if folder.exists() and not folder.is_dir():
-        raise RunFolderError(f"--out {folder} is a file, not a folder: choose a folder for the run")
+def missing_folders(folder: Path) -> list[Path]:
+    """The folders that creating ``folder`` would make, outermost first."""
     try:
+        return [p for p in reversed([folder, *folder.parents]) if not p.exists()]
+    except OSError:  # a name too long for the file system: prepare() says so
+        return []
+
+
+def prepare(folder: Path) -> None:
+    """Create ``folder`` if needed and check that files can be written in it, with errors that say which:
+    a ``RunFolderError`` when the path names a file, a ``StorageError`` when the file system refuses."""
+    try:
+        if folder.exists() and not folder.is_dir():
+            raise RunFolderError(f"--out {shown(folder)} is a file, not a folder: choose a folder for the run")
         folder.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-test.")
         os.close(fd)
         os.remove(probe)
+    except (NotADirectoryError, FileExistsError) as err:
+        raise RunFolderError(f"cannot write in --out {shown(folder)} ({err.strerror}): a part of that path is a "
+                             "file; choose a folder") from None
     except OSError as err:
-        raise RunFolderError(f"cannot write in --out {folder} ({err.strerror or err}): choose a folder you can "
-                             "write to") from None
+        raise StorageError(f"cannot write in --out {shown(folder)} ({reason(err)}): choose a folder you can "
+                           "write to") from None
 
 
 def existing_run(folder: Path) -> str | None:
@@ -154,28 +235,47 @@ def clear(folder: Path) -> None:
 
 
 class RunLock:
-    """An exclusive lock on ``folder/.lock`` for as long as this object holds it."""
+    """An exclusive lock on ``folder/.lock`` for as long as this object holds it. ``created``: this lock
+    made the file (a refused run removes it again, while still holding the lock; a process that had
+    opened the removed file notices, because the path no longer names the file it locked, and tries again)."""
 
     def __init__(self, folder: Path):
         self.path = folder / LOCK
-        self._file = open(self.path, "a+")  # noqa: SIM115 - held open for the lock's lifetime
+        for _ in range(10):
+            self.created = not self.path.exists()
+            with refused_writes(f"create the lock file {shown(self.path)}"):
+                self._file = open(self.path, "a+")  # noqa: SIM115 - held open for the lock's lifetime
+            try:
+                _lock(self._file)
+            except OSError:
+                self._file.seek(0)
+                holder = self._file.read().strip() or "another process"
+                self._file.close()
+                raise RunFolderError(f"{folder} is in use by another training ({holder}); two trainings in one "
+                                     "folder would mix their files. Wait for it to finish or choose another --out"
+                                     ) from None
+            if self._still_named():
+                break
+            self.release()  # its holder removed it after we opened it: lock the file that is there now
+        try:  # unbuffered: a full disk fails here, not again when the file is closed
+            os.ftruncate(self._file.fileno(), 0)
+            os.write(self._file.fileno(), f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        except OSError as err:
+            if self.created:
+                self.path.unlink(missing_ok=True)
+            self.release()
+            raise StorageError(f"could not write the lock file {shown(self.path)} ({reason(err)})") from None
+
+    def _still_named(self) -> bool:
         try:
-            _lock(self._file)
-        except OSError:
-            self._file.seek(0)
-            holder = self._file.read().strip() or "another process"
-            self._file.close()
-            raise RunFolderError(f"{folder} is in use by another training ({holder}); two trainings in one "
-                                 "folder would mix their files. Wait for it to finish or choose another --out"
-                                 ) from None
-        self._file.seek(0)
-        self._file.truncate()
-        self._file.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        self._file.flush()
+            return os.stat(self.path).st_ino == os.fstat(self._file.fileno()).st_ino
+        except FileNotFoundError:
+            return False
 
     def release(self) -> None:
         if not self._file.closed:
-            _unlock(self._file)
+            with contextlib.suppress(OSError):
+                _unlock(self._file)
             self._file.close()
 
 

@@ -7,7 +7,9 @@ the flag is only read, and agreed on, where the processes exchange their losses,
 Ctrl-C does not abort. SIGTERM (torchrun sends it to every process when one of them fails, or when it
 is itself stopped) raises a ``RankFailedError`` at once, instead of dying without a word.
 
-Handlers are installed only in the main thread (Python allows no other) and restored on exit.
+Handlers are installed only in the main thread (Python allows no other) and restored on exit. A
+process that ignores SIGINT (a shell's background job; ``compare``'s workers, whose parent decides
+when they stop) keeps ignoring it.
 """
 
 import signal
@@ -40,7 +42,8 @@ class StopSignals:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._ctrl_c)
+            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+                self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._ctrl_c)
             if self.many:
                 self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._sigterm)
         return self

@@ -5,9 +5,10 @@
     torchrun --nproc_per_node 2 -m modern_block train --arch llama --out runs/llama   # two GPUs (or processes)
 
 Exit status: 0 done; 2 a usage error (bad options, settings that break a rule or contradict the run
-being resumed, an ``--out`` that cannot be used as asked: a ``ConfigError``); 1 the run failed (a
-non-finite loss, a damaged checkpoint, another process of the run failed); 130 interrupted. The
-trainer itself: ``modern_block.training.trainer``.
+being resumed, an ``--out`` that cannot be used as asked: a ``ConfigError``); 1 the run failed, in one
+line that says what is kept (a non-finite loss, a damaged checkpoint, a file system that refuses a
+write, another process of the run failed); 130 interrupted. The trainer itself:
+``modern_block.training.trainer``.
 """
 
 import argparse
@@ -19,6 +20,7 @@ from . import distributed
 from .checkpoint import CheckpointError
 from .config import ARCHS, ConfigError
 from .distributed import RankFailedError
+from .files import StorageError, reason
 from .options import add_run_options, config_from_args, seed_arg
 from .trainer import NonFiniteLossError, train
 
@@ -74,8 +76,12 @@ def main(argv=None) -> int:
                        overwrite=args.overwrite)
     except ConfigError as err:  # e.g. --resume with different settings, an --out that holds a run
         parser.error(str(err))
-    except (NonFiniteLossError, CheckpointError) as err:
+    except (NonFiniteLossError, CheckpointError, StorageError) as err:
         say(f"error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # the environment refused something no message above foresaw: one line all the same
+        say(f"error: {reason(err)}{f': {err.filename}' if err.filename else ''}. Files written so far in {out} are "
+            "kept", file=sys.stderr)
         return 1
     except RankFailedError as err:  # every surviving process says why it stopped
         print(f"error: {err}\nOnce the cause is fixed, resume with: {resume_command(argv, out, ranks)}",

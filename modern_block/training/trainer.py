@@ -20,8 +20,10 @@ tensors and plain Python containers, and loading one runs no code.
 A non-finite loss stops the run with a ``NonFiniteLossError``; the checkpoint on disk is then the last
 good one (parameters are checked before every save). Ctrl-C finishes the step in progress, saves a
 checkpoint and re-raises ``KeyboardInterrupt`` (``training.signals``). How the files are kept safe (a lock
-per folder, no silent restart of an existing run, atomic writes, a checksum in the checkpoint):
-``training.run_folder`` and ``training.checkpoint``.
+per folder, no silent restart of an existing run, atomic writes, a checksum in the checkpoint, metrics
+that belong to it): ``training.run_folder`` and ``training.checkpoint``. A file system that refuses a
+write (full, read-only) stops the run with a ``StorageError`` that says what is kept; a run refused
+before it starts removes the folders and the lock file it made.
 
 The run's settings, schedule and optimizer groups: ``training.config``; the command line:
 ``training.train_cli``.
@@ -40,6 +42,7 @@ import math
 import statistics
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -49,10 +52,11 @@ import torch.nn as nn
 from ..generate import generate
 from ..params import count_parameters
 from . import distributed
-from .checkpoint import CHECKPOINT_FORMAT, CheckpointError
+from .checkpoint import CHECKPOINT_FORMAT, CheckpointError, saved_config
 from .config import TrainConfig, lr_at, resumed_config
 from .data import CharTokenizer, Corpus
 from .distributed import Processes, RankFailedError
+from .files import StorageError
 from .flops import mfu
 from .parts import build_parts
 from .run_folder import RunFolder, RunFolderError
@@ -153,15 +157,20 @@ class Trainer:
                                      f"(step, checksum per rank: {seen}): --out must be on a file system that "
                                      "every machine sees")
             self._join(ckpt)
+        except StorageError as err:
+            self.folder.abandon()
+            raise StorageError(f"{err}. The run did not start" + (
+                f"; the checkpoint {self.folder.checkpoint} is as it was" if ckpt else "")) from None
         except BaseException:
-            self.close()
+            self.folder.abandon()  # refused: the folders and the lock file this run made go again
             raise
 
     # ---- setting up --------------------------------------------------------------------------
     def _build(self, cfg: TrainConfig, ckpt: dict | None, corpus: Corpus | None, verbose: bool) -> None:
         """Everything local to this process (``training.parts``), and the state to resume from."""
-        cfg = resumed_config(cfg, ckpt["config"]) if ckpt is not None else cfg
+        cfg = resumed_config(cfg, saved_config(ckpt, self.folder.checkpoint)) if ckpt is not None else cfg
         self.parts = build_parts(cfg, self.procs, corpus, verbose and self.procs.is_main, ckpt)
+        self.run_id = uuid.uuid4().hex  # which run the files belong to (a resumed run keeps its own)
         self.cfg, self.model, self.setup, self.forward = cfg, self.parts.model, self.parts.setup, self.parts.forward
         self.n_params, self.flops_per_token = count_parameters(self.model), self.parts.flops_per_token
         # MFU is per device: the run's tokens/s against the peak of all its devices together
@@ -179,7 +188,7 @@ class Trainer:
         return {"format": CHECKPOINT_FORMAT, **self.parts.state(), "step": self.step, "elapsed_s": self.elapsed,
                 "losses": list(self.losses), "rates": [list(r) for r in self.rates],
                 "rng_cpu": rng[0]["cpu"], "rng_cuda": rng[0]["cuda"], "world_size": self.procs.ranks.world_size,
-                "rng_ranks": rng if self.procs.many else None}
+                "rng_ranks": rng if self.procs.many else None, "run_id": self.run_id, "metrics": list(self.metrics)}
 
     def _restore(self, ckpt: dict) -> None:
         """This process's state from the checkpoint (each process reads the same file)."""
@@ -187,14 +196,20 @@ class Trainer:
         self.step, self.elapsed = ckpt["step"], ckpt["elapsed_s"]
         self.losses = list(ckpt["losses"])
         self.rates = [(rate, bool(first)) for rate, first in ckpt.get("rates", [])]
+        self.run_id = ckpt.get("run_id", self.run_id)
         self._last_saved = self.step
         saved_world, ranks = ckpt.get("world_size", 1), self.procs.ranks
         states = ckpt.get("rng_ranks") or [{"cpu": ckpt["rng_cpu"], "cuda": ckpt["rng_cuda"]}]
-        if saved_world == ranks.world_size or ranks.rank == 0:
-            mine = states[ranks.rank]
-            torch.set_rng_state(mine["cpu"])
-            if self.setup.device.type == "cuda" and mine["cuda"] is not None:
-                torch.cuda.set_rng_state(mine["cuda"], self.setup.device)
+        try:
+            if saved_world == ranks.world_size or ranks.rank == 0:
+                mine = states[ranks.rank]
+                torch.set_rng_state(mine["cpu"])
+                if self.setup.device.type == "cuda" and mine["cuda"] is not None:
+                    torch.cuda.set_rng_state(mine["cuda"], self.setup.device)
+        except (RuntimeError, TypeError, IndexError) as err:
+            raise CheckpointError(f"the checkpoint {self.folder.checkpoint} holds a random state this process cannot "
+                                  f"take ({str(err).splitlines()[0][:120]}); restore a good copy, or start the run "
+                                  "again with --overwrite") from None
         if saved_world != ranks.world_size:
             self._say(f"note: {self.folder.checkpoint} was written by {saved_world} process(es), this run has "
                       f"{ranks.world_size}: the same batches follow, but dropout draws other masks than "
@@ -208,7 +223,8 @@ class Trainer:
         if ckpt is None:
             self.folder.start()  # every check passed: now an earlier run's files may go
             return
-        self.metrics = distributed.broadcast_object(self.folder.metrics_up_to(self.step, say=self._say))
+        rows = self.folder.resumed_metrics(self.step, ckpt.get("metrics"), ckpt.get("run_id"), say=self._say)
+        self.metrics = distributed.broadcast_object(rows)
         self._say(f"resumed from {self.folder.checkpoint} at step {self.step}")
 
     def close(self) -> None:
@@ -358,7 +374,8 @@ class Trainer:
         stop = self.cfg.max_steps if until is None else min(until, self.cfg.max_steps)
         self._announce()
         clock, first_step = Clock(self.elapsed, self.setup.device), self.step
-        signals = StopSignals(self.procs.many, " and saving a checkpoint", say=self.procs.is_main)
+        what_happens = " and saving a checkpoint" if self.folder.keeps_checkpoints else ""
+        signals = StopSignals(self.procs.many, what_happens, say=self.procs.is_main)
         with signals, self._interruptions(clock), self._progress_bar() as bar:
             if not self.metrics:
                 self._log_eval(None)  # the loss before training, ln(V) or so
@@ -407,6 +424,8 @@ class Trainer:
             where = f"checkpoint saved to {path}; continue with --resume" if path else "no checkpoint written"
             self._say(f"interrupted after step {self.step}: {where}")
             raise
+        except StorageError as err:
+            raise StorageError(f"{err}. Training stopped. {self._kept_message()}") from None
         except Exception as err:
             if self.procs.many and distributed.is_comm_failure(err):
                 raise RankFailedError(f"rank {self.procs.ranks.rank}: {distributed.as_rank_failure(err)}. "
@@ -425,7 +444,10 @@ class Trainer:
                           self.setup.name, self.setup.precision, self.setup.peak[0] if self.setup.peak else None,
                           self.forward.compiled, self.step >= self.cfg.max_steps,
                           world_size=self.procs.ranks.world_size)
-        self.folder.write_summary(res.summary())
+        try:
+            self.folder.write_summary(res.summary() | {"run_id": self.run_id})
+        except StorageError as err:
+            raise StorageError(f"{err}. {self._kept_message()} The evaluations are in {self.folder.metrics}") from None
         return res
 
 

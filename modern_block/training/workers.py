@@ -6,11 +6,27 @@
 Each run is seeded, so the results do not depend on ``workers``; ``cache`` (a dict) lets one call
 reuse another's runs: an identical configuration trains once. A run whose loss becomes non-finite (a
 sweep's highest rates may do this) comes back as a ``Diverged``, which counts as loss inf.
+
+The workers are accounted for, however the parent ends:
+- they die with it, SIGKILL included (Linux's ``PR_SET_PDEATHSIG``, and everywhere a thread that
+  watches whether the parent is still there), so none is left holding the caller's terminal or pipe;
+- they ignore Ctrl-C (the terminal sends it to the whole process group): the parent decides. On
+  Ctrl-C (or Jupyter's interrupt) ``train_many`` asks every worker to stop after its current step and
+  waits for them; a queued run does not start. The runs keep what they wrote (no checkpoints: the
+  trainer keeps those, for one run at a time).
 """
 
+import atexit
+import contextlib
+import ctypes
 import math
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,25 +64,60 @@ def _run_dir(out_dir, cfg: TrainConfig):
     return Path(out_dir) / f"{cfg.arch.removeprefix('ladder:')}-lr{cfg.lr:g}-seed{cfg.seed}"
 
 
-def _train_or_diverge(cfg, run_dir, corpus, progress, verbose):
+def _train_or_diverge(cfg, run_dir, corpus, progress, verbose, on_step=None):
     try:
         return train(cfg, run_dir, corpus=corpus, checkpoints=False, progress=progress, verbose=verbose,
-                     overwrite=True)  # a re-run replaces its own runs
+                     overwrite=True, on_step=on_step)  # a re-run replaces its own runs
     except NonFiniteLossError as err:
         return Diverged(cfg, str(err))
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process when ``parent`` ends, however it ends: the kernel sends SIGKILL (Linux), and a
+    thread checks every 0.2 s that ``parent`` is still this process's parent (everywhere; and for a
+    parent that died before the first line of this function)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
+
+
 _WORKER_CORPUS: Corpus | None = None
+_WORKER_STOP = None  # the pool's multiprocessing.Event: set, every worker stops after its current step
 
 
-def _worker_init(text: str, name: str, source: str) -> None:
-    global _WORKER_CORPUS
+def _worker_init(text: str, name: str, source: str, parent: int, stop) -> None:
+    global _WORKER_CORPUS, _WORKER_STOP
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    if hasattr(signal, "pthread_sigmask"):  # blocked since the spawn (see WorkerPool.submit); from now on ignored
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    die_with_parent(parent)
+    atexit.register(os._exit, 0)  # results are sent by then: skip tearing torch down (seconds per worker)
     torch.set_num_threads(1)  # one core per run; the same arithmetic as a one-thread run in the parent
-    _WORKER_CORPUS = Corpus(text, name, source)
+    _WORKER_CORPUS, _WORKER_STOP = Corpus(text, name, source), stop
+
+
+def _stop_if_asked(trainer) -> None:
+    if _WORKER_STOP.is_set():
+        raise KeyboardInterrupt  # the trainer stops after this step, as on Ctrl-C
 
 
 def _worker_train(cfg: TrainConfig, run_dir):
-    result = _train_or_diverge(cfg, run_dir, _WORKER_CORPUS, False, False)
+    if _WORKER_STOP.is_set():
+        return None  # queued when the pool was stopped: not started
+    try:
+        result = _train_or_diverge(cfg, run_dir, _WORKER_CORPUS, False, False, on_step=_stop_if_asked)
+    except KeyboardInterrupt:
+        return None  # stopped after a step, as asked
     if isinstance(result, TrainResult):
         result.model.cpu()  # back to the parent as CPU tensors
     return result
@@ -82,11 +133,27 @@ class WorkerPool:
             raise ValueError(f"n must be a positive int, got {n!r}")
         self.corpus, self.n = corpus, n
         ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked; spawn is safe everywhere
+        self._stop = ctx.Event()
         self._pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_init,
-                                         initargs=(corpus.text, corpus.name, corpus.source))
+                                         initargs=(corpus.text, corpus.name, corpus.source, os.getpid(), self._stop))
 
     def submit(self, cfg: TrainConfig, run_dir):
-        return self._pool.submit(_worker_train, cfg, run_dir)
+        """Queue one run. A worker starts here when one is missing, with Ctrl-C blocked until it has set
+        itself to ignore it (a blocked signal stays blocked through the new interpreter's start)."""
+        if not hasattr(signal, "pthread_sigmask"):
+            return self._pool.submit(_worker_train, cfg, run_dir)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            return self._pool.submit(_worker_train, cfg, run_dir)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def stop(self, futures) -> None:
+        """Have every worker stop after its current step and every queued run return unstarted; wait for
+        ``futures`` to settle, then take runs again."""
+        self._stop.set()
+        wait(futures)  # a second Ctrl-C ends the wait, and the pool stays stopped
+        self._stop.clear()
 
     def close(self) -> None:
         """Stop the workers (runs not yet started are dropped)."""
@@ -128,9 +195,10 @@ def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers
             futures = {k: pool.submit(cfg, _run_dir(out_dir, cfg)) for k, cfg in todo.items()}
             for k, future in futures.items():
                 cache[k] = future.result()
-        except BaseException:  # an error or Ctrl-C: drop the runs not started yet
+        except BaseException:  # an error or Ctrl-C: no run starts any more, the running ones stop after a step
             for future in futures.values():
                 future.cancel()
+            pool.stop(list(futures.values()))
             raise
         finally:
             if pool is not workers:
