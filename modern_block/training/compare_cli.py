@@ -6,9 +6,14 @@ number of parameters (within 2%, ``modern_block.training.ladder``), the same cha
 peak learning rate of a small sweep, once per seed, and is reported at its own best rate. Writes
 DIR/report.md, DIR/loss_curves.png, DIR/sweep.png, DIR/results.json and, per run,
 DIR/<model>-lr<LR>-seed<S>/metrics.jsonl and summary.json (no checkpoints: use
-``modern_block.training.trainer`` to keep and resume one run). The experiment itself lives in
+``python -m modern_block train`` to keep and resume one run). The experiment itself lives in
 ``modern_block.training.experiments``, its report in ``modern_block.training.report``; this is its
 command line.
+
+Exit status: 0 done; 2 a usage error; 1 a failure, in one line that says what is kept (a full disk or a
+read-only folder, a worker that died, every run diverged); 130 Ctrl-C, which stops every run after its
+current step and starts no queued one. ``--workers`` processes die with this one however it ends
+(``training.workers``).
 """
 
 import argparse

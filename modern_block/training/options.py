@@ -72,7 +72,7 @@ CONFIG_OPTIONS = {
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """Options shared by ``modern_block.training.trainer`` and ``modern_block compare``."""
+    """Options shared by ``python -m modern_block train`` and ``python -m modern_block compare``."""
     scale = parser.add_mutually_exclusive_group()
     scale.add_argument("--quick", action="store_true", help="CPU scale (default when there is no GPU; "
                        f"{QUICK_ENV}=1 forces it)")
