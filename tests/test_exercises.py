@@ -153,13 +153,13 @@ def lr_at_ok(step, lr, min_lr, warmup_steps, max_steps):
     """The package's trainer's schedule, the one lesson 08 teaches."""
     from types import SimpleNamespace
 
-    from modern_block.training.trainer import lr_at
+    from modern_block.training.config import lr_at
 
     return lr_at(step, SimpleNamespace(lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, max_steps=max_steps))
 
 
 def flops_per_token_ok(n_matmul_params, n_layers, n_heads, head_dim, seq_len):
-    from modern_block.training.device import flops_per_token
+    from modern_block.training.flops import flops_per_token
 
     return flops_per_token(n_matmul_params, n_layers, n_heads, head_dim, seq_len)
 

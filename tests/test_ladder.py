@@ -6,20 +6,9 @@ import torch
 from training_setup import never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
 
 from modern_block import GPT2LM, LlamaStyleLM, generate
-from modern_block.training import trainer as T
-from modern_block.training.ladder import (
-    ABLATIONS,
-    LADDER,
-    LLAMA_END,
-    RUNG_NAMES,
-    ModelShape,
-    Rung,
-    build_model,
-    get_rung,
-    ladder_model,
-    matched_d_ff,
-    size_table,
-)
+from modern_block.training import config
+from modern_block.training.ladder import build_model, ladder_model, matched_d_ff, size_table
+from modern_block.training.rungs import ABLATIONS, LADDER, LLAMA_END, RUNG_NAMES, ModelShape, Rung, get_rung
 
 EXACT = {"gpt2": "GPT2LM", "untied": "GPT2LM(tie=False)", "qk_norm": "LlamaStyleLM",
          "tied": "LlamaStyleLM(tie=True)"}
@@ -97,7 +86,7 @@ def test_rung_switches_are_checked():
         get_rung("nope")
 
 
-@pytest.mark.parametrize("shape", [ModelShape(), T.quick_config().shape, ModelShape(32, 2, 4, 2, 32),
+@pytest.mark.parametrize("shape", [ModelShape(), config.quick_config().shape, ModelShape(32, 2, 4, 2, 32),
                                    ModelShape(32, 2, 4, 2, 16)], ids=["gpu", "quick", "lesson", "tiny"])
 @pytest.mark.parametrize("V", [65, 96], ids=["tinyshakespeare", "stdlib"])
 def test_every_model_is_within_2_percent_of_gpt2(shape, V):
