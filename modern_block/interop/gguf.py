@@ -168,11 +168,21 @@ def read_gguf(path) -> GGUFFile:
         raise CheckpointError(f"{path} is not a GGUF file: it starts with {head!r}, a GGUF file with b'GGUF'")
     try:
         reader = GGUFReader(path)
+    except (ValueError, KeyError, IndexError, TypeError, OverflowError, MemoryError) as err:
+        raise CheckpointError(f"{path} cannot be read as GGUF ({type(err).__name__}: {str(err)[:200]}): the file is "
+                              f"damaged or truncated ({size:,} bytes)") from None
+    return from_reader(reader, path)
+
+
+def from_reader(reader, path) -> GGUFFile:
+    """A ``GGUFFile`` from a ``gguf.GGUFReader`` already open on ``path`` (checked like ``read_gguf``)."""
+    path, size = Path(path), Path(path).stat().st_size
+    try:
         metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
         version = int(reader.fields["GGUF.version"].contents())
         tensors = {t.name: GGUFTensor(t.name, t.tensor_type.name, tuple(int(x) for x in reversed(t.shape.tolist())),
                                       t.data, int(t.data_offset), int(t.n_bytes)) for t in reader.tensors}
-    except (ValueError, KeyError, IndexError, TypeError, OverflowError, MemoryError) as err:
+    except (ValueError, KeyError, IndexError, TypeError, OverflowError) as err:
         raise CheckpointError(f"{path} cannot be read as GGUF ({type(err).__name__}: {str(err)[:200]}): the file is "
                               f"damaged or truncated ({size:,} bytes)") from None
     if reader.byte_order != "I":

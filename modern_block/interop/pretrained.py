@@ -227,9 +227,9 @@ def load_pretrained(name_or_path, *, dtype: torch.dtype = torch.float32, device=
         {"errors": report["error_msgs"][:2]} if report.get("error_msgs") else {})
     if problems:  # check_folder should have caught these; transformers' own report must agree
         raise CheckpointError(f"{folder}: transformers reports {problems}")
+    check_finite(hf_model.state_dict(), str(folder))  # named as in the file
     model = from_hf(hf_model)
     del hf_model
-    check_finite(model.state_dict(), str(folder))
     if device is not None:
         model.to(device)
     if tokenizer:

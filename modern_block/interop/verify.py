@@ -84,7 +84,8 @@ def compare_tensors(found: dict[str, tuple], expected: dict[str, tuple], *, sour
 def check_finite(state: dict[str, torch.Tensor], source: str) -> None:
     """Refuse NaN and infinity in the weights: the one kind of damage a file without a checksum still shows."""
     for name, tensor in state.items():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        # NaN and infinity survive a sum, so a finite sum clears the tensor at a fraction of an element-wise test
+        if tensor.is_floating_point() and not torch.isfinite(tensor.sum()) and not torch.isfinite(tensor).all():
             raise CheckpointError(f"{source}: {name} holds NaN or infinite values: the file is damaged "
                                   "(this format has no checksum, so damage that leaves finite numbers cannot be "
                                   "detected)")
