@@ -381,3 +381,14 @@ def test_smollm2_greedy_tokens_and_logits_equal_transformers(smollm2, chat, text
         diff = (model(ours) - hf(ours).logits).abs().max().item()
     assert torch.equal(ours, theirs), (tok.decode(ours[0]), tok.decode(theirs[0]))
     assert diff < 1e-3
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_K, Q.Q6_K])
+def test_k_quants_are_refused_by_name(tmp_path, kind):
+    cfg = dict(TINY, d_ff=256)  # K-quants pack 256 weights per block: ffn_down's rows are 256 long here
+    tensors = gguf_tensors(LlamaStyleLM(**cfg, tie=True))
+    block_bytes = gguf.GGML_QUANT_SIZES[kind][1]
+    tensors["blk.1.ffn_down.weight"] = (np.zeros((64, block_bytes), np.uint8), kind)
+    path = write_gguf(tmp_path / "k.gguf", gguf_metadata(cfg), tensors)
+    with pytest.raises(ValueError, match=f"blk.1.ffn_down.weight is stored as {kind.name}: the course reads"):
+        load_gguf(path)
