@@ -78,7 +78,7 @@ QWEN3_WEIGHTS = {
 }
 
 GPT2_WEIGHTS = {
-    "wte.weight": "transformer.wte.weight",
+    "emb.weight": "transformer.wte.weight",
     "wpe.weight": "transformer.wpe.weight",
     "blocks.{i}.ln1.weight": "transformer.h.{i}.ln_1.weight",
     "blocks.{i}.ln1.bias": "transformer.h.{i}.ln_1.bias",
@@ -92,8 +92,8 @@ GPT2_WEIGHTS = {
     "blocks.{i}.mlp.fc.bias": "transformer.h.{i}.mlp.c_fc.bias",
     "blocks.{i}.mlp.proj.weight": "transformer.h.{i}.mlp.c_proj.weight",  # Conv1D: transposed
     "blocks.{i}.mlp.proj.bias": "transformer.h.{i}.mlp.c_proj.bias",
-    "ln_f.weight": "transformer.ln_f.weight",
-    "ln_f.bias": "transformer.ln_f.bias",
+    "norm.weight": "transformer.ln_f.weight",
+    "norm.bias": "transformer.ln_f.bias",
     "head.weight": "lm_head.weight",
 }
 GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # [in, out]
@@ -166,7 +166,7 @@ DEEPSEEK_V3_MODULES = {
     "blocks.{i}.attn.kv_norm": "model.layers.{i}.self_attn.kv_a_layernorm",
 }
 GPT2_MODULES = {
-    "wte": "transformer.wte",
+    "emb": "transformer.wte",
     "wpe": "transformer.wpe",
     "blocks.{i}.ln1": "transformer.h.{i}.ln_1",
     "blocks.{i}.attn.qkv": "transformer.h.{i}.attn.c_attn",
@@ -177,7 +177,7 @@ GPT2_MODULES = {
     "blocks.{i}.mlp.proj": "transformer.h.{i}.mlp.c_proj",
     "blocks.{i}.mlp": "transformer.h.{i}.mlp",
     "blocks.{i}": "transformer.h.{i}",
-    "ln_f": "transformer.ln_f",
+    "norm": "transformer.ln_f",
     "head": "lm_head",
 }
 MODULES = {"llama": LLAMA_MODULES, "mistral": LLAMA_MODULES, "qwen2": LLAMA_MODULES, "qwen3": LLAMA_MODULES,
@@ -422,8 +422,7 @@ def from_hf(hf_model) -> nn.Module:
 
 
 def _course_tied(model: nn.Module) -> bool:
-    emb = model.wte if isinstance(model, GPT2LM) else model.emb
-    return model.head.weight is emb.weight
+    return model.head.weight is model.emb.weight
 
 
 def _hf_rope(model: LlamaStyleLM) -> tuple[dict, int]:
@@ -463,12 +462,12 @@ def _hf_config(model: nn.Module, rope_interleave: bool, family: str | None = Non
         if family not in (None, "gpt2"):
             raise ValueError(f"family={family!r} cannot express a GPT2LM; it converts to 'gpt2'")
         blk = model.blocks[0]
-        if model.ln_f.bias is None or blk.attn.qkv.bias is None:
+        if model.norm.bias is None or blk.attn.qkv.bias is None:
             raise ValueError("GPT2LM(bias=False) has no Hugging Face GPT-2 counterpart (GPT-2 has biases)")
         common.pop("max_position_embeddings")
-        cfg = tf.GPT2Config(n_embd=model.wte.embedding_dim, n_layer=len(model.blocks), n_head=blk.attn.h,
+        cfg = tf.GPT2Config(n_embd=model.emb.embedding_dim, n_layer=len(model.blocks), n_head=blk.attn.h,
                             n_positions=model.max_len, n_inner=blk.mlp.fc.out_features,
-                            layer_norm_epsilon=model.ln_f.eps, activation_function="gelu_new",
+                            layer_norm_epsilon=model.norm.eps, activation_function="gelu_new",
                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
         return "gpt2", cfg
     attn = model.blocks[0].attn
