@@ -51,10 +51,10 @@ def prompts(batch: int = 2, length: int = 5, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, V, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def step_by_step(fm: fast.FastLM, idx: torch.Tensor, prefill: int) -> torch.Tensor:
+def step_by_step(fm: fast.FastLM, idx: torch.Tensor, prefill: int, capacity: int | None = None) -> torch.Tensor:
     """Logits at every position of idx from the fast model: the first ``prefill`` tokens at once, then one at a
-    time through ``step``. [B, T, V]"""
-    fm.setup_cache(idx.shape[0], idx.shape[1])
+    time through ``step`` (with a cache of ``capacity``, by default idx's length). [B, T, V]"""
+    fm.setup_cache(idx.shape[0], capacity or idx.shape[1])
     with torch.inference_mode():
         first = fm(idx[:, :prefill])  # [B, prefill, V]
         steps = [fm.step(idx[:, t:t + 1]) for t in range(prefill, idx.shape[1])]  # [B, V] each
@@ -70,11 +70,13 @@ def plain_step_by_step(model: nn.Module, idx: torch.Tensor, prefill: int) -> tor
     return torch.cat([first, *steps], 1)
 
 
+@pytest.mark.parametrize("static_cache", [True, False], ids=["static", "plain-cache"])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_logits_equal_the_plain_model(name):
-    """A whole sequence at once (prefill), then single tokens against the static cache."""
+def test_logits_equal_the_plain_model(name, static_cache):
+    """A whole sequence at once (prefill), then single tokens against the static (or the plain) cache."""
     model = model_for(name)
-    fm = fast.prepare(model, compile=False)
+    fm = fast.prepare(model, compile=False, static_cache=static_cache)
+    assert fm.cache is None and fm.static_cache == static_cache
     idx = prompts(length=12)
     ours, plain = step_by_step(fm, idx, 8), plain_step_by_step(model, idx, 8)
     torch.testing.assert_close(ours, plain, atol=1e-5, rtol=0)
@@ -86,7 +88,7 @@ def test_logits_equal_the_plain_model(name):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_same_tokens_as_the_plain_model_greedy_and_sampled(name):
     model = model_for(name)
-    fm = fast.prepare(model, compile=False)
+    fm = fast.prepare(model, compile=False, static_cache=True)
     idx = prompts()
     assert torch.equal(fast.generate(fm, idx, 20), generate(model, idx, 20))
     sampled = [f(m, idx, 20, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(3))
@@ -104,21 +106,25 @@ def test_prepare_swaps_modules_and_keeps_nothing_else():
     assert all(isinstance(b.attn, FusedGQAttention) and isinstance(b.ffn, FusedSwiGLU) for b in fm.model.blocks)
     assert fm.model.tied and not fm.model.training and not any(p.requires_grad for p in fm.parameters())
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-    plain = fast.prepare(model, compile=False, fuse=False)  # step 2 alone: the static cache on the plain modules
-    assert type(plain.model.blocks[0].attn).__name__ == "GQAttention"
     idx = prompts()
+    plain = fast.prepare(model, compile=False, fuse=False, static_cache=True)  # step 2 alone: plain modules
+    assert type(plain.model.blocks[0].attn).__name__ == "GQAttention" and not fm.static_cache
     assert torch.equal(fast.generate(plain, idx, 12), generate(model, idx, 12))
+    fast.generate(fm, idx, 12)
+    assert type(fm.cache) is KVCache and type(plain.cache) is not KVCache  # uncompiled: the plain cache is faster
 
 
 def test_the_compile_step_is_named_apart_from_torchs_compile():
     assert fast.FastLM.compile is nn.Module.compile  # not overridden with another meaning
     fm = fast.prepare(model_for("gqa-qknorm"), compile=False)
     assert not fm.compiled and fm.step == fm.eager_step
+    with pytest.raises(ValueError, match="needs the static cache"):
+        fast.prepare(model_for("gqa-qknorm"), static_cache=False)
 
 
 def test_the_static_cache_is_allocated_once_per_shape():
     model = model_for("gqa-qknorm")
-    fm = fast.prepare(model, compile=False)
+    fm = fast.prepare(model, compile=False, static_cache=True)
     idx = prompts()
     fast.generate(fm, idx, 10)
     k = fm.cache[0].buffers[0]
@@ -151,10 +157,12 @@ def test_bad_input_is_refused_clearly():
     fm.cache = None
     with pytest.raises(ValueError, match="setup_cache"):
         fm(prompts())
-    fm.setup_cache(2, 8)
-    fm(prompts(length=6))
-    with pytest.raises(ValueError, match="at most 8 tokens; 6 \\+ 3"):
-        fm(prompts(length=3))
+    for static in (True, False):
+        fm = fast.prepare(model, compile=False, static_cache=static)
+        fm.setup_cache(2, 8)
+        fm(prompts(length=6))
+        with pytest.raises(ValueError, match="at most 8 tokens; 6 \\+ 3"):
+            fm(prompts(length=3))
 
 
 # ---------------------------------------------------------------- compiled, against Hugging Face
@@ -174,10 +182,11 @@ def test_compiled_decoding_gives_the_plain_models_and_hugging_faces_tokens(case)
     with torch.inference_mode():
         theirs = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new, min_new_tokens=new,
                              do_sample=False, pad_token_id=0)
-    steps = step_by_step(fm, ours[:, :-1], 5)  # the compiled step's logits at every decoded position
+        ref = model(ours[:, :-1])  # the plain model's logits at every position
+    steps = step_by_step(fm, ours[:, :-1], 5, fm.capacity)  # the compiled step's logits (the compiled shape)
     assert torch.equal(ours, generate(model, idx, new))
     assert torch.equal(ours, theirs)
-    torch.testing.assert_close(steps, model(ours[:, :-1]), atol=1e-4, rtol=0)  # compiled step logits = plain
+    torch.testing.assert_close(steps, ref, atol=1e-4, rtol=0)  # compiled step logits = plain
 
 
 @pytest.mark.slow
@@ -190,7 +199,8 @@ def test_compiled_decoding_of_the_other_models(name):
     idx = prompts()
     assert torch.equal(fast.generate(fm, idx, 12), generate(model, idx, 12))
     idx = prompts(length=12)
-    torch.testing.assert_close(step_by_step(fm, idx, 8), plain_step_by_step(model, idx, 8), atol=1e-4, rtol=0)
+    ours = step_by_step(fm, idx, 8, fm.capacity)  # the capacity generate used: the step compiled for it
+    torch.testing.assert_close(ours, plain_step_by_step(model, idx, 8), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["llama3.1", "llama3.2-tied", "llama-yarn", "llama-dynamic", "smollm2", "mistral",

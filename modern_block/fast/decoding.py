@@ -9,10 +9,13 @@ that can each be switched on alone (and measured, as lesson 10 does):
 
 1. **Fused projections** (``fused``, ``fuse=True``): every ``GQAttention`` and ``SwiGLU`` module is swapped
    for a fused version whose one matrix is the stacked originals: 4 matrix multiplications per layer instead of 7.
-2. **A static cache** (``static_cache``, always): fixed-shape buffers and a position tensor, behind the cache
-   interface the plain attention already calls, so the model's own forward runs every step on the same shapes.
-3. **A compiled decode step** (``compile=True``): ``torch.compile`` of the one-token step (full graph, static
-   shapes) fuses each layer's small element-wise ops into a few kernels and takes Python out of the layer loop.
+2. **A static cache** (``static_cache``, ``static_cache=True``, the default when compiling): fixed-shape buffers
+   and a position tensor, behind the cache interface the plain attention already calls, so the model's own
+   forward runs every step on the same shapes. In eager mode it costs a few operators per layer (the mask over
+   the whole buffer), so without a compiler the plain ``KVCache`` is the faster choice.
+3. **A compiled decode step** (``compile=True``, needs the static cache): ``torch.compile`` of the one-token step
+   (full graph, static shapes) fuses each layer's small element-wise ops into a few kernels and takes Python
+   out of the layer loop.
 
 The rule: any model built on ``decoder.DecoderLM`` (GPT2LM, LlamaStyleLM with GQA or MLA and any RoPE
 scaling, the ladder's models) is accepted; the fast layer fuses ``GQAttention`` and ``SwiGLU`` and leaves every
@@ -29,23 +32,25 @@ import torch.nn as nn
 
 from ..decoder import DecoderLM
 from ..generate import check_request, next_token
+from ..kv_cache import KVCache
 from ..validate import positive_int, token_ids
 from .fused import fused_copy
 from .static_cache import StaticKVCache
 
 
 class FastLM(nn.Module):
-    """What ``prepare`` returns: ``model`` (a copy of the original, fused unless ``fuse=False``), the static
-    ``cache`` it decodes with, and ``step``, the one-token step (compiled by ``compile_step``).
+    """What ``prepare`` returns: ``model`` (a copy of the original, fused unless ``fuse=False``), the ``cache`` it
+    decodes with (a ``StaticKVCache`` when ``static_cache``, else a ``KVCache``), and ``step``, the one-token step
+    (compiled by ``compile_step``).
 
     ``forward(idx)`` runs tokens idx [B, T] after those the cache holds and returns logits [B, T, V];
     ``step(tok)`` runs one token per sequence, tok [B, 1], and returns logits [B, V].
     """
 
-    def __init__(self, model: DecoderLM):
+    def __init__(self, model: DecoderLM, static_cache: bool = True):
         super().__init__()
-        self.model = model
-        self.cache: StaticKVCache | None = None
+        self.model, self.static_cache = model, static_cache
+        self.cache: KVCache | None = None
         self.step = self.eager_step  # replaced by the compiled step in ``compile_step``
         self.compiled = False
 
@@ -62,12 +67,14 @@ class FastLM(nn.Module):
         return 0 if self.cache is None else self.cache.capacity
 
     def setup_cache(self, batch: int, capacity: int) -> None:
-        """A new, empty static cache of ``capacity`` positions (its buffers are allocated by the first forward)."""
+        """A new, empty cache of ``capacity`` positions (its buffers are allocated by the first forward)."""
         positive_int("batch", batch)
         positive_int("capacity", capacity)
         if capacity > self.max_len:
             raise ValueError(f"capacity ({capacity}) must not exceed max_len ({self.max_len})")
-        self.cache = StaticKVCache(len(self.model.blocks), capacity, self.model.emb.weight.device)
+        n_layers = len(self.model.blocks)
+        self.cache = (StaticKVCache(n_layers, capacity, self.model.emb.weight.device) if self.static_cache
+                      else KVCache(n_layers, capacity))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx: [B, T] token ids after the ones already cached. Returns logits [B, T, V]."""
@@ -86,6 +93,8 @@ class FastLM(nn.Module):
         """Compile the one-token step with ``torch.compile`` (full graph, static shapes); ``mode`` and ``options``
         go to ``torch.compile``. The first step of each cache shape pays the compile time (tens of seconds on a
         laptop CPU)."""
+        if not self.static_cache:
+            raise ValueError("compiling the decode step needs the static cache (its shapes do not change)")
         self.compiled = True
         self.step = torch.compile(self.eager_step, fullgraph=True, dynamic=False, mode=mode, options=options)
         return self
@@ -98,15 +107,16 @@ COMPILE_OPTIONS = {"cpp_wrapper": True, "compile_threads": 1}
 
 
 def prepare(model: DecoderLM, compile: bool = True, mode: str | None = None, options: dict | None = None, *,
-            fuse: bool = True) -> FastLM:
-    """A fast copy of ``model`` for decoding: fused q/k/v and gate/up (unless ``fuse=False``), a static cache and,
-    unless ``compile=False``, a compiled decode step (``mode`` and ``options`` go to ``torch.compile``;
-    ``options`` defaults to ``COMPILE_OPTIONS``). ``model`` itself is not changed."""
+            fuse: bool = True, static_cache: bool | None = None) -> FastLM:
+    """A fast copy of ``model`` for decoding: fused q/k/v and gate/up (unless ``fuse=False``), a static cache
+    (``static_cache``, by default when compiling) and, unless ``compile=False``, a compiled decode step (``mode``
+    and ``options`` go to ``torch.compile``; ``options`` defaults to ``COMPILE_OPTIONS``). ``model`` itself is
+    not changed."""
     if not isinstance(model, DecoderLM):
         raise TypeError("fast.prepare takes a model built on modern_block.decoder.DecoderLM (GPT2LM, LlamaStyleLM, "
                         f"the ladder's models), got {type(model).__name__}")
     copied = fused_copy(model) if fuse else copy.deepcopy(model).requires_grad_(False).eval()
-    fast_model = FastLM(copied)
+    fast_model = FastLM(copied, static_cache=compile if static_cache is None else static_cache)
     return fast_model.compile_step(mode, COMPILE_OPTIONS if options is None else options) if compile else fast_model
 
 
@@ -132,7 +142,7 @@ def generate(fast_model: FastLM, idx: torch.Tensor, max_new_tokens: int, tempera
         raise ValueError(f"idx is on {idx.device} but the model is on {w.device}: move one of them")
     capacity = cache_capacity(needed, fast_model.max_len)
     cache = fast_model.cache
-    if cache is not None and cache.fits(idx.shape[0], capacity, w.dtype, w.device):
+    if isinstance(cache, StaticKVCache) and cache.fits(idx.shape[0], capacity, w.dtype, w.device):
         cache.reset()  # the same buffers, overwritten: the compiled step's inputs do not change
     else:
         fast_model.setup_cache(idx.shape[0], capacity)
