@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .validate import positive_ints
+from .validate import positive_ints, positive_number
 
 
 def swiglu_hidden_dim(d: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None) -> int:
@@ -24,9 +24,7 @@ def swiglu_hidden_dim(d: int, multiple_of: int = 256, ffn_dim_multiplier: float 
     positive_ints(d=d, multiple_of=multiple_of)
     hidden = int(2 * (4 * d) / 3)  # parameter-matched to a 4d GELU MLP
     if ffn_dim_multiplier is not None:
-        if not ffn_dim_multiplier > 0:
-            raise ValueError(f"ffn_dim_multiplier must be positive, got {ffn_dim_multiplier}")
-        hidden = int(ffn_dim_multiplier * hidden)
+        hidden = int(positive_number("ffn_dim_multiplier", ffn_dim_multiplier) * hidden)
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 

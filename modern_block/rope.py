@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn as nn
 
-from .validate import even, positive_int
+from .validate import even, positive_int, positive_number
 
 
 def rope_frequencies(dh: int, base: float = 10000.0) -> torch.Tensor:
@@ -155,9 +155,7 @@ def check_rope_scaling(scaling) -> dict | None:
     if unknown:
         hint = " (the base is rope_base)" if "rope_theta" in unknown else ""
         raise ValueError(f"rope_scaling of type {kind!r} does not take {sorted(unknown)}{hint}")
-    factor = scaling["factor"]
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
-        raise ValueError(f"rope_scaling['factor'] must be a number > 0, got {factor!r}")
+    positive_number("rope_scaling['factor']", scaling["factor"])
     if "original_max_position_embeddings" in scaling:
         positive_int("rope_scaling['original_max_position_embeddings']", scaling["original_max_position_embeddings"])
     if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0:
