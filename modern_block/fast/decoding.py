@@ -5,7 +5,7 @@
 
 The plain model files never import this module, and ``modern_block.generate`` stays the plain loop.
 ``prepare`` applies, at that moment and on a copy, what production engines do at load time, in three steps
-that can each be switched on alone (and measured, as lesson 10 does):
+that can each be switched on alone and measured (lesson 04 measures them):
 
 1. **Fused projections** (``fused``, ``fuse=True``): every ``GQAttention`` and ``SwiGLU`` module is swapped
    for a fused version whose one matrix is the stacked originals: 4 matrix multiplications per layer instead of 7.
@@ -19,9 +19,9 @@ that can each be switched on alone (and measured, as lesson 10 does):
 
 The rule: any model built on ``decoder.DecoderLM`` (GPT2LM, LlamaStyleLM with GQA or MLA and any RoPE
 scaling, the ladder's models) is accepted; the fast layer fuses ``GQAttention`` and ``SwiGLU`` and leaves every
-other module as it is. Nothing else of the model is copied or re-implemented here, so a model feature added to
-the model files works in the fast layer too. Measured gains: ``benchmarks/README.md``. The fast model is a
-snapshot for inference: later changes to the original model do not reach it.
+other module as it is. Apart from the fused projections nothing of the model is re-implemented here, so a model
+feature added to the model files works in the fast layer too. Measured gains: ``benchmarks/README.md``. The fast
+model is a snapshot for inference: later changes to the original model do not reach it.
 """
 
 import copy
