@@ -728,11 +728,9 @@ class LMVariant(mb.LlamaStyleLM):
             else:
                 self.head.weight = self.emb.weight
         if self.mistake == "persistent_tables":
-            self.register_buffer("cos", self.cos.clone(), persistent=True)
+            self.register_buffer("cos", self.rope.cos.clone(), persistent=True)
         if self.mistake == "base_ignored":
-            cos, sin = mb.rope_cache(max_len, d // n_heads)
-            self.register_buffer("cos", cos, persistent=False)
-            self.register_buffer("sin", sin, persistent=False)
+            self.rope = mb.RotaryEmbedding(d // n_heads, max_len)  # the default base, whatever rope_base says
 
 
 @pytest.mark.parametrize("mistake, diagnosis", [

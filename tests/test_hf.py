@@ -102,7 +102,7 @@ def test_logits_equal_hugging_face(case):
     print(f"{case}: max |logit diff| = {diff:.2e}")  # shown with pytest -s
     assert diff <= ATOL
     tied = hf.get_output_embeddings().weight is hf.get_input_embeddings().weight
-    emb = model.wte if isinstance(model, GPT2LM) else model.emb
+    emb = model.emb
     assert (model.head.weight is emb.weight) == tied  # one storage when tied, two when not
     assert not model.training
 

@@ -157,8 +157,7 @@ def _family(hf_model) -> str:
 
 
 def _course_tied(model: nn.Module) -> bool:
-    emb = model.wte if isinstance(model, GPT2LM) else model.emb
-    return model.head.weight is emb.weight
+    return model.head.weight is model.emb.weight
 
 
 def _hf_rope(model: LlamaStyleLM) -> tuple[dict, int]:
@@ -198,12 +197,12 @@ def _hf_config(model: nn.Module, rope_interleave: bool, family: str | None = Non
         if family not in (None, "gpt2"):
             raise ValueError(f"family={family!r} cannot express a GPT2LM; it converts to 'gpt2'")
         blk = model.blocks[0]
-        if model.ln_f.bias is None or blk.attn.qkv.bias is None:
+        if model.norm.bias is None or blk.attn.qkv.bias is None:
             raise ValueError("GPT2LM(bias=False) has no Hugging Face GPT-2 counterpart (GPT-2 has biases)")
         common.pop("max_position_embeddings")
-        cfg = tf.GPT2Config(n_embd=model.wte.embedding_dim, n_layer=len(model.blocks), n_head=blk.attn.h,
+        cfg = tf.GPT2Config(n_embd=model.emb.embedding_dim, n_layer=len(model.blocks), n_head=blk.attn.h,
                             n_positions=model.max_len, n_inner=blk.mlp.fc.out_features,
-                            layer_norm_epsilon=model.ln_f.eps, activation_function="gelu_new",
+                            layer_norm_epsilon=model.norm.eps, activation_function="gelu_new",
                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
         return "gpt2", cfg
     attn = model.blocks[0].attn

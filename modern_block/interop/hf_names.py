@@ -42,7 +42,7 @@ QWEN3_WEIGHTS = {
 }
 
 GPT2_WEIGHTS = {
-    "wte.weight": "transformer.wte.weight",
+    "emb.weight": "transformer.wte.weight",
     "wpe.weight": "transformer.wpe.weight",
     "blocks.{i}.ln1.weight": "transformer.h.{i}.ln_1.weight",
     "blocks.{i}.ln1.bias": "transformer.h.{i}.ln_1.bias",
@@ -56,8 +56,8 @@ GPT2_WEIGHTS = {
     "blocks.{i}.mlp.fc.bias": "transformer.h.{i}.mlp.c_fc.bias",
     "blocks.{i}.mlp.proj.weight": "transformer.h.{i}.mlp.c_proj.weight",  # Conv1D: transposed
     "blocks.{i}.mlp.proj.bias": "transformer.h.{i}.mlp.c_proj.bias",
-    "ln_f.weight": "transformer.ln_f.weight",
-    "ln_f.bias": "transformer.ln_f.bias",
+    "norm.weight": "transformer.ln_f.weight",
+    "norm.bias": "transformer.ln_f.bias",
     "head.weight": "lm_head.weight",
 }
 GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # [in, out]
@@ -130,7 +130,7 @@ DEEPSEEK_V3_MODULES = {
     "blocks.{i}.attn.kv_norm": "model.layers.{i}.self_attn.kv_a_layernorm",
 }
 GPT2_MODULES = {
-    "wte": "transformer.wte",
+    "emb": "transformer.wte",
     "wpe": "transformer.wpe",
     "blocks.{i}.ln1": "transformer.h.{i}.ln_1",
     "blocks.{i}.attn.qkv": "transformer.h.{i}.attn.c_attn",
@@ -141,7 +141,7 @@ GPT2_MODULES = {
     "blocks.{i}.mlp.proj": "transformer.h.{i}.mlp.c_proj",
     "blocks.{i}.mlp": "transformer.h.{i}.mlp",
     "blocks.{i}": "transformer.h.{i}",
-    "ln_f": "transformer.ln_f",
+    "norm": "transformer.ln_f",
     "head": "lm_head",
 }
 MODULES = {"llama": LLAMA_MODULES, "mistral": LLAMA_MODULES, "qwen2": LLAMA_MODULES, "qwen3": LLAMA_MODULES,

@@ -151,7 +151,7 @@ def check_llama_lm(LlamaStyleLMClass) -> str:
         def no_final_norm(ref=ref, idx=idx):
             x = ref.emb(idx)
             for blk in ref.blocks:
-                x = blk(x, ref.cos[:idx.shape[1]], ref.sin[:idx.shape[1]])
+                x = blk(x, *ref.rope(torch.arange(idx.shape[1])))
             return ref.head(x)
 
         def base_10k(ref=ref, idx=idx):
