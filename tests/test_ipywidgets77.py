@@ -234,3 +234,14 @@ def test_package_widgets_work_on_the_installed_ipywidgets(capsys):
 
 if __name__ == "__main__":
     _execute_main(sys.argv[1], sys.argv[2])
+
+
+@pytest.mark.parametrize("source, defined, used", [
+    ("x = [a for a in b]", {"x"}, {"b"}),
+    # a later generator's iterable reads the earlier loop variables (lesson 09 once failed the harness here)
+    ("x = [(a, i) for a, c in d.items() for i in (range(L) if a else [0])]", {"x"}, {"d", "L"}),
+    ("for k in ks:\n    y = k + z", {"k", "y"}, {"ks", "z"}),
+    ("def f(u):\n    return u + w\nv = f(1)", {"f", "v"}, {"w"}),
+])
+def test_the_harness_finds_the_names_a_cell_needs_from_earlier_cells(source, defined, used):
+    assert harness.cell_names(source) == (defined, used)

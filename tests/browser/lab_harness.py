@@ -225,8 +225,11 @@ def _bound_and_free(node: ast.AST) -> tuple[set[str], set[str]]:
             return
         if isinstance(n, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
             inner_bound, inner_read = set(), set()
-            for gen in n.generators:  # loop variables are bound before the element reads them
-                visit(gen.iter, scope_bound, scope_read)
+            for k, gen in enumerate(n.generators):  # loop variables are bound before the element reads them
+                if k == 0:  # only the first iterable is evaluated in the enclosing scope
+                    visit(gen.iter, scope_bound, scope_read)
+                else:  # later ones may read the earlier loop variables
+                    visit(gen.iter, inner_bound, inner_read)
                 visit(gen.target, inner_bound, inner_read)
                 for cond in gen.ifs:
                     visit(cond, inner_bound, inner_read)
