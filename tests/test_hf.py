@@ -15,8 +15,9 @@ import torch
 
 import modern_block
 from modern_block import GPT2LM, LlamaStyleLM, generate
+from modern_block.interop import load_pretrained
 from modern_block.interop.compare_layers import compare_layers
-from modern_block.interop.hf import from_hf, load_pretrained, module_pairs, to_hf
+from modern_block.interop.hf import from_hf, module_pairs, to_hf
 from modern_block.mla import MLAConfig, MLAttention
 from modern_block.rmsnorm import RMSNorm
 

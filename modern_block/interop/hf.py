@@ -2,7 +2,7 @@
 
     from_hf(hf_model)        a transformers causal LM -> LlamaStyleLM or GPT2LM (eval mode)
     to_hf(model)             a course model -> the matching transformers model (eval mode)
-    load_pretrained(name)    a checkpoint on the Hub (or a local folder) -> course model
+    (loading a checkpoint by name, folder or .gguf file: ``modern_block.interop.pretrained.load_pretrained``)
     module_pairs(model, hf)  which course module should agree with which Hugging Face module
                              (for ``modern_block.interop.compare_layers.compare_layers``)
 
@@ -56,7 +56,6 @@ from .hf_names import (  # noqa: F401 - the tables are part of this module's int
     WEIGHTS,
     _expand,
 )
-from .pretrained import load_pretrained  # noqa: F401 - re-exported: modern_block.interop.hf.load_pretrained
 
 
 # ---------------------------------------------------------------------------------------------
