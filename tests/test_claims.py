@@ -41,6 +41,8 @@ EXEMPT: dict[str, dict[str, str]] = {
     "04": {"5%": "the GQA paper's uptraining budget (Ainslie et al., 2023)"},
     "08": {"1.4697": "nanoGPT's published validation loss on an A100",
            "90%": "the configured training split", "10%": "the configured validation split"},
+    "10": {"989 TFLOP/s": "an H100 SXM's published dense bf16 peak (NVIDIA's datasheet)",
+           "3.35 TB": "an H100 SXM's published memory bandwidth, 3.35 TB/s (NVIDIA's datasheet)"},
 }
 
 _WORD_UNIT = "|".join(re.escape(u) for u in sorted(set(UNITS) - {"x", "×", "%", "B"}, key=len, reverse=True))

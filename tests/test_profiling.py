@@ -1,10 +1,12 @@
 """modern_block/profiling.py: the profile summary counts what a call dispatches, its parts add up, the
-profiler's banner stays off stderr, and the decoding floor counts the right weights."""
+profiler's banner stays off stderr, the decoding floor counts the right weights, and a decoding step's time is
+measured by difference in interleaved rounds."""
 
+import pytest
 import torch
 
 from modern_block import LlamaStyleLM, generate
-from modern_block.fast.profiling import decode_weight_bytes, memory_bandwidth, profile_ops
+from modern_block.fast.profiling import decode_step_seconds, decode_weight_bytes, memory_bandwidth, profile_ops
 
 
 def test_profile_counts_outermost_ops_and_its_parts_add_up(capfd):
@@ -39,3 +41,28 @@ def test_decode_weight_bytes_counts_one_embedding_row():
 def test_memory_bandwidth_is_positive():
     bw = memory_bandwidth(4 * 2**20, repeats=2)
     assert bw["best"] >= bw["median"] > 0 and bw["bytes"] == 4 * 2**20
+
+
+def test_memory_bandwidth_uses_the_clock_it_is_given():
+    ticks = iter(range(100))
+    bw = memory_bandwidth(2**20, repeats=3, clock=lambda: next(ticks))  # every copy takes one tick
+    assert bw["best"] == bw["median"] == 2 * 2**20
+
+
+def test_decode_step_seconds_takes_the_difference_in_interleaved_rounds():
+    now, order = [0.0], []
+
+    def decoder(name, fixed, per_token):
+        def decode(n):  # a fake decoder on a fake clock: a fixed cost (the prefill) plus n steps
+            order.append((name, n))
+            now[0] += fixed + n * per_token
+            return torch.full((1, n), per_token)
+        return decode
+
+    seconds, tokens = decode_step_seconds({"a": decoder("a", 5.0, 0.5), "b": decoder("b", 1.0, 0.25)}, rounds=2,
+                                          short=2, long=6, clock=lambda: now[0])
+    assert seconds == {"a": [0.5, 0.5], "b": [0.25, 0.25]}  # the fixed cost cancels
+    assert order == [("a", 2), ("a", 6), ("b", 2), ("b", 6)] * 2  # a, b, a, b: interleaved
+    assert tokens["a"].shape == (1, 6)
+    with pytest.raises(ValueError, match="long"):
+        decode_step_seconds({}, 1, short=4, long=4)

@@ -9,9 +9,10 @@ tools that measure where decoding time goes. The model files never import it.
 
 from .decoding import COMPILE_OPTIONS, FastLM, cache_capacity, generate, prepare
 from .fused import FusedGQAttention, FusedSwiGLU, fuse_linears, fused_copy
-from .profiling import OpProfile, decode_weight_bytes, memory_bandwidth, profile_ops
+from .profiling import OpProfile, decode_step_seconds, decode_weight_bytes, memory_bandwidth, profile_ops
 from .static_cache import StaticKVCache, StaticLayerCache
 
 __all__ = ["prepare", "generate", "FastLM", "cache_capacity", "COMPILE_OPTIONS",
            "fused_copy", "fuse_linears", "FusedGQAttention", "FusedSwiGLU", "StaticKVCache", "StaticLayerCache",
-           "profile_ops", "OpProfile", "decode_weight_bytes", "memory_bandwidth"]
+           "profile_ops", "OpProfile", "decode_weight_bytes", "memory_bandwidth",
+           "decode_step_seconds"]

@@ -88,9 +88,11 @@ def decode_weight_bytes(model: nn.Module) -> int:
     return total - (0 if tied else emb.numel() * emb.element_size()) + emb.shape[1] * emb.element_size()
 
 
-def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, device=None) -> dict:
+def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, device=None, clock=time.perf_counter) -> dict:
     """Bytes per second of a copy of ``nbytes`` (bytes read plus bytes written): what memory delivers
-    when the data does not fit the caches. Returns the best and the median of ``repeats`` copies."""
+    when the data does not fit the caches. Returns the best and the median of ``repeats`` copies.
+    ``clock``: the wall clock, or ``time.process_time`` (this process's CPU time: on one thread, what other
+    programs on a shared machine do not inflate)."""
     src = torch.ones(nbytes // 4, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)  # touch the pages once
@@ -98,9 +100,32 @@ def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, device=None) -
     for _ in range(repeats):
         if src.device.type == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = clock()
         dst.copy_(src)
         if src.device.type == "cuda":
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return {"best": 2 * nbytes / min(times), "median": 2 * nbytes / statistics.median(times), "bytes": nbytes}
+
+
+def decode_step_seconds(decoders: dict, rounds: int, short: int = 8, long: int = 40,
+                        clock=time.process_time) -> tuple[dict[str, list[float]], dict]:
+    """Seconds per decoded token of each decoder, measured in interleaved rounds (a, b, c, a, b, c, ...).
+
+    ``decoders``: name -> ``decode(n)``, a function that generates n new tokens after a fixed prompt and returns
+    them. Each round times every decoder at ``short`` and at ``long`` new tokens; (t_long - t_short) /
+    (long - short) is the time of one decoding step, without the prompt's prefill and the call's fixed costs,
+    which both lengths pay alike. Returns ({name: one step's seconds per round}, {name: the tokens of its last
+    long call}) so that the caller can check that every decoder gave the same tokens."""
+    if long <= short:
+        raise ValueError(f"long ({long}) must exceed short ({short})")
+    seconds, tokens = {name: [] for name in decoders}, {}
+    for _ in range(rounds):
+        for name, decode in decoders.items():
+            t0 = clock()
+            decode(short)
+            t1 = clock()
+            tokens[name] = decode(long)
+            t2 = clock()
+            seconds[name].append(((t2 - t1) - (t1 - t0)) / (long - short))
+    return seconds, tokens
