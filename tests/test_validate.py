@@ -9,6 +9,7 @@ from modern_block import (
     LlamaStyleLM,
     RMSNorm,
     generate,
+    interleaved_to_half_split,
     kv_cache_bytes_per_token,
     mla_cache_bytes_per_token,
     rope_cache,
@@ -131,3 +132,25 @@ def test_token_ids_and_positions_at_their_edges():
                               (torch.tensor([0, 1, 2]), ValueError, r"shape \[T\] or \[B, T\] = \[1, 2\], got \[3\]")):
         with pytest.raises(error, match=match):
             validate.check_positions(bad, ids, max_len=4)
+
+
+SIZE_ARGUMENTS = [  # (callable, valid keyword arguments): each int argument set to 0 is refused by its own name
+    (swiglu_hidden_dim, dict(d=64, multiple_of=32)),
+    (kv_cache_bytes_per_token, dict(n_layers=2, n_kv_heads=2, head_dim=8, bytes_per_elem=2)),
+    (mla_cache_bytes_per_token, dict(n_layers=2, kv_latent_dim=16, rope_dim=8, bytes_per_elem=2)),
+    (interleaved_to_half_split, dict(dh=8)),
+    (rope_cache, dict(T=4, dh=8)),
+]
+
+
+@pytest.mark.parametrize("fn,kwargs", SIZE_ARGUMENTS, ids=lambda x: getattr(x, "__name__", ""))
+def test_every_size_argument_is_refused_by_its_name(fn, kwargs):
+    fn(**kwargs)
+    for name in kwargs:
+        with pytest.raises(ValueError, match=rf"^{name} must be positive, got 0$"):
+            fn(**{**kwargs, name: 0})
+
+
+def test_an_odd_head_dim_is_refused_for_rope():
+    with pytest.raises(ValueError, match=r"^dh must be even for RoPE, got 7$"):
+        interleaved_to_half_split(7)
