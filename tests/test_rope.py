@@ -105,3 +105,13 @@ def test_the_interleaved_layout_rotates_neighbouring_pairs():
             c, s = cos[m, i], sin[m, i]
             torch.testing.assert_close(out[0, 0, m, 2 * i], a * c - b * s)
             torch.testing.assert_close(out[0, 0, m, 2 * i + 1], a * s + b * c)
+
+
+def test_permute_qk_weight_refuses_bad_arguments_by_name():
+    w = torch.zeros(16, 4)
+    with pytest.raises(ValueError, match=r"^n_heads must be positive, got 0$"):
+        permute_qk_weight(w, 0)
+    with pytest.raises(ValueError, match=r"^to must be 'half_split' or 'interleaved', got 'halfsplit'$"):
+        permute_qk_weight(w, 2, to="halfsplit")
+    with pytest.raises(ValueError, match=r"^weight.shape\[0\] \(16\) must be divisible by n_heads \(3\)$"):
+        permute_qk_weight(w, 3)
