@@ -216,3 +216,12 @@ def test_attention_dropout_acts_in_training_only_on_both_paths(absorb):
         first, second = attn.train()(x, cos, sin), attn(x, cos, sin)
         assert not torch.allclose(first, second)
         torch.testing.assert_close(attn.eval()(x, cos, sin), plain.eval()(x, cos, sin))
+
+
+def test_the_defaults_are_deepseek_v3s_and_every_size_is_checked():
+    attn = MLAttention(64, 2, 32)
+    assert (attn.rope_dim, attn.d_nope, attn.d_v, attn.q_lora_rank, attn.dropout) == (64, 128, 128, None, 0.0)
+    assert attn.kv_norm.eps == 1e-6
+    with pytest.raises(ValueError, match="^d must be positive"):
+        MLAttention(0, 2, 32)
+    assert MLAConfig(kv_latent_dim=16, rope_dim=8, nope_dim=8, v_head_dim=8).build(32, 4, dropout=0.25).dropout == 0.25

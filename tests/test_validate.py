@@ -8,6 +8,7 @@ from modern_block import (
     GQAttention,
     LlamaStyleLM,
     RMSNorm,
+    dynamic_ntk_frequencies,
     generate,
     interleaved_to_half_split,
     kv_cache_bytes_per_token,
@@ -140,6 +141,7 @@ SIZE_ARGUMENTS = [  # (callable, valid keyword arguments): each int argument set
     (mla_cache_bytes_per_token, dict(n_layers=2, kv_latent_dim=16, rope_dim=8, bytes_per_elem=2)),
     (interleaved_to_half_split, dict(dh=8)),
     (rope_cache, dict(T=4, dh=8)),
+    (lambda dh: dynamic_ntk_frequencies(dh, 10000.0, 2.0, 64, 32), dict(dh=8)),
 ]
 
 
@@ -154,3 +156,5 @@ def test_every_size_argument_is_refused_by_its_name(fn, kwargs):
 def test_an_odd_head_dim_is_refused_for_rope():
     with pytest.raises(ValueError, match=r"^dh must be even for RoPE, got 7$"):
         interleaved_to_half_split(7)
+    with pytest.raises(ValueError, match=r"^dh must be even for RoPE \(dimensions are rotated in pairs\), got 7$"):
+        dynamic_ntk_frequencies(7, 10000.0, 2.0, 64, 32)
