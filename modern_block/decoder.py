@@ -9,6 +9,8 @@ attention and a GELU MLP; the Llama-style LM (``llama.LlamaStyleLM``, lesson 07)
 attention and SwiGLU; the models between the two (lesson 08's ladder) with a mix.
 """
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn as nn
 
@@ -27,7 +29,7 @@ class DecoderLM(nn.Module):
     GPT-2's (``params.init_gpt2_style``), each block naming the linears that write into the residual stream.
     """
 
-    def __init__(self, emb: nn.Embedding, blocks: list[nn.Module], norm: nn.Module, *, max_len: int,
+    def __init__(self, emb: nn.Embedding, blocks: Sequence[nn.Module], norm: nn.Module, *, max_len: int,
                  wpe: nn.Embedding | None = None, rope: nn.Module | None = None, tie: bool = False,
                  dropout: float = 0.0):
         super().__init__()

@@ -103,7 +103,7 @@ class GPT2Block(nn.Module):
         self.mlp = (mlp or partial(GeluMLP, bias=bias))(d, d_ff)
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
-    def residual_projections(self) -> list[nn.Linear]:
+    def residual_projections(self) -> list:
         """The linears that write into the residual stream (``params.init_gpt2_style`` starts them smaller)."""
         return [self.attn.out_proj, self.mlp.out_proj]
 

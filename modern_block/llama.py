@@ -16,7 +16,7 @@ import torch.nn as nn
 from .attention import GQAttention
 from .decoder import DecoderLM
 from .ffn import SwiGLU
-from .mla import MLAConfig
+from .mla import MLAConfig, MLAttention
 from .rmsnorm import RMSNorm
 from .rope import RotaryEmbedding
 from .validate import positive_ints
@@ -35,6 +35,7 @@ class Block(nn.Module):
         super().__init__()
         norm = norm or partial(RMSNorm, eps=norm_eps)
         self.attn_norm, self.ffn_norm = norm(d), norm(d)
+        self.attn: GQAttention | MLAttention
         if mla is None:
             self.attn = GQAttention(d, n_heads, n_kv_heads, qk_norm, head_dim=head_dim, norm_eps=norm_eps,
                                     dropout=dropout, qkv_bias=qkv_bias)
@@ -43,7 +44,7 @@ class Block(nn.Module):
         self.ffn = ffn(d, d_ff)
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
-    def residual_projections(self) -> list[nn.Linear]:
+    def residual_projections(self) -> list:
         """The linears that write into the residual stream (``params.init_gpt2_style`` starts them smaller)."""
         return [self.attn.out_proj, self.ffn.out_proj]
 
@@ -73,12 +74,12 @@ class LlamaStyleLM(DecoderLM):
         positive_ints(V=V, d=d, n_layers=n_layers, max_len=max_len)
         if mla is not None and not isinstance(mla, MLAConfig):
             raise TypeError(f"mla must be an MLAConfig, got {type(mla).__name__}")
+        rope = RotaryEmbedding(mla.rope_dim if mla else head_dim or d // n_heads,  # the rotated part of a head
+                               max_len, rope_base, rope_scaling)
         super().__init__(
             emb=nn.Embedding(V, d),  # no position embedding: RoPE rotates q and k inside attention
             blocks=[Block(d, n_heads, n_kv_heads, d_ff, qk_norm=qk_norm, norm_eps=norm_eps, head_dim=head_dim,
                           dropout=dropout, mla=mla, qkv_bias=qkv_bias) for _ in range(n_layers)],
             norm=RMSNorm(d, norm_eps),
-            rope=RotaryEmbedding(mla.rope_dim if mla else head_dim or d // n_heads,  # the rotated part of a head
-                                 max_len, rope_base, rope_scaling),
-            max_len=max_len, tie=tie, dropout=dropout)
-        self.rope_base, self.rope_scaling = rope_base, self.rope.scaling
+            rope=rope, max_len=max_len, tie=tie, dropout=dropout)
+        self.rope_base, self.rope_scaling = rope_base, rope.scaling

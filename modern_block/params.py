@@ -2,8 +2,12 @@
 
 import math
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import torch.nn as nn
+
+if TYPE_CHECKING:  # for the type only: decoder.py imports this module
+    from .decoder import DecoderLM
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
@@ -29,7 +33,7 @@ def parameter_breakdown(model: nn.Module) -> dict[str, int]:
     return dict(counts)
 
 
-def init_gpt2_style(model: nn.Module, std: float = 0.02) -> None:
+def init_gpt2_style(model: "DecoderLM", std: float = 0.02) -> None:
     """GPT-2's initialisation of a ``decoder.DecoderLM``: Normal(0, 0.02) weights for every linear layer and
     embedding, zero biases (norm scales keep their ones). The linears that write into the residual stream,
     which each block names in ``residual_projections()``, get std 0.02/sqrt(2·n_layers): every layer adds
@@ -37,8 +41,9 @@ def init_gpt2_style(model: nn.Module, std: float = 0.02) -> None:
 
     The draws follow ``model.modules()`` (the order the parts were registered in), so a model built from the
     same parts in the same order gets the same weights from the same seed."""
-    n_layers = len(model.blocks)
-    residual = [linear for block in model.blocks for linear in block.residual_projections()]
+    blocks: list = list(model.blocks)  # each family's blocks: each names its residual projections
+    n_layers = len(blocks)
+    residual = [linear for block in blocks for linear in block.residual_projections()]
     for module in model.modules():
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, 0.0, std / math.sqrt(2 * n_layers) if module in residual else std)

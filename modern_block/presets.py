@@ -43,9 +43,11 @@ class ModelPreset:
         """Total parameters: the published total, or counted from the config of a dense model."""
         if self.n_params is not None:
             return self.n_params
-        d, L, V = self.d_model, self.n_layers, self.vocab_size
+        d, L, V, d_ff = self.d_model, self.n_layers, self.vocab_size, self.d_ff
+        if d is None or V is None or d_ff is None:
+            raise ValueError(f"{self.name}: counting its parameters needs d_model, vocab_size and d_ff, or n_params")
         attention = d * self.n_heads * self.head_dim * 2 + d * self.n_kv_heads * self.head_dim * 2  # q, o; k, v
-        per_layer = attention + 3 * d * self.d_ff + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
+        per_layer = attention + 3 * d * d_ff + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
         return V * d * (1 if self.tied else 2) + L * per_layer + d  # embeddings (and head), layers, final norm
 
     def weight_bytes(self, dtype: str = "bf16") -> int:
@@ -57,6 +59,8 @@ class ModelPreset:
     def bytes_per_token(self, bytes_per_elem: int = 2) -> int:
         """Cache bytes per token of one sequence, counting every layer as full attention."""
         if self.attention == "mla":
+            if self.kv_latent_dim is None or self.rope_dim is None:
+                raise ValueError(f"{self.name}: an MLA cache needs kv_latent_dim and rope_dim")
             return mla_cache_bytes_per_token(self.n_layers, self.kv_latent_dim, self.rope_dim, bytes_per_elem)
         return kv_cache_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, bytes_per_elem)
 

@@ -174,9 +174,9 @@ def scaled_frequencies(dh: int, base: float, scaling: dict | None, seq_len: int 
     if scaling is None:
         return theta, 1.0
     kind, s = scaling["rope_type"], scaling["factor"]
-    original = scaling.get("original_max_position_embeddings")
     if kind == "linear":
         return linear_frequencies(theta, s), 1.0
+    original = scaling["original_max_position_embeddings"]  # L₀: the other rules all need it (checked above)
     if kind == "dynamic":
         return dynamic_ntk_frequencies(dh, base, s, seq_len or original, original), 1.0
     if kind == "llama3":
@@ -216,6 +216,9 @@ class RotaryEmbedding(nn.Module):
     leaves the device, and a compiled decoding step can run it.
     """
 
+    cos: torch.Tensor  # the table's buffers, [max_len, dim/2] each (None with dynamic NTK, which never reads them)
+    sin: torch.Tensor
+
     def __init__(self, dim: int, max_len: int, base: float = 10000.0, scaling: dict | None = None):
         super().__init__()
         positive_int("dim", dim)
@@ -229,9 +232,10 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] or [B, T] integers -> cos, sin: [T, dim/2] or [B, T, dim/2] each."""
-        if not self.dynamic:
+        scaling = self.scaling
+        if scaling is None or not self.dynamic:
             return self.cos[positions], self.sin[positions]  # rows of the table
-        s, original = self.scaling["factor"], self.scaling["original_max_position_embeddings"]
+        s, original = scaling["factor"], scaling["original_max_position_embeddings"]
         theta = dynamic_ntk_frequencies(self.dim, self.base, s, positions.max() + 1, original)  # [dim/2]
         angles = positions.float().unsqueeze(-1) * theta  # [..., dim/2]
         return angles.cos(), angles.sin()

@@ -32,3 +32,12 @@ def test_swiglu_sizing_figures():
     assert round(gelu / 1e6, 1) == 134.2 and round(swiglu / 1e6, 1) == 135.3
     assert abs(swiglu / gelu - 1) < 0.01
     assert 3 * d * (4 * d) / gelu == 1.5  # copying d_ff = 4d into SwiGLU: +50%
+
+
+@pytest.mark.parametrize("d,multiple_of,want", [
+    (48, 64, 128),  # int(8/3·48) = 128, a multiple already: kept
+    (48, 127, 254),  # 128 = 127 + 1: one over a multiple rounds up to the next
+    (48, 1, 128),  # multiple_of 1: no rounding
+])
+def test_the_hidden_size_rounds_up_to_the_next_multiple_only(d, multiple_of, want):
+    assert swiglu_hidden_dim(d, multiple_of) == want

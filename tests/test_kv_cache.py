@@ -78,3 +78,8 @@ def test_deepseek_v3_mla_cache():
     assert round(mla * 131_072 / GiB, 1) == 8.6
     mha = 128 * (192 + 128) * 61 * 2
     assert round(mha / MiB, 2) == 4.77 and round(mha / mla) == 71
+
+
+def test_cache_sizes_default_to_two_bytes_per_element():
+    assert kv_cache_bytes_per_token(3, 2, 8) == 2 * 3 * 2 * 8 * 2  # K and V, bf16
+    assert mla_cache_bytes_per_token(3, 16, 8) == 3 * (16 + 8) * 2

@@ -199,3 +199,29 @@ def test_mla_cache_is_smaller_than_the_mha_cache_it_replaces():
     mla_cache = cache
     assert mla_cache.nbytes() == mla_cache_bytes_per_token(1, c.kv_latent_dim, c.rope_dim, 4)
     assert mla_cache.nbytes() < mha / 4  # 96 vs 480 bytes here
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_attention_dropout_acts_in_training_only_on_both_paths(absorb):
+    """Dropout on the attention weights: two training calls differ, an eval call is the dropout-free output."""
+    torch.manual_seed(0)
+    attn = MLAttention(32, 4, 16, rope_dim=8, nope_dim=8, v_head_dim=8, dropout=0.5)
+    attn.absorb = absorb
+    plain = MLAttention(32, 4, 16, rope_dim=8, nope_dim=8, v_head_dim=8)
+    plain.load_state_dict(attn.state_dict())
+    plain.absorb = absorb
+    x = torch.randn(2, 6, 32)
+    cos, sin = rope_cache(6, 8)
+    with torch.no_grad():
+        first, second = attn.train()(x, cos, sin), attn(x, cos, sin)
+        assert not torch.allclose(first, second)
+        torch.testing.assert_close(attn.eval()(x, cos, sin), plain.eval()(x, cos, sin))
+
+
+def test_the_defaults_are_deepseek_v3s_and_every_size_is_checked():
+    attn = MLAttention(64, 2, 32)
+    assert (attn.rope_dim, attn.d_nope, attn.d_v, attn.q_lora_rank, attn.dropout) == (64, 128, 128, None, 0.0)
+    assert attn.kv_norm.eps == 1e-6
+    with pytest.raises(ValueError, match="^d must be positive"):
+        MLAttention(0, 2, 32)
+    assert MLAConfig(kv_latent_dim=16, rope_dim=8, nope_dim=8, v_head_dim=8).build(32, 4, dropout=0.25).dropout == 0.25

@@ -21,6 +21,7 @@ from modern_block import (
     RMSNorm,
     SwiGLU,
     count_parameters,
+    parameter_breakdown,
 )
 from modern_block.training.ladder import ladder_model
 from modern_block.training.rungs import RUNG_NAMES, ModelShape
@@ -83,3 +84,13 @@ def test_counting_counts_a_tied_matrix_once():
     tied, untied = GPT2LM(100, d=32, n_layers=1, n_heads=4), GPT2LM(100, d=32, n_layers=1, n_heads=4, tie=False)
     assert count_parameters(untied) - count_parameters(tied) == 100 * 32
     assert count_parameters(tied.requires_grad_(False), trainable_only=True) == 0
+
+
+def test_the_breakdown_puts_each_parameter_under_its_component():
+    model = GPT2LM(100, d=32, n_layers=1, n_heads=4, max_len=16)
+    model.extra = nn.Linear(2, 3, bias=False)  # no known component in its name
+    parts = parameter_breakdown(model)
+    assert parts["other"] == 6
+    assert parts["embedding"] == 100 * 32 and parts["positions"] == 16 * 32  # a tied head counts once, here
+    assert sum(parts.values()) == count_parameters(model)
+    assert set(parts) == {"embedding", "positions", "attention", "ffn", "norms", "other"}

@@ -40,3 +40,13 @@ def test_weight_bytes():
     assert PRESETS["DeepSeek-V3"].weight_bytes("fp8") == 671 * 10**9  # MoE: the published total
     with pytest.raises(ValueError, match="dtype must be one of"):
         PRESETS["Llama 3 8B"].weight_bytes("int3")
+
+
+def test_a_preset_missing_what_a_count_needs_says_so():
+    from modern_block import ModelPreset
+
+    partial = ModelPreset("sketch", n_layers=2, n_heads=4, n_kv_heads=4, head_dim=8, d_model=32)
+    with pytest.raises(ValueError, match="sketch: counting its parameters needs d_model, vocab_size and d_ff"):
+        partial.parameters()
+    with pytest.raises(ValueError, match="sketch: an MLA cache needs kv_latent_dim and rope_dim"):
+        ModelPreset("sketch", n_layers=2, n_heads=4, n_kv_heads=4, head_dim=8, attention="mla").bytes_per_token()

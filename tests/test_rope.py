@@ -91,3 +91,27 @@ def test_rope_table_mismatch_is_a_clear_error():
     cos, sin = rope_cache(4, 6)
     with pytest.raises(ValueError, match="head_dim/2 = 4"):
         apply_rope(x, cos, sin)
+
+
+def test_the_interleaved_layout_rotates_neighbouring_pairs():
+    """Pair i is (x[2i], x[2i+1]), rotated by the angle m·θ_i: checked coordinate by coordinate."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 1, 3, 8)  # positions 0..2, dh 8
+    cos, sin = rope_cache(3, 8)  # [3, 4]
+    out = apply_rope_interleaved(x, cos, sin)
+    for m in range(3):
+        for i in range(4):
+            a, b = x[0, 0, m, 2 * i], x[0, 0, m, 2 * i + 1]
+            c, s = cos[m, i], sin[m, i]
+            torch.testing.assert_close(out[0, 0, m, 2 * i], a * c - b * s)
+            torch.testing.assert_close(out[0, 0, m, 2 * i + 1], a * s + b * c)
+
+
+def test_permute_qk_weight_refuses_bad_arguments_by_name():
+    w = torch.zeros(16, 4)
+    with pytest.raises(ValueError, match=r"^n_heads must be positive, got 0$"):
+        permute_qk_weight(w, 0)
+    with pytest.raises(ValueError, match=r"^to must be 'half_split' or 'interleaved', got 'halfsplit'$"):
+        permute_qk_weight(w, 2, to="halfsplit")
+    with pytest.raises(ValueError, match=r"^weight.shape\[0\] \(16\) must be divisible by n_heads \(3\)$"):
+        permute_qk_weight(w, 3)

@@ -8,11 +8,14 @@ from modern_block import (
     GQAttention,
     LlamaStyleLM,
     RMSNorm,
+    dynamic_ntk_frequencies,
     generate,
+    interleaved_to_half_split,
     kv_cache_bytes_per_token,
     mla_cache_bytes_per_token,
     rope_cache,
     swiglu_hidden_dim,
+    validate,
 )
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
@@ -73,3 +76,85 @@ def test_bad_token_batches():
     for temperature in (-1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
             generate(model, torch.zeros(1, 4, dtype=torch.long), 2, temperature=temperature)
+
+
+def test_the_rules_themselves_at_their_edges():
+    """The helpers every module calls (modern_block/validate.py): each rule at its boundary, on both sides."""
+    assert validate.positive_int("n", 1) == 1
+    for bad, error in ((0, ValueError), (-3, ValueError), (True, TypeError), (2.0, TypeError), ("2", TypeError)):
+        with pytest.raises(error, match="^n must be"):
+            validate.positive_int("n", bad)
+    with pytest.raises(ValueError, match=r"^n must be positive, got 0$"):
+        validate.positive_int("n", 0)
+    with pytest.raises(TypeError, match=r"^n must be an int, got bool$"):
+        validate.positive_int("n", True)
+    assert validate.positive_number("eps", 1e-12) == 1e-12 and validate.positive_number("eps", 3) == 3
+    for bad in (0, -1e-6, float("nan"), True, "1e-5", None):
+        with pytest.raises(ValueError, match=r"^eps must be a number > 0, got "):
+            validate.positive_number("eps", bad)
+    validate.positive_ints(a=1, b=2)
+    with pytest.raises(ValueError, match="^b must be positive"):
+        validate.positive_ints(a=1, b=0)
+    assert validate.dropout_rate(0.0) == 0.0 and validate.dropout_rate(0) == 0 and validate.dropout_rate(0.5) == 0.5
+    for bad in (1.0, -0.1, True, float("nan"), "0.1"):
+        with pytest.raises(ValueError, match=r"^dropout must be in \[0, 1\), got "):
+            validate.dropout_rate(bad)
+    validate.divisible("d", 12, "n_heads", 4)
+    with pytest.raises(ValueError, match=r"^d \(10\) must be divisible by n_heads \(4\)$"):
+        validate.divisible("d", 10, "n_heads", 4)
+    validate.even("head_dim", 8, "for RoPE")
+    with pytest.raises(ValueError, match=r"^head_dim must be even for RoPE, got 7$"):
+        validate.even("head_dim", 7, "for RoPE")
+
+
+def test_token_ids_and_positions_at_their_edges():
+    ids = torch.tensor([[0, 9]])
+    validate.token_ids(ids, vocab_size=10, max_len=4, offset=2)  # offset + T == max_len fits
+    with pytest.raises(ValueError, match=r"^sequence length 5 \(idx.shape\[1\]=2, cache offset 3\) exceeds max_len=4$"):
+        validate.token_ids(ids, vocab_size=10, max_len=4, offset=3)
+    validate.token_ids(ids, vocab_size=10, max_len=None, offset=100)  # no limit without max_len
+    validate.token_ids(ids, vocab_size=10, max_len=2, offset=torch.tensor(5))  # a tensor offset: its owner checks
+    with pytest.raises(ValueError, match=r"min 0, max 10"):
+        validate.token_ids(torch.tensor([[0, 10]]), vocab_size=10, max_len=None)
+    with pytest.raises(ValueError, match="at least one token"):
+        validate.token_ids(torch.zeros(1, 0, dtype=torch.long), vocab_size=10, max_len=None)
+    with pytest.raises(TypeError, match="^idx must be a torch.Tensor of token ids, got list$"):
+        validate.token_ids([[0]], vocab_size=10, max_len=None)
+    validate.token_ids(ids.int(), vocab_size=10, max_len=None, cache=[None, None], n_layers=2)
+    with pytest.raises(ValueError, match=r"^the cache has 1 layers but the model has 2: build it with "
+                                         r"KVCache\(n_layers=2, capacity=...\)$"):
+        validate.token_ids(ids, vocab_size=10, max_len=None, cache=[None], n_layers=2)
+    validate.check_positions(torch.tensor([0, 3]), ids, max_len=4)  # [T]
+    validate.check_positions(torch.tensor([[2, 3]], dtype=torch.int32), ids, max_len=4)  # [B, T]
+    for bad, error, match in ((torch.tensor([0, 4]), ValueError, r"\[0, max_len=4\), got min 0, max 4"),
+                              (torch.tensor([-1, 0]), ValueError, r"got min -1, max 0"),
+                              (torch.tensor([0.0, 1.0]), TypeError, "int64 or int32 tensor, got torch.float32"),
+                              ([0, 1], TypeError, "int64 or int32 tensor"),
+                              (torch.tensor([0, 1, 2]), ValueError, r"shape \[T\] or \[B, T\] = \[1, 2\], got \[3\]")):
+        with pytest.raises(error, match=match):
+            validate.check_positions(bad, ids, max_len=4)
+
+
+SIZE_ARGUMENTS = [  # (callable, valid keyword arguments): each int argument set to 0 is refused by its own name
+    (swiglu_hidden_dim, dict(d=64, multiple_of=32)),
+    (kv_cache_bytes_per_token, dict(n_layers=2, n_kv_heads=2, head_dim=8, bytes_per_elem=2)),
+    (mla_cache_bytes_per_token, dict(n_layers=2, kv_latent_dim=16, rope_dim=8, bytes_per_elem=2)),
+    (interleaved_to_half_split, dict(dh=8)),
+    (rope_cache, dict(T=4, dh=8)),
+    (lambda dh: dynamic_ntk_frequencies(dh, 10000.0, 2.0, 64, 32), dict(dh=8)),
+]
+
+
+@pytest.mark.parametrize("fn,kwargs", SIZE_ARGUMENTS, ids=lambda x: getattr(x, "__name__", ""))
+def test_every_size_argument_is_refused_by_its_name(fn, kwargs):
+    fn(**kwargs)
+    for name in kwargs:
+        with pytest.raises(ValueError, match=rf"^{name} must be positive, got 0$"):
+            fn(**{**kwargs, name: 0})
+
+
+def test_an_odd_head_dim_is_refused_for_rope():
+    with pytest.raises(ValueError, match=r"^dh must be even for RoPE, got 7$"):
+        interleaved_to_half_split(7)
+    with pytest.raises(ValueError, match=r"^dh must be even for RoPE \(dimensions are rotated in pairs\), got 7$"):
+        dynamic_ntk_frequencies(7, 10000.0, 2.0, 64, 32)

@@ -70,8 +70,8 @@ def load_reference(path) -> dict[str, Reference]:
     for f in files:
         data, error = read_regular(os.path.realpath(f))  # the instructor's own: links followed
         try:
-            if error:
-                raise NotebookError(error)
+            if error or data is None:
+                raise NotebookError(error or "no data")
             refs[f.name] = reference_from(read_notebook(data), f.name)
         except (NotebookError, BadReference) as err:
             raise UsageError(f"--reference {f}: {err}") from None
@@ -93,9 +93,10 @@ def course_reference(sub: Submission) -> Reference | None:
     if generated not in _COURSE_REFERENCES:
         path = default_root() / generated
         try:
-            _COURSE_REFERENCES[generated] = load_reference(path)[path.name] if path.is_file() else None
-            if _COURSE_REFERENCES[generated] is not None:
-                _COURSE_REFERENCES[generated].name = generated
+            course = load_reference(path)[path.name] if path.is_file() else None
+            if course is not None:
+                course.name = generated
+            _COURSE_REFERENCES[generated] = course
         except UsageError:
             _COURSE_REFERENCES[generated] = None
     return _COURSE_REFERENCES[generated]

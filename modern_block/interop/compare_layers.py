@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from ..decoder import DecoderLM
+
 
 @dataclass
 class LayerDiff:
@@ -98,10 +100,10 @@ def _diff(name_a: str, name_b: str, a, b, atol: float) -> LayerDiff:
 
 def _default_pairs(model_a: nn.Module, model_b: nn.Module):
     is_hf = [hasattr(getattr(m, "config", None), "model_type") for m in (model_a, model_b)]
-    if is_hf == [False, True]:
+    if is_hf == [False, True] and isinstance(model_a, DecoderLM):
         from .hf import module_pairs
         return module_pairs(model_a, model_b)
-    if is_hf == [True, False]:
+    if is_hf == [True, False] and isinstance(model_b, DecoderLM):
         from .hf import module_pairs
         return [(b, a) for a, b in module_pairs(model_b, model_a)]
     common = set(dict(model_b.named_modules()))
@@ -122,7 +124,9 @@ def compare_layers(model_a: nn.Module, model_b: nn.Module, idx: torch.Tensor, pa
     pairs = list(pairs.items() if isinstance(pairs, dict) else pairs or _default_pairs(model_a, model_b))
     if not pairs:
         raise ValueError("pairs is empty: no modules to compare")
-    outs_a, outs_b, order = {}, {}, []
+    outs_a: dict[str, torch.Tensor] = {}
+    outs_b: dict[str, torch.Tensor] = {}
+    order: list[str] = []
     handles = _record(model_a, [a for a, _ in pairs], outs_a, order)
     handles += _record(model_b, [b for _, b in pairs], outs_b, [])
     modes = (model_a.training, model_b.training)

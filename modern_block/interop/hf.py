@@ -31,9 +31,12 @@ changes the rounding and is accepted; DeepSeek's multi-token-prediction layers a
 ``DeepseekV3ForCausalLM`` and are ignored. transformers is imported only when a function here needs it.
 """
 
+from typing import cast
+
 import torch
 import torch.nn as nn
 
+from ..decoder import DecoderLM
 from ..gpt2 import GPT2LM
 from ..llama import LlamaStyleLM
 from ..mla import MLAttention
@@ -105,8 +108,8 @@ def _fuse_mla(hf_sd: dict, sd: dict, attn: MLAttention, i: int, interleaved: boo
 # ---------------------------------------------------------------------------------------------
 # Conversions
 # ---------------------------------------------------------------------------------------------
-def _tied(model: nn.Module) -> bool:
-    return model.get_output_embeddings().weight is model.get_input_embeddings().weight
+def _tied(hf_model) -> bool:
+    return hf_model.get_output_embeddings().weight is hf_model.get_input_embeddings().weight
 
 
 @torch.no_grad()
@@ -118,6 +121,7 @@ def from_hf(hf_model) -> nn.Module:
     family = _family(hf_model)
     cfg = hf_model.config
     tie = _tied(hf_model)
+    model: GPT2LM | LlamaStyleLM
     if family == "gpt2":
         model = GPT2LM(**_gpt2_kwargs(cfg), tie=tie)
     elif family == "deepseek_v3":
@@ -137,7 +141,7 @@ def from_hf(hf_model) -> nn.Module:
                 sd[ours] = sd[ours].t()  # Conv1D [in, out] -> Linear [out, in]
     if family == "deepseek_v3":
         for i, blk in enumerate(model.blocks):
-            _split_mla(sd, hf_sd, blk.attn, i, bool(getattr(cfg, "rope_interleave", False)))
+            _split_mla(sd, hf_sd, cast(MLAttention, blk.attn), i, bool(getattr(cfg, "rope_interleave", False)))
             used |= {theirs for theirs, _ in _fused_names(i)}
     unused = sorted(set(hf_sd) - used)
     if unused:
@@ -148,7 +152,7 @@ def from_hf(hf_model) -> nn.Module:
 
 
 @torch.no_grad()
-def to_hf(model: nn.Module, *, rope_interleave: bool = False, family: str | None = None):
+def to_hf(model: DecoderLM, *, rope_interleave: bool = False, family: str | None = None):
     """The transformers model with ``model``'s weights, in eval mode: Llama, Qwen3 when the model has
     QK-norm, Qwen2 when it has q/k/v biases, GPT-2, or DeepSeek-V3 for MLA. ``family="mistral"``
     writes a Llama-architecture model as Mistral (the same network under another name).
@@ -168,14 +172,14 @@ def to_hf(model: nn.Module, *, rope_interleave: bool = False, family: str | None
                 hf_sd[theirs] = hf_sd[theirs].t()  # Linear [out, in] -> Conv1D [in, out]
     if family == "deepseek_v3":
         for i, blk in enumerate(model.blocks):
-            _fuse_mla(hf_sd, sd, blk.attn, i, rope_interleave)
+            _fuse_mla(hf_sd, sd, cast(MLAttention, blk.attn), i, rope_interleave)
     hf_model.load_state_dict(hf_sd, strict=True)
     if _tied(hf_model) != _course_tied(model):
         raise RuntimeError(f"tying was lost: course tied={_course_tied(model)}, Hugging Face tied={_tied(hf_model)}")
     return hf_model.eval()
 
 
-def module_pairs(model: nn.Module, hf_model) -> list[tuple[str, str]]:
+def module_pairs(model: DecoderLM, hf_model) -> list[tuple[str, str]]:
     """(course module, Hugging Face module) pairs whose outputs should agree, for ``compare_layers``."""
     family = _family(hf_model)
     ours, theirs = dict(model.named_modules()), dict(hf_model.named_modules())

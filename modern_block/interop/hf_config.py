@@ -7,10 +7,12 @@ that describes a course model. transformers is imported only when a function her
 """
 
 import math
+from typing import Any, NoReturn
 
 import torch.nn as nn
 
 from ..attention import GQAttention
+from ..decoder import DecoderLM
 from ..gpt2 import GPT2LM
 from ..llama import LlamaStyleLM
 from ..mla import MLAConfig, MLAttention
@@ -31,7 +33,7 @@ def _transformers():
 # ---------------------------------------------------------------------------------------------
 # Configurations: what the course model can express, and its keyword arguments
 # ---------------------------------------------------------------------------------------------
-def _refuse(family: str, field: str, value, why: str):
+def _refuse(family: str, field: str, value, why: str) -> NoReturn:
     raise ValueError(f"{family}: config.{field}={value!r} cannot be expressed by the course model: {why}")
 
 
@@ -156,7 +158,7 @@ def _family(hf_model) -> str:
     return family
 
 
-def _course_tied(model: nn.Module) -> bool:
+def _course_tied(model: DecoderLM) -> bool:
     return model.head.weight is model.emb.weight
 
 
@@ -191,12 +193,13 @@ def _hf_config(model: nn.Module, rope_interleave: bool, family: str | None = Non
     if family is not None and family not in HF_CLASSES:
         raise ValueError(f"family must be one of {sorted(HF_CLASSES)} or None, got {family!r}")
     tf = _transformers()
-    common = dict(vocab_size=model.V, max_position_embeddings=model.max_len, tie_word_embeddings=_course_tied(model),
-                  bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    common: dict[str, Any] = dict(vocab_size=model.V, max_position_embeddings=model.max_len,
+                                  tie_word_embeddings=_course_tied(model), bos_token_id=None, eos_token_id=None,
+                                  pad_token_id=None)
     if isinstance(model, GPT2LM):
         if family not in (None, "gpt2"):
             raise ValueError(f"family={family!r} cannot express a GPT2LM; it converts to 'gpt2'")
-        blk = model.blocks[0]
+        blk: Any = model.blocks[0]  # a GPT2Block
         if model.norm.bias is None or blk.attn.qkv.bias is None:
             raise ValueError("GPT2LM(bias=False) has no Hugging Face GPT-2 counterpart (GPT-2 has biases)")
         common.pop("max_position_embeddings")
@@ -205,14 +208,14 @@ def _hf_config(model: nn.Module, rope_interleave: bool, family: str | None = Non
                             layer_norm_epsilon=model.norm.eps, activation_function="gelu_new",
                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
         return "gpt2", cfg
-    attn = model.blocks[0].attn
+    attn: Any = model.blocks[0].attn  # a GQAttention or an MLAttention, the same in every block
+    first_ffn: Any = model.blocks[0].ffn
     for i, blk in enumerate(model.blocks):  # transformers' configs describe identical layers
-        if type(blk.attn) is not type(attn) or repr(blk.attn) != repr(attn) or repr(blk.ffn) != repr(
-                model.blocks[0].ffn):
+        if type(blk.attn) is not type(attn) or repr(blk.attn) != repr(attn) or repr(blk.ffn) != repr(first_ffn):
             raise ValueError(f"model.blocks[{i}] differs from model.blocks[0]; transformers needs identical layers")
     rope_parameters, common["max_position_embeddings"] = _hf_rope(model)
     common.update(hidden_size=model.emb.embedding_dim, num_hidden_layers=len(model.blocks),
-                  num_attention_heads=attn.h, intermediate_size=model.blocks[0].ffn.w_gate.out_features,
+                  num_attention_heads=attn.h, intermediate_size=first_ffn.w_gate.out_features,
                   rms_norm_eps=model.norm.eps, rope_parameters=rope_parameters, hidden_act="silu",
                   attention_dropout=0.0)
     if isinstance(attn, MLAttention):

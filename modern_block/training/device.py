@@ -74,7 +74,7 @@ class DeviceSetup:
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
     def describe(self) -> str:
-        if self.device.type != "cuda":
+        if self.device.type != "cuda" or self.capability is None:
             return f"{self.name}, {self.precision}, MFU not reported (no peak FLOP/s for CPUs)"
         peak = (f"peak {self.peak[1] / 1e12:.0f} TFLOP/s ({self.peak[0]})" if self.peak
                 else "peak FLOP/s unknown for this GPU: MFU not reported")

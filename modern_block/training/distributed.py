@@ -19,6 +19,7 @@ import atexit
 import inspect
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -176,7 +177,7 @@ def agree_or_raise(error: BaseException | None, info=None) -> list:
     me = dist.get_rank() if len(gathered) > 1 else 0
     for rank, (err, _) in enumerate(gathered):
         if err is not None:
-            if rank == me:
+            if rank == me and error is not None:
                 raise error
             raise err if isinstance(err, BaseException) else RankFailedError(f"rank {rank} failed: {err}")
     return [info for _, info in gathered]
@@ -218,9 +219,10 @@ class Processes:
 
         ids = [device.index] if device.type == "cuda" else None
         # the RoPE tables are buffers computed alike everywhere: no need to send them on every step
-        no_resend = ({"forward_sync_buffers": False}
-                     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-                     else {"broadcast_buffers": False})  # the older name (torch < 2.13)
+        option = "forward_sync_buffers"
+        if option not in inspect.signature(DistributedDataParallel).parameters:
+            option = "broadcast_buffers"  # the older name (torch < 2.13)
+        no_resend: dict[str, Any] = {option: False}
         return DistributedDataParallel(module, device_ids=ids, **no_resend)
 
     def mean_and_any(self, values: torch.Tensor, flag: bool) -> tuple[torch.Tensor, bool]:

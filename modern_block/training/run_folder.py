@@ -58,15 +58,18 @@ class RunFolder:
         self._lock: RunLock | None = None
         self._created: list[Path] = []  # folders this run made: removed again if it is refused
 
-    def _file(self, name: str) -> Path | None:
-        return self.path / name if self.path is not None else None
+    def _file(self, name: str) -> Path:
+        """A file of the run; asked for only where the run keeps files (``path`` is set)."""
+        if self.path is None:
+            raise RunFolderError(f"this run keeps no files, so it has no {name}")
+        return self.path / name
 
     @property
-    def checkpoint(self) -> Path | None:
+    def checkpoint(self) -> Path:
         return self._file(CHECKPOINT)
 
     @property
-    def metrics(self) -> Path | None:
+    def metrics(self) -> Path:
         return self._file(METRICS)
 
     def claim(self, resume: bool, overwrite: bool, say=_silent) -> dict | None:
@@ -101,7 +104,7 @@ class RunFolder:
 
     def start(self) -> None:
         """A new run: an earlier run's files go (every check has passed by now), an empty metrics file."""
-        if self.writer:
+        if self.writer and self.path is not None:  # (a writer always has a path)
             with refused_writes(f"start the run in {shown(self.path)}"):
                 clear(self.path)
                 self.metrics.write_text("")
@@ -128,7 +131,7 @@ class RunFolder:
         return rows
 
     def _drop_other_summary(self, run_id: str | None, say) -> None:
-        path = self.path / SUMMARY
+        path = self._file(SUMMARY)
         if run_id is None or not path.exists():
             return
         try:
@@ -147,8 +150,8 @@ class RunFolder:
 
     def write_summary(self, summary: dict) -> None:
         if self.writer:
-            with refused_writes(f"write {shown(self.path / SUMMARY)}"):
-                write_text_atomic(self.path / SUMMARY, json.dumps(summary, indent=1) + "\n")
+            with refused_writes(f"write {shown(self._file(SUMMARY))}"):
+                write_text_atomic(self._file(SUMMARY), json.dumps(summary, indent=1) + "\n")
 
     def save_checkpoint(self, state: dict) -> None:
         if self.writer and self.keeps_checkpoints:

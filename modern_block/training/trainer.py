@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from ..decoder import DecoderLM
 from ..generate import generate
 from ..params import count_parameters
 from . import distributed
@@ -175,7 +176,9 @@ class Trainer:
         self.n_params, self.flops_per_token = count_parameters(self.model), self.parts.flops_per_token
         # MFU is per device: the run's tokens/s against the peak of all its devices together
         self.peak_flops = self.setup.peak[1] * self.procs.ranks.world_size if self.setup.peak else None
-        self.step, self.elapsed, self.metrics, self.losses = 0, 0.0, [], []
+        self.step, self.elapsed = 0, 0.0
+        self.metrics: list[dict] = []  # the evaluations so far
+        self.losses: list[float] = []  # the training loss of every step
         self.rates: list[tuple[float, bool]] = []  # tokens/s of each evaluation interval, (rate, first of a session)
         self._pending: list[torch.Tensor] = []  # losses not yet read back from the device
         self._last_saved: int | None = None
@@ -288,8 +291,8 @@ class Trainer:
         any of them was asked to stop (Ctrl-C); returns that agreement."""
         if not self._pending:
             return stop_requested
-        values, stop_requested = self.procs.mean_and_any(torch.stack(self._pending), stop_requested)
-        values = values.tolist()
+        means, stop_requested = self.procs.mean_and_any(torch.stack(self._pending), stop_requested)
+        values = means.tolist()
         first = self.step - len(values)  # 0-based step of values[0]
         self._pending.clear()
         for i, v in enumerate(values):
@@ -466,6 +469,8 @@ def train(cfg: TrainConfig, out_dir=None, resume: bool = False, corpus: Corpus |
 def sample(model: nn.Module, tokenizer: CharTokenizer, prompt: str = "\n", max_new_tokens: int = 200,
            temperature: float = 0.8, top_k: int | None = None, seed: int = 0) -> str:
     """Text generated with the KV cache (``modern_block.generate``), seeded; the prompt is included."""
+    if not isinstance(model, DecoderLM):
+        raise TypeError(f"model must be a course language model (a DecoderLM), got {type(model).__name__}")
     device = next(model.parameters()).device
     idx = tokenizer.encode(prompt)[None].to(device)  # [1, T0]
     max_new_tokens = min(max_new_tokens, model.max_len - idx.shape[1] + 1)

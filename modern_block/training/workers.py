@@ -29,6 +29,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -92,7 +93,7 @@ def die_with_parent(parent: int) -> None:
 
 
 _WORKER_CORPUS: Corpus | None = None
-_WORKER_STOP = None  # the pool's multiprocessing.Event: set, every worker stops after its current step
+_WORKER_STOP: Any = None  # the pool's multiprocessing.Event: set, every worker stops after its current step
 
 
 def _worker_init(text: str, name: str, source: str, parent: int, stop) -> None:
@@ -181,7 +182,7 @@ def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers
         raise ValueError(f"workers must be a positive int or a WorkerPool, got {workers!r}")
     corpus = corpus if corpus is not None else load_corpus(verbose=verbose)
     cache = {} if cache is None else cache
-    todo = {}
+    todo: dict[tuple, TrainConfig] = {}
     for cfg in configs:
         todo.setdefault(run_key(cfg, corpus), cfg)
     todo = {k: cfg for k, cfg in todo.items() if k not in cache}

@@ -9,9 +9,12 @@ import contextvars
 import copy
 import functools
 import math
+from typing import NoReturn, TypeVar
 
 import torch
 import torch.nn as nn
+
+M = TypeVar("M", bound=nn.Module)
 
 
 class NotAttempted(AssertionError):
@@ -89,12 +92,11 @@ def exercise_check(fn=None, *, components: tuple[str, ...] = (), uses: tuple[str
         if not is_graded():
             print(f"✓ {name} passed ({summary})")
 
-    wrapper.components = tuple(components)
-    wrapper.uses = tuple(uses)
+    wrapper.__dict__.update(components=tuple(components), uses=tuple(uses))  # read by the grader
     return wrapper
 
 
-def fail(name: str, message: str):
+def fail(name: str, message: str) -> NoReturn:
     __tracebackhide__ = True
     raise CheckFailed(f"{name}: {message}")
 
@@ -236,7 +238,7 @@ def judge_number(name: str, got, want: float, candidates, case: str, *, rel: flo
     fail(name, f"{case}: got {value:.4g}, expected {want:.4g} (within {100 * rel:g}%). {hint}".rstrip())
 
 
-def randomize(module: nn.Module, seed: int) -> nn.Module:
+def randomize(module: M, seed: int) -> M:
     """Reference weights with structure: random Linear/Embedding weights and norm scales that are
     far from 1 and differ per feature (so a forgotten or misplaced scale shows)."""
     g = generator(seed)

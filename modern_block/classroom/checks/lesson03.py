@@ -59,7 +59,7 @@ def check_rope_cache(rope_cache_fn) -> str:
         want_cos, want_sin = _rope_tables64(T, dh, b)
         # float32 angles near position 4096 carry ~2.4e-4 rad of rounding: allow for it there
         atol = 2e-3 if T > 1000 else 2e-5
-        mistakes = [
+        mistakes: list[tuple[str, dict]] = [
             ("the exponent is i/dh; it is 2i/dh (θ_i = base^(-2i/dh) for pair i = 0 .. dh/2-1).",
              dict(exponent="i/dh")),
             ("the exponent counts 2i twice: with i from torch.arange(0, dh, 2) (already even numbers), "

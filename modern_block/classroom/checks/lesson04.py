@@ -145,7 +145,8 @@ _ATTENTION_MISTAKES = [  # (diagnosis, knobs, applies(h, kv, qk_norm))
 
 
 def _attention_params(ref: GQAttention) -> dict:
-    p = {k: ref.get_submodule(k).weight.detach().double() for k in ("wq", "wk", "wv", "wo")}
+    p: dict = {k: w.detach().double() for k, w in (("wq", ref.wq.weight), ("wk", ref.wk.weight),
+                                                  ("wv", ref.wv.weight), ("wo", ref.wo.weight))}
     for k in ("q_norm", "k_norm"):
         mod = ref.get_submodule(k)
         p[k] = mod.weight.detach().double() if isinstance(mod, RMSNorm) else None
@@ -268,7 +269,9 @@ def _decode64(ref: GQAttention, x, cos, sin, schedule, *, positions="offset", ca
     eps = ref.q_norm.eps if p["q_norm"] is not None else 1e-6
     B = x.shape[0]
     x = x.double()
-    keys, vals, raw_keys = [], [], []
+    keys: list[torch.Tensor] = []
+    vals: list[torch.Tensor] = []
+    raw_keys: list[torch.Tensor] = []
     outs = []
     start = 0
     for T in schedule:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ...rmsnorm import RMSNorm
@@ -43,7 +45,7 @@ def check_qk_norm_rope(qk_norm_rope) -> str:
             return rope64(t, cos, sin)
 
         for which, got, x, w, w_other in (("q", out[0], q, wq, wk), ("k", out[1], k, wk, wq)):
-            cands = [
+            cands: list[tuple[str, Callable[..., torch.Tensor]]] = [
                 ("QK-norm after RoPE: normalise first, then rotate. With a learned per-feature scale the two "
                  "orders differ (the scale would act on rotated coordinates).", lambda x=x, w=w: n(r(x), w)),
                 ("q_norm and k_norm were swapped: q goes through q_norm, k through k_norm.",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -120,11 +121,12 @@ def check_llama_lm(LlamaStyleLMClass) -> str:
         fail(name, f"with tie=True the model has {count_parameters(tied):,} parameters; expected "
                    f"{_CHAPTER_PARAMS - 256_000:,} (V·d = 256,000 fewer).")
     g = generator(13)
-    cases = [("V=50, d=32, 2 layers, 4 heads over 2 KV heads, idx of shape [2, 7]", dict(), 2, 7),
-             ("the same model with tie=True, batch 1, one token", dict(tie=True), 1, 1),
-             ("rope_base=500000, idx of shape [1, 16] (= max_len)", dict(rope_base=500000.0), 1, 16)]
+    cases: list[tuple[str, dict[str, Any], int, int]] = [
+        ("V=50, d=32, 2 layers, 4 heads over 2 KV heads, idx of shape [2, 7]", dict(), 2, 7),
+        ("the same model with tie=True, batch 1, one token", dict(tie=True), 1, 1),
+        ("rope_base=500000, idx of shape [1, 16] (= max_len)", dict(rope_base=500000.0), 1, 16)]
     for k, (desc, kw, B, T) in enumerate(cases):
-        cfg = dict(V=50, d=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_len=16, **kw)
+        cfg: dict[str, Any] = dict(V=50, d=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_len=16, **kw)
         ref = randomize(LlamaStyleLM(**cfg), 70 + k)
         if cfg.get("tie"):
             ref.head.weight = ref.emb.weight

@@ -28,7 +28,7 @@ ROOT = Path("/sys/fs/cgroup")
 
 def _own_paths() -> dict[str, str]:
     """This process's cgroup path for each v1 controller (``/proc/self/cgroup``)."""
-    paths = {}
+    paths: dict[str, str] = {}
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:

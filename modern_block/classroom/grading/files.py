@@ -119,6 +119,8 @@ def collect(paths, exclude=()) -> list[Submission]:
             raise FileNotFoundError(given)
     stems = [Path(path).stem for path, student, _ in rows if not student]
     subs = []
+    data: bytes | None
+    error: str | None
     for path, student, reason in rows:
         if reason:
             data, error = None, reason

@@ -135,7 +135,7 @@ def read_notebook(data: bytes) -> list[Cell]:
         raise NotebookError("not a notebook: 'cells' is not a list")
     if not cells:
         raise NotebookError("the notebook has no cells")
-    meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+    meta: dict = raw["metadata"] if isinstance(raw.get("metadata"), dict) else {}
     generated = meta.get("modern_block", {}).get("generated_from") if isinstance(meta.get("modern_block"), dict) \
         else None
     out = []
@@ -160,7 +160,9 @@ def _normal(source: str) -> str:
 
 def sections(cells: list[Cell]) -> list[tuple[int, str, list[Cell]]]:
     """(number, title, cells) of each ``Exercise N`` section, in order."""
-    found, current, level = [], None, 0
+    found: list[tuple[int, str, list[Cell]]] = []
+    current: tuple[int, str, list[Cell]] | None = None
+    level = 0
     for cell in cells:
         if cell.kind == "markdown":
             for line in cell.source.splitlines():
@@ -189,7 +191,7 @@ def parse_check_cell(cell: Cell) -> list[CheckCall]:
         call = stmt.value if isinstance(stmt, ast.Expr) else None
         func = call.func if isinstance(call, ast.Call) else None
         name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
-        if name not in checks.__all__ or not name.startswith("check_"):
+        if not isinstance(call, ast.Call) or name not in checks.__all__ or not name.startswith("check_"):
             raise BadReference(f"cell {cell.index}: a check cell must only call modern_block.classroom.checks "
                                f"functions, as in `checks.check_rms(rms)`; found {_shown(stmt)}")
 
@@ -251,7 +253,7 @@ class Plan:
     """What to run, in order: ("cell", Cell) and ("check", RefExercise) steps; and, per exercise number,
     the submission's code cells that answer it (for saying which cell failed)."""
 
-    steps: list[tuple[str, object]]
+    steps: list[tuple[str, Cell | RefExercise]]
     answers: dict[int, list[int]]
 
 
@@ -268,7 +270,8 @@ def plan_run(cells: list[Cell], ref: Reference) -> Plan:
     is_check = {c.index for c in code if (c.id and c.id in all_ids) or _normal(c.source) in all_sources}
     by_number = {number: (title, section) for number, title, section in sections(cells)}
     end = cells[-1].index + 1
-    points, matched = {}, 0
+    points: dict[int, float] = {}  # exercise -> where its check goes among the cells
+    matched = 0
     for ex in ref.exercises:
         by_id = [c.index for c in code if c.id and c.id in ex.check_ids]
         by_text = [c.index for c in code if _normal(c.source) in ex.check_sources]
@@ -283,7 +286,7 @@ def plan_run(cells: list[Cell], ref: Reference) -> Plan:
     if not matched:
         raise NotebookError(f"none of the exercises of {ref.name} is in this notebook (no matching check cell "
                             "or 'Exercise N' heading): graded against the wrong lesson?")
-    steps: list[tuple[float, int, tuple[str, object]]] = []
+    steps: list[tuple[float, int, tuple[str, Cell | RefExercise]]] = []
     for c in code:
         if c.index not in is_check and c.source.strip():
             steps.append((c.index, 1, ("cell", c)))

@@ -19,6 +19,7 @@ from the student's process that reaches a report is put on one line, its control
 from __future__ import annotations
 
 import keyword
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -85,7 +86,7 @@ class Link:
         return {n: MISSING if values.get(n) == {"__missing__": True} else self.decode(values.get(n)) for n in names}
 
     def call(self, number: int, method: str | None, args: list, kwargs: dict, push: dict | None = None,
-             outputs: list[int] = ()) -> tuple[object, dict[int, object]]:
+             outputs: Sequence[int] = ()) -> tuple[object, dict[int, object]]:
         """Call object ``number`` (or its ``method``) there; its value, and the arguments ``outputs`` as the
         call left them."""
         reply = self.request({"op": "call", "target": number, "method": method, "args": self.encode(list(args)),
@@ -152,6 +153,9 @@ MISSING = _Missing()
 class RemoteObject:
     """A student's object that stays in the student's process; calling it calls it there."""
 
+    _link: Link  # set through __dict__: an object's own attributes are the student's
+    _number: int
+
     def __init__(self, link: Link, number: int, desc: dict):
         self.__dict__.update(_link=link, _number=number)
         attrs = desc.get("attrs")
@@ -182,6 +186,9 @@ def _remote_object(link: Link, number: int, desc: dict) -> RemoteObject:
 
 class RemoteModule(nn.Module):
     """An ``nn.Module`` stand-in with the student's module's parameters, buffers and attributes."""
+
+    _link: Link  # set through __dict__, as RemoteObject's
+    _number: int
 
     def __init__(self, link: Link, number: int, desc: dict):
         super().__init__()
@@ -224,7 +231,7 @@ class RemoteModule(nn.Module):
                 raise ValueError(f"an unusable submodule name {dotted!r}")
             if part not in owner._modules:
                 owner._modules[part] = nn.Module()
-            owner = owner._modules[part]
+            owner = owner.get_submodule(part)
         if not (leaf.isidentifier() or leaf.isdigit()) or leaf.startswith("_") or hasattr(nn.Module, leaf):
             raise ValueError(f"an unusable attribute name {dotted!r}")
         return owner, leaf

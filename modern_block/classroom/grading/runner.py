@@ -17,6 +17,7 @@ import resource
 import signal
 import socket
 import sys
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -147,7 +148,7 @@ class Runner:
         target = self.objects[msg["target"]]
         if msg.get("push"):
             self.load_state(target, msg["push"])
-        fn = getattr(target, msg["method"]) if msg.get("method") else target
+        fn: Any = getattr(target, msg["method"]) if msg.get("method") else target
         args, kwargs = self.decode(msg["args"]), self.decode(msg["kwargs"])
         out = BoundedText()
         value, error = None, None

@@ -265,6 +265,20 @@ class Launcher:
             self.close()
             raise
 
+    @property
+    def _bwrap(self) -> str:
+        """bubblewrap's path, where sandboxes are in use."""
+        if self.bwrap is None:
+            raise SandboxError("no sandbox: bubblewrap is not in use")
+        return self.bwrap
+
+    @property
+    def _control(self) -> socket.socket:
+        """The socket to the zygote, once it runs."""
+        if self.control is None:
+            raise SandboxError("the zygote is not running")
+        return self.control
+
     def hide(self, paths) -> None:
         """Also hide these folders (the class's, the reference's) from every sandbox started from now on,
         should they lie inside a folder the sandbox shows."""
@@ -287,7 +301,7 @@ class Launcher:
 
     def _probe(self) -> None:
         copy = package_copy.build(self.run_dir, frozenset())
-        cmd = bwrap_command(self.bwrap, self.interpreter, str(copy), None, self.hidden,
+        cmd = bwrap_command(self._bwrap, self.interpreter, str(copy), None, self.hidden,
                             [self.interpreter.executable, "-I", "-S", "-c", _PROBE], self.features)
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
@@ -332,7 +346,7 @@ class Launcher:
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
         hold = ["/bin/sh", "-c", f"printf x > /proc/self/fd/{ready_w} && exec sleep 2147483647"]
-        cmd = bwrap_command(self.bwrap, self.interpreter, str(copy), str(nb) if nb else None, self.hidden, hold,
+        cmd = bwrap_command(self._bwrap, self.interpreter, str(copy), str(nb) if nb else None, self.hidden, hold,
                             self.features)
         cmd[-len(hold) - 1:-len(hold) - 1] = ["--info-fd", str(info_w)]
         try:
@@ -352,8 +366,8 @@ class Launcher:
         except (OSError, ValueError, TimeoutError) as err:
             _kill_group(proc.pid)
             proc.wait()
-            raise SandboxError(self._refusal(proc.stderr.read().decode(errors="replace").strip()[-500:] or
-                                             str(err))) from None
+            said = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise SandboxError(self._refusal(said.strip()[-500:] or str(err))) from None
         finally:
             os.close(info_r)
             os.close(ready_r)
@@ -389,7 +403,7 @@ class Launcher:
             status, status_theirs = socket.socketpair()
             try:
                 with self.lock:
-                    socket.send_fds(self.control, [json.dumps(spec).encode()], [theirs.fileno(),
+                    socket.send_fds(self._control, [json.dumps(spec).encode()], [theirs.fileno(),
                                                                                  status_theirs.fileno()])
             except OSError:
                 raise SandboxError("the grader's pre-loaded interpreter has ended") from None

@@ -33,7 +33,7 @@ from .notebook import (
 )
 from .remote import MISSING, Link
 from .report import FAILED, NOT_ATTEMPTED, PASSED, Exercise, Report, one_line
-from .sandbox import Launcher, SandboxLost
+from .sandbox import Launcher, Sandbox, SandboxLost
 
 MAX_RESTARTS = 6
 
@@ -76,7 +76,7 @@ class _Run:
                  deadline: float, report: Report, record):
         self.launcher, self.hidden, self.notebook = launcher, hidden, notebook
         self.options, self.deadline, self.report, self.record = options, deadline, report, record
-        self.box = None
+        self.box: Sandbox | None = None
         self.done: list[Cell] = []  # cells that ran (with or without an error), in order: replayed on restart
         self.errors: dict[int, str] = {}  # cell index -> its error in this run
 
@@ -106,6 +106,7 @@ class _Run:
 
     def _exec(self, cell: Cell) -> dict:
         deadline = self.limit()
+        assert self.box is not None, "a cell runs in a started sandbox"
         try:
             return self.box.request({"op": "exec", "source": cell.source}, deadline)
         except SandboxLost:
@@ -205,11 +206,11 @@ def grade_submission(notebook: str, student: str, data: bytes | None, reference:
     report = Report(notebook, student, reference.name if reference else "(its own check cells)")
     cell_rows: dict[int, dict] = {}
     try:
-        if read_error:
-            raise NotebookError(read_error)
+        if read_error or data is None:
+            raise NotebookError(read_error or "no data")
         cells = read_notebook(data)
         own = reference is None
-        if own:
+        if reference is None:
             report.notes.append("graded against its own check cells: pass --reference (the notebook handed out) "
                                 "so that edited or deleted check cells do not count")
             try:
@@ -238,8 +239,8 @@ def grade_submission(notebook: str, student: str, data: bytes | None, reference:
 
             run = _Run(launcher, hidden, data, options, deadline, report, record)
             try:
-                for kind, item in plan.steps:
-                    if kind == "cell":
+                for _, item in plan.steps:
+                    if isinstance(item, Cell):
                         run.run_cell(item)
                     elif item.number in checked:
                         check_exercise(run, item, results[item.number], plan, secret)

@@ -1,0 +1,89 @@
+"""One training step as a function (modern_block/training/step.py): micro-batches give the one-pass gradient,
+clipping bounds the step, the learning rate is the one asked for, a failing compiler falls back to eager once."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+from modern_block import GPT2LM
+from modern_block.training.distributed import RankFailedError
+from modern_block.training.step import Forward, batch_loss, eval_loss, forward_backward, optimizer_step, train_step
+
+
+class Clip:  # the one field of TrainConfig that train_step reads
+    def __init__(self, grad_clip):
+        self.grad_clip = grad_clip
+
+
+def tiny(seed=0):
+    torch.manual_seed(seed)
+    return GPT2LM(20, d=16, n_layers=1, n_heads=2, max_len=8)
+
+
+def batch(B=4, T=8):
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 20, (B, T), generator=g), torch.randint(0, 20, (B, T), generator=g)
+
+
+def grads(model):
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_micro_batches_give_the_gradient_and_loss_of_one_pass(micro):
+    x, y = batch()
+    whole, parts = tiny(), tiny()
+    loss = forward_backward(whole, (x, y), None, micro=4)
+    loss_parts = forward_backward(parts, (x, y), None, micro=micro)
+    assert loss_parts.item() == pytest.approx(loss.item(), rel=1e-6)
+    assert loss.item() == pytest.approx(batch_loss(tiny(), x, y).item(), rel=1e-6)
+    for a, b in zip(grads(whole), grads(parts), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert eval_loss(tiny(), x, y, micro).item() == pytest.approx(loss.item(), rel=1e-6)
+
+
+def test_a_step_sets_the_lr_clips_steps_and_clears_the_gradients():
+    x, y = batch()
+    model = tiny()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=123.0)
+    loss = train_step(model, (x, y), opt, None, Clip(1e-3), lr=1.0, micro=2)
+    assert opt.param_groups[0]["lr"] == 1.0 and not loss.requires_grad
+    assert all(p.grad is None for p in model.parameters())
+    moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)])
+    assert moved.norm().item() == pytest.approx(1e-3, rel=1e-3)  # SGD at lr 1: the step is the clipped gradient
+    unclipped = tiny()
+    forward_backward(unclipped, (x, y), None, micro=4)
+    norm = torch.cat([p.grad.flatten() for p in unclipped.parameters()]).norm().item()
+    optimizer_step(unclipped, torch.optim.SGD(unclipped.parameters(), lr=1.0), None, grad_clip=0)  # 0: no clip
+    moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(unclipped.parameters(), before, strict=True)])
+    assert norm > 1e-2 and moved.norm().item() == pytest.approx(norm, rel=1e-4)
+
+
+def test_a_failing_compiler_falls_back_to_eager_once():
+    model = nn.Linear(2, 2)
+    forward = Forward(model, compiled=True)
+    assert forward.train is not model
+    calls, fallbacks = [], []
+
+    def fn():
+        calls.append(forward.compiled)
+        if forward.compiled:
+            raise RuntimeError("no compiler here")
+        return "eager"
+
+    with pytest.warns(UserWarning, match="torch.compile failed .RuntimeError: no compiler here.; training eagerly"):
+        assert forward.call(fn, on_fallback=lambda: fallbacks.append(1)) == "eager"
+    assert calls == [True, False] and fallbacks == [1] and forward.train is model and forward.eval is model
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert forward.call(fn) == "eager"  # eager from now on, no second warning
+    failing = Forward(model, compiled=True)
+    with pytest.raises(RankFailedError):  # another process failed: not a compiler problem, no fallback
+        failing.call(lambda: (_ for _ in ()).throw(RankFailedError("rank 1 died")))
+    assert failing.compiled
+    wrapped = Forward(model, compiled=False)
+    wrapped.distribute(lambda m: ("wrapped", m))
+    assert wrapped.train == ("wrapped", model) and wrapped.eval is model
