@@ -226,7 +226,8 @@ def test_a_module_stand_in_has_the_students_layout_and_sends_a_tied_matrix_once(
     stand_in = RemoteModule(link=None, number=1, desc=wire.clean({"module": Runner.describe_module(model)}))
     assert stand_in.state_dict().keys() == model.state_dict().keys()
     assert stand_in.head.weight is stand_in.emb.weight and mb.count_parameters(stand_in) == model.num_parameters()
-    assert {n for n, _ in stand_in.named_buffers()} == {"cos", "sin"} and "cos" not in stand_in.state_dict()
+    assert {n for n, _ in stand_in.named_buffers()} == {"rope.cos", "rope.sin"}
+    assert "rope.cos" not in stand_in.state_dict()
     assert stand_in.get_submodule("blocks.0.attn").kv == 1
     pushed = stand_in._state()["params"]
     assert "emb.weight" in pushed and "head.weight" not in pushed  # a module that only claims the tie gets no head

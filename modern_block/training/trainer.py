@@ -255,6 +255,7 @@ class Trainer:
         if self.procs.is_main:
             try:
                 self.folder.save_checkpoint(self._state(rng))
+                self._last_saved = self.step  # on disk now, even if another process fails below
             except CheckpointError as err:
                 error = CheckpointError(f"{err}. Training stopped. {self._kept_message()}")
         distributed.agree_or_raise(error)
