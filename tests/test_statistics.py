@@ -158,6 +158,7 @@ def test_select_and_report_chooses_on_selection_seeds_and_reports_on_the_others(
     g, ll = sel["gpt2"], sel["llama"]
     assert g.lr == 2e-3 and g.reported == {2: 2.06, 3: 2.07, 4: 2.05}  # not 4e-3, better on seeds 2-4
     assert g.selection_means == pytest.approx({1e-3: 2.01, 2e-3: 1.99, 4e-3: 2.02}) and not g.at_edge
+    assert g.selection_losses[4e-3] == {0: 2.05, 1: 1.99}  # only the selection seeds, at every rate
     assert g.optimism == pytest.approx(1.99 - 2.06)  # the selection seeds flatter the chosen rate
     assert ll.lr == 4e-3 and ll.at_edge and math.isinf(ll.selection_means[2e-3])  # a diverged run is never chosen
     assert g.interval.mean == pytest.approx(2.06) and g.interval.n == 3

@@ -265,12 +265,17 @@ class Selection:
     model: str
     lr: float
     selection_seeds: tuple[int, ...]
-    selection_means: dict  # every rate tried -> mean loss over the selection seeds (inf if a run diverged)
+    selection_losses: dict  # every rate tried -> {selection seed: loss} (inf: the run diverged)
     reported: dict  # reported seed -> loss at the chosen rate
 
     @property
+    def selection_means(self) -> dict[float, float]:
+        """Every rate tried -> mean loss over the selection seeds (inf if a run diverged): what chose the rate."""
+        return {lr: math.fsum(runs.values()) / len(runs) for lr, runs in sorted(self.selection_losses.items())}
+
+    @property
     def rates(self) -> list[float]:
-        return sorted(self.selection_means)
+        return sorted(self.selection_losses)
 
     @property
     def at_edge(self) -> bool:
@@ -346,14 +351,14 @@ def select_and_report(rows: Iterable[Mapping], selection_seeds, reported_seeds, 
             lacking = [s for s in selection_seeds if s not in runs]
             if lacking:
                 raise ValueError(f"model {model!r} at lr {lr:g} lacks selection seeds {lacking}")
-        means = {lr: math.fsum(runs[s] for s in selection_seeds) / len(selection_seeds)
-                 for lr, runs in sorted(by_rate.items())}
+        losses = {lr: {s: runs[s] for s in selection_seeds} for lr, runs in sorted(by_rate.items())}
+        means = {lr: math.fsum(runs.values()) / len(runs) for lr, runs in losses.items()}
         chosen = min(means, key=lambda lr: (means[lr], lr))
         at_chosen = table[model][chosen]
         lacking = [s for s in reported_seeds if s not in at_chosen]
         if lacking:
             raise ValueError(f"model {model!r} at its chosen lr {chosen:g} lacks reported seeds {lacking}")
-        out[model] = Selection(model, chosen, selection_seeds, means, {s: at_chosen[s] for s in reported_seeds})
+        out[model] = Selection(model, chosen, selection_seeds, losses, {s: at_chosen[s] for s in reported_seeds})
     return out
 
 
