@@ -50,10 +50,10 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import torch  # noqa: E402
 
-from modern_block.training import experiments  # noqa: E402
+from modern_block.training import experiments, report, workers  # noqa: E402
 from modern_block.training.config import TrainConfig, gpu_config  # noqa: E402
 from modern_block.training.data import DATA_ENV, TINYSHAKESPEARE_FILE, load_corpus  # noqa: E402
-from modern_block.training.ladder import ABLATION_NAMES, LADDER_NAMES, get_rung  # noqa: E402
+from modern_block.training.rungs import ABLATION_NAMES, LADDER_NAMES, get_rung  # noqa: E402
 from modern_block.training.trainer import sample  # noqa: E402
 
 NANOGPT_BEST_VAL = 1.4697  # nanoGPT's GPT-2 on shakespeare-char at this budget (A100), its README
@@ -63,7 +63,7 @@ TINY = dict(d=32, n_layers=2, n_heads=4, n_kv_heads=2, block_size=16, batch_size
 LESSONS = ("notebooks/08_train_llama_vs_gpt2.ipynb", "notebooks/09_real_model.ipynb")
 
 
-# ---- the adapter: the one place that knows modern_block.training.experiments ---------------------------------
+# ---- the adapter: the one place that knows modern_block.training's experiments -----------------------------
 class ExperimentAPI:
     """How this check calls the lesson-08 experiments. Each method is one training run's worth of
     work (the check runs many at once, in separate processes), returning plain data."""
@@ -74,8 +74,8 @@ class ExperimentAPI:
 
     @staticmethod
     def _train(cfg: TrainConfig, rung: str, seed: int, out_dir, corpus):
-        [result] = experiments.train_many([replace(cfg, arch=f"ladder:{rung}", seed=seed)], corpus, out_dir=out_dir)
-        if isinstance(result, experiments.Diverged):  # a sweep's highest rate may diverge: it counts as loss inf
+        [result] = workers.train_many([replace(cfg, arch=f"ladder:{rung}", seed=seed)], corpus, out_dir=out_dir)
+        if isinstance(result, workers.Diverged):  # a sweep's highest rate may diverge: it counts as loss inf
             return None, {"best_val_loss": math.inf, "diverged": result.message, "tokens_per_s": None, "mfu": None,
                           "n_params": None, "precision": None, "compiled": None, "peak": None, "metrics": [],
                           "config": asdict(cfg)}
@@ -101,8 +101,8 @@ class ExperimentAPI:
         return ABLATION_NAMES
 
     run_leave_one_out = run_rung
-    plot_loss_curves = staticmethod(experiments.plot_loss_curves)
-    plot_ladder = staticmethod(experiments.plot_ladder)
+    plot_loss_curves = staticmethod(report.plot_loss_curves)
+    plot_ladder = staticmethod(report.plot_ladder)
 
 
 # ---- running many trainings at once ------------------------------------------------------------------

@@ -40,18 +40,9 @@ import torch  # noqa: E402
 
 from modern_block.training.config import TrainConfig, gpu_config  # noqa: E402
 from modern_block.training.data import DATA_ENV, load_corpus  # noqa: E402
-from modern_block.training.experiments import (  # noqa: E402  # noqa: E402
-    ARMS,
-    GPU_RATES,
-    WorkerPool,
-    gap,
-    plot_ladder,
-    plot_loss_curves,
-    plot_sweep,
-    run_ablations,
-    run_ladder,
-    sweep,
-)
+from modern_block.training.experiments import ARMS, GPU_RATES, gap, run_ablations, run_ladder, sweep  # noqa: E402
+from modern_block.training.report import plot_ladder, plot_loss_curves, plot_sweep  # noqa: E402
+from modern_block.training.workers import WorkerPool  # noqa: E402
 
 PARTS = ("compare", "tied", "ladder", "ablations")
 NANOGPT_GPT2_BEST_VAL = 1.4697  # nanoGPT's README, shakespeare-char, GPT-2 block, this budget, A100

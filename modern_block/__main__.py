@@ -1,6 +1,6 @@
 """``python -m modern_block COMMAND ...``: the course's command lines, one word each.
 
-    python -m modern_block train --arch llama --quick --out runs/llama     # one model (modern_block.training.trainer)
+    python -m modern_block train --arch llama --quick --out runs/llama     # one model (training.train_cli)
     python -m modern_block compare --quick --out runs/compare              # GPT-2 against Llama (training.compare_cli)
     python -m modern_block grade submissions/ --reference exercises/       # a class (modern_block.classroom.grade)
     python -m modern_block exercises build                                 # exercises/ from solutions/
@@ -12,7 +12,7 @@ import importlib
 import sys
 
 COMMANDS = {  # the command -> the module whose ``main(argv)`` runs it, and what it does
-    "train": ("modern_block.training.trainer", "train one model on characters; --resume continues a run"),
+    "train": ("modern_block.training.train_cli", "train one model on characters; --resume continues a run"),
     "compare": ("modern_block.training.compare_cli", "the GPT-2 and the Llama-style block, each at its best rate"),
     "grade": ("modern_block.classroom.grade", "grade exercise notebooks, a whole class at once"),
     "exercises": ("modern_block.classroom.exercises", "write exercises/ from solutions/ (build, build --check)"),

@@ -15,7 +15,7 @@ import torch.nn as nn
 from .gpt2 import causal_attention
 from .rmsnorm import RMSNorm
 from .rope import apply_rope
-from .validate import divisible, even, positive_int
+from .validate import divisible, dropout_rate, even, positive_ints
 
 
 class GQAttention(nn.Module):
@@ -30,20 +30,15 @@ class GQAttention(nn.Module):
                  head_dim: int | None = None, norm_eps: float = 1e-6, dropout: float = 0.0,
                  qkv_bias: bool = False):
         super().__init__()
-        positive_int("d", d)
-        positive_int("n_heads", n_heads)
-        positive_int("n_kv_heads", n_kv_heads)
+        positive_ints(d=d, n_heads=n_heads, n_kv_heads=n_kv_heads)
         if head_dim is None:
             divisible("d", d, "n_heads", n_heads)
             head_dim = d // n_heads
-        positive_int("head_dim", head_dim)
+        positive_ints(head_dim=head_dim)
         divisible("n_heads", n_heads, "n_kv_heads", n_kv_heads)
         even("head_dim", head_dim, "for RoPE (dimensions are rotated in pairs)")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.h, self.kv, self.dh = n_heads, n_kv_heads, head_dim
-        self.rope_dim = head_dim  # the whole head is rotated
-        self.qk_norm, self.dropout = qk_norm, dropout
+        self.qk_norm, self.dropout = qk_norm, dropout_rate(dropout)
         self.wq = nn.Linear(d, n_heads * head_dim, bias=qkv_bias)
         self.wk = nn.Linear(d, n_kv_heads * head_dim, bias=qkv_bias)  # fewer K/V heads
         self.wv = nn.Linear(d, n_kv_heads * head_dim, bias=qkv_bias)
@@ -52,12 +47,15 @@ class GQAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()
 
+    @property
+    def out_proj(self) -> nn.Linear:
+        """The projection that writes into the residual stream."""
+        return self.wo
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
         """x: [B, T, d]; cos, sin: RoPE tables [T, dh/2] or [B, T, dh/2]; cache: a ``kv_cache.LayerCache`` or None."""
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.h, self.dh).transpose(1, 2)  # [B, h, T, dh]
-        k = self.wk(x).view(B, T, self.kv, self.dh).transpose(1, 2)  # [B, kv, T, dh]
-        v = self.wv(x).view(B, T, self.kv, self.dh).transpose(1, 2)  # [B, kv, T, dh]
+        q, k, v = self.project(x)  # [B, h, T, dh], [B, kv, T, dh], [B, kv, T, dh]
         q, k = self.q_norm(q), self.k_norm(k)  # QK-norm (if on): each head's q and k, before RoPE
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # positions enter by rotation
         past = 0
@@ -65,3 +63,11 @@ class GQAttention(nn.Module):
             k, v, past = cache.append(k, v)  # [B, kv, past + T, dh]: every token so far
         out = causal_attention(q, k, v, past, self.dropout if self.training else 0.0)  # [B, h, T, dh]
         return self.wo(out.transpose(1, 2).reshape(B, T, self.h * self.dh))  # [B, T, d]
+
+    def project(self, x: torch.Tensor):
+        """q, k and v of x [B, T, d], split into heads (the fast layer does this with one matrix)."""
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.h, self.dh).transpose(1, 2)  # [B, h, T, dh]
+        k = self.wk(x).view(B, T, self.kv, self.dh).transpose(1, 2)  # [B, kv, T, dh]
+        v = self.wv(x).view(B, T, self.kv, self.dh).transpose(1, 2)  # [B, kv, T, dh]
+        return q, k, v

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .validate import positive_int
+from .validate import positive_ints, positive_number
 
 
 def swiglu_hidden_dim(d: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None) -> int:
@@ -21,13 +21,10 @@ def swiglu_hidden_dim(d: int, multiple_of: int = 256, ffn_dim_multiplier: float 
     >>> swiglu_hidden_dim(4096), swiglu_hidden_dim(5120), swiglu_hidden_dim(4096, 1024, 1.3)
     (11008, 13824, 14336)
     """
-    positive_int("d", d)
-    positive_int("multiple_of", multiple_of)
+    positive_ints(d=d, multiple_of=multiple_of)
     hidden = int(2 * (4 * d) / 3)  # parameter-matched to a 4d GELU MLP
     if ffn_dim_multiplier is not None:
-        if not ffn_dim_multiplier > 0:
-            raise ValueError(f"ffn_dim_multiplier must be positive, got {ffn_dim_multiplier}")
-        hidden = int(ffn_dim_multiplier * hidden)
+        hidden = int(positive_number("ffn_dim_multiplier", ffn_dim_multiplier) * hidden)
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
@@ -36,11 +33,15 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d: int, d_ff: int):
         super().__init__()
-        positive_int("d", d)
-        positive_int("d_ff", d_ff)
+        positive_ints(d=d, d_ff=d_ff)
         self.w_gate = nn.Linear(d, d_ff, bias=False)
         self.w_up = nn.Linear(d, d_ff, bias=False)
         self.w_down = nn.Linear(d_ff, d, bias=False)
+
+    @property
+    def out_proj(self) -> nn.Linear:
+        """The projection that writes into the residual stream."""
+        return self.w_down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., d]
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))  # [..., d_ff] gated, back to [..., d]

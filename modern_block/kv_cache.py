@@ -12,22 +12,18 @@ never copies the past, as ``torch.cat`` every step would.
 
 import torch
 
-from .validate import positive_int
+from .validate import positive_int, positive_ints
 
 
 def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_elem: int = 2) -> int:
     """2 (K and V) · layers · KV heads · head dim · bytes per element, for one sequence."""
-    for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
-                        ("bytes_per_elem", bytes_per_elem)):
-        positive_int(name, value)
+    positive_ints(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, bytes_per_elem=bytes_per_elem)
     return 2 * n_layers * n_kv_heads * head_dim * bytes_per_elem
 
 
 def mla_cache_bytes_per_token(n_layers: int, kv_latent_dim: int, rope_dim: int, bytes_per_elem: int = 2) -> int:
     """layers · (latent dim d_c + RoPE key dim d_R) · bytes per element, for one sequence."""
-    for name, value in (("n_layers", n_layers), ("kv_latent_dim", kv_latent_dim), ("rope_dim", rope_dim),
-                        ("bytes_per_elem", bytes_per_elem)):
-        positive_int(name, value)
+    positive_ints(n_layers=n_layers, kv_latent_dim=kv_latent_dim, rope_dim=rope_dim, bytes_per_elem=bytes_per_elem)
     return n_layers * (kv_latent_dim + rope_dim) * bytes_per_elem
 
 

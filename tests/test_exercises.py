@@ -153,13 +153,13 @@ def lr_at_ok(step, lr, min_lr, warmup_steps, max_steps):
     """The package's trainer's schedule, the one lesson 08 teaches."""
     from types import SimpleNamespace
 
-    from modern_block.training.trainer import lr_at
+    from modern_block.training.config import lr_at
 
     return lr_at(step, SimpleNamespace(lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, max_steps=max_steps))
 
 
 def flops_per_token_ok(n_matmul_params, n_layers, n_heads, head_dim, seq_len):
-    from modern_block.training.device import flops_per_token
+    from modern_block.training.flops import flops_per_token
 
     return flops_per_token(n_matmul_params, n_layers, n_heads, head_dim, seq_len)
 
@@ -192,6 +192,34 @@ def ntk_scaled_base_ok(base, dh, kappa):
     return base * kappa ** (dh / (dh - 2))
 
 
+def dequantize_q4_1_ok(raw, *, mistake=None):
+    """The package's Q4_1 dequantization (modern_block.interop.gguf_quants), or one of the usual mistakes."""
+    from modern_block.interop import dequantize_q4_1
+
+    if mistake is None:
+        return dequantize_q4_1(raw)
+    blocks = raw.reshape(-1, 20)
+    d = blocks[:, 0:2].contiguous().view(torch.float16).float()
+    m = blocks[:, 2:4].contiguous().view(torch.float16).float()
+    lo, hi = (blocks[:, 4:] & 0x0F).float(), (blocks[:, 4:] >> 4).float()
+    q = torch.cat([hi, lo], 1) if mistake == "nibbles" else torch.cat([lo, hi], 1)
+    if mistake == "swapped":
+        d, m = m, d
+    w = d * q if mistake == "no_minimum" else d * q + m
+    return w.reshape(raw.shape[0], -1).double() if mistake == "float64" else w.reshape(raw.shape[0], -1)
+
+
+def unpermute_qk_ok(wq, wk, wv, n_heads, n_kv_heads, *, mistake=None):
+    half = lambda w, n: mb.permute_qk_weight(w, n, "half_split")  # noqa: E731
+    if mistake == "twice":
+        return half(half(wq, n_heads), n_heads), half(half(wk, n_kv_heads), n_kv_heads), wv
+    if mistake == "values":
+        return half(wq, n_heads), half(wk, n_kv_heads), half(wv, n_kv_heads)
+    if mistake == "key_heads":
+        return half(wq, n_heads), half(wk, n_heads) if (wk.shape[0] % n_heads == 0) else wk, wv
+    return half(wq, n_heads), half(wk, n_kv_heads), wv
+
+
 RIGHT = [
     (checks.check_gpt2_block_params, gpt2_block_params_ok), (checks.check_causal_attention, causal_attention_ok),
     (checks.check_gpt2_attention, gpt2_attention_ok), (checks.check_gpt2_small_params, GPT2_SMALL_PARAMS),
@@ -212,6 +240,7 @@ RIGHT = [
     (checks.check_fair_comparison, unfair_differences_ok), (checks.check_llama3_8b_train_flops, LLAMA3_8B_TRAIN_FLOPS),
     (checks.check_llama3_rope_scaling, mb.llama3_frequencies), (checks.check_ntk_scaled_base, ntk_scaled_base_ok),
     (checks.check_smollm2_cache_bytes, SMOLLM2_CACHE_BYTES),
+    (checks.check_dequantize_q4_1, dequantize_q4_1_ok), (checks.check_unpermute_qk, unpermute_qk_ok),
 ]
 FUNCTIONS = [(check, impl) for check, impl in RIGHT if callable(impl)]  # the rest are numbers, graded by value
 
@@ -699,11 +728,9 @@ class LMVariant(mb.LlamaStyleLM):
             else:
                 self.head.weight = self.emb.weight
         if self.mistake == "persistent_tables":
-            self.register_buffer("cos", self.cos.clone(), persistent=True)
+            self.register_buffer("cos", self.rope.cos.clone(), persistent=True)
         if self.mistake == "base_ignored":
-            cos, sin = mb.rope_cache(max_len, d // n_heads)
-            self.register_buffer("cos", cos, persistent=False)
-            self.register_buffer("sin", sin, persistent=False)
+            self.rope = mb.RotaryEmbedding(d // n_heads, max_len)  # the default base, whatever rope_base says
 
 
 @pytest.mark.parametrize("mistake, diagnosis", [
@@ -992,3 +1019,18 @@ def test_check_smollm2_cache_bytes_diagnoses():
     rejects(checks.check_smollm2_cache_bytes, 69_120, "the cache of MHA")
     rejects(checks.check_smollm2_cache_bytes, 46_080, "bf16 takes 2")
     rejects(checks.check_smollm2_cache_bytes, 23_040.0, "return a plain int")
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("nibbles", "the two codes of each byte are swapped"), ("swapped", "the scale and the minimum are swapped"),
+    ("no_minimum", "the minimum is missing"), ("float64", "return float32"),
+])
+def test_check_dequantize_q4_1_diagnoses(mistake, diagnosis):
+    rejects(checks.check_dequantize_q4_1, lambda raw: dequantize_q4_1_ok(raw, mistake=mistake), diagnosis)
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("twice", "applied twice"), ("values", "the values were permuted"), ("key_heads", "split into n_heads heads"),
+])
+def test_check_unpermute_qk_diagnoses(mistake, diagnosis):
+    rejects(checks.check_unpermute_qk, lambda *a: unpermute_qk_ok(*a, mistake=mistake), diagnosis)

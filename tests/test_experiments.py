@@ -12,22 +12,13 @@ from training_setup import CORPUS, SMALL, never_online, tiny  # noqa: F401 (neve
 
 from modern_block import __main__ as entry
 from modern_block.training import compare_cli as cli
-from modern_block.training import trainer as T
+from modern_block.training.config import TrainConfig
 from modern_block.training.data import Corpus
-from modern_block.training.experiments import (
-    ARMS,
-    Diverged,
-    WorkerPool,
-    compare,
-    gap,
-    plot_ladder,
-    run_ablations,
-    run_ladder,
-    sweep,
-    train_many,
-    write_report,
-)
-from modern_block.training.ladder import ABLATION_NAMES, LADDER_NAMES, LLAMA_END
+from modern_block.training.experiments import ARMS, compare, gap, run_ablations, run_ladder, sweep
+from modern_block.training.report import plot_ladder, write_report
+from modern_block.training.run_folder import CHECKPOINT, METRICS
+from modern_block.training.rungs import ABLATION_NAMES, LADDER_NAMES, LLAMA_END
+from modern_block.training.workers import Diverged, WorkerPool, train_many
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = tiny("gpt2", max_steps=4, eval_interval=2, dropout=0.0)
@@ -61,7 +52,7 @@ def test_compare_holds_the_head_fixed_and_changes_only_the_block():
 
 
 def test_results_do_not_depend_on_workers_and_the_cache_reuses_runs():
-    configs = [T.TrainConfig(**{**vars(BASE), "arch": f"ladder:{r}"}) for r in ("untied", "no_gqa")]
+    configs = [TrainConfig(**{**vars(BASE), "arch": f"ladder:{r}"}) for r in ("untied", "no_gqa")]
     here = train_many(configs, CORPUS, workers=1)
     with WorkerPool(CORPUS, 2) as pool:
         there = train_many(configs, workers=pool)
@@ -166,8 +157,8 @@ def test_compare_cli_writes_report_and_plots(tmp_path, capsys):
     results = json.loads((out / "results.json").read_text())
     assert set(results["runs"]) == {"untied", "qk_norm"} and set(results["runs"]["qk_norm"]) == {"0.02"}
     for rung, lr in (("untied", "0.003"), ("untied", "0.01"), ("qk_norm", "0.02")):
-        assert (out / f"{rung}-lr{lr}-seed0" / T.METRICS).exists()
-        assert not (out / f"{rung}-lr{lr}-seed0" / T.CHECKPOINT).exists(), "compare keeps no checkpoints"
+        assert (out / f"{rung}-lr{lr}-seed0" / METRICS).exists()
+        assert not (out / f"{rung}-lr{lr}-seed0" / CHECKPOINT).exists(), "compare keeps no checkpoints"
     assert 0.98 <= results["table"]["qk_norm"]["params"] / results["table"]["untied"]["params"] <= 1.02
     assert cli.main(["--quick", "--tied", "--out", str(tmp_path / "tied"), "--lr", "0.01", *SMALL]) == 0
     assert "Output head: tied in every arm" in (tmp_path / "tied" / "report.md").read_text()
@@ -186,3 +177,35 @@ def test_readme_quotes_the_committed_lesson_08_run():
     for number in quoted:
         assert number.replace("−", "-") in outputs, f"README quotes {number}, which lesson 08's outputs do not show"
     assert "tied heads" in paragraph and re.search(r"tied heads +[+-]\d\.\d+ ± \d\.\d+: no difference", outputs)
+
+
+@pytest.mark.parametrize("where", ["a run's metrics", "the report"])
+def test_compare_cli_a_full_disk_is_one_line_and_keeps_the_runs(tmp_path, monkeypatch, capsys, where):
+    import errno
+
+    from modern_block.training import files, report, run_folder
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def append_fails(self, row):
+        with files.refused_writes(f"append an evaluation to {self.metrics}"):
+            full()
+
+    if where == "the report":  # report.py turns the OSError into one line naming the file
+        monkeypatch.setattr(report, "write_text_atomic", full)
+    else:
+        monkeypatch.setattr(run_folder.RunFolder, "append_metrics", append_fails)
+    out = tmp_path / "cmp"
+    assert cli.main(["--quick", "--out", str(out), "--lr", "0.01", "--seeds", "0", *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not ") and "(No space left on device)" in err and "No report written" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not [p for p in out.rglob("*") if p.name.endswith(files.TEMPORARY)]
+
+
+def test_compare_cli_an_out_path_too_long_is_one_line(tmp_path, capsys):
+    assert cli.main(["--quick", "--out", str(tmp_path / ("y" * 300)), "--lr", "0.01", "--seeds", "0", *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write in --out") and "File name too long" in err
+    assert len(err.strip().splitlines()) == 1

@@ -1,35 +1,56 @@
-"""The fast layer (modern_block/fast.py): fused weights, static cache and compiled step give the plain
-model's logits and tokens, and Hugging Face's tokens; what it does not support is refused.
+"""The fast layer (modern_block/fast/decoding.py): ``prepare`` and ``generate`` give the plain model's logits and
+tokens, and Hugging Face's, for every model built on the decoder skeleton; each step can be switched on alone.
+The fused modules are tested in test_fused.py, the static cache in test_static_cache.py.
 
 Most tests run the fast model uncompiled (fused projections and the static cache, in eager mode): cheap.
-``torch.compile`` runs in two tests only (a Llama and a Qwen3 configuration; tens of seconds each on a
-busy 2-core machine), marked slow; CI runs them.
+``torch.compile`` runs in the tests marked slow (tens of seconds each on a busy 2-core machine); CI runs them.
 """
 
 import pytest
 import torch
+import torch.nn as nn
 
-from modern_block import GPT2LM, KVCache, LlamaStyleLM, generate
+from modern_block import GPT2LM, KVCache, LlamaStyleLM, MLAConfig, generate
 from modern_block.fast import decoding as fast
-from modern_block.mla import MLAConfig
+from modern_block.fast.fused import FusedGQAttention, FusedSwiGLU
+from modern_block.training.ladder import ladder_model
+from modern_block.training.rungs import ModelShape
 
 V = 97
-CONFIGS = {  # the shapes fast.prepare must handle: GQA/MQA/MHA, QK-norm or not, tied or not, head_dim != d/h
-    "gqa-qknorm": dict(n_heads=4, n_kv_heads=2),
-    "mqa-tied-llama": dict(n_heads=4, n_kv_heads=1, tie=True, qk_norm=False),
-    "mha-llama": dict(n_heads=4, n_kv_heads=4, qk_norm=False),
-    "qwen3-head_dim12-tied": dict(n_heads=4, n_kv_heads=2, head_dim=12, tie=True, rope_base=1e6),
-    "qwen2-qkv_bias-yarn": dict(n_heads=4, n_kv_heads=2, qk_norm=False, qkv_bias=True,
-                                rope_scaling={"rope_type": "yarn", "factor": 2.0,
-                                              "original_max_position_embeddings": 32}),
+MLA = MLAConfig(kv_latent_dim=16, rope_dim=8, nope_dim=8, v_head_dim=8, q_lora_rank=12)
+LLAMA = dict(d=32, n_layers=2, d_ff=40, max_len=64)
+DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}
+CONFIGS = {  # every kind of model fast.prepare takes: GQA/MQA/MHA, QK-norm or not, tied or not, head_dim != d/h,
+    # q/k/v biases, static and dynamic RoPE scaling, MLA, GPT-2, a ladder model with learned positions and GQA
+    "gqa-qknorm": lambda: LlamaStyleLM(V, **LLAMA, n_heads=4, n_kv_heads=2),
+    "mqa-tied-llama": lambda: LlamaStyleLM(V, **LLAMA, n_heads=4, n_kv_heads=1, tie=True, qk_norm=False),
+    "mha-llama": lambda: LlamaStyleLM(V, **LLAMA, n_heads=4, n_kv_heads=4, qk_norm=False),
+    "qwen3-head_dim12-tied": lambda: LlamaStyleLM(V, **LLAMA, n_heads=4, n_kv_heads=2, head_dim=12, tie=True,
+                                                  rope_base=1e6),
+    "qwen2-qkv_bias-yarn": lambda: LlamaStyleLM(V, **LLAMA, n_heads=4, n_kv_heads=2, qk_norm=False, qkv_bias=True,
+                                                rope_scaling={"rope_type": "yarn", "factor": 2.0,
+                                                              "original_max_position_embeddings": 32}),
+    "dynamic-ntk": lambda: LlamaStyleLM(V, **LLAMA, n_heads=4, n_kv_heads=2, rope_scaling=DYNAMIC),
+    "mla": lambda: LlamaStyleLM(V, **LLAMA, n_heads=4, mla=MLA),
+    "gpt2": lambda: GPT2LM(V, d=32, n_layers=2, n_heads=4, max_len=64),
+    "ladder-no_rope": lambda: ladder_model("no_rope", ModelShape(32, 2, 4, 2, 64), V),
 }
 
 
-def model_for(name: str, seed: int = 0) -> LlamaStyleLM:
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Each test starts with torch.compile's caches empty: every FastLM compiles the same step function, and
+    torch refuses a function recompiled more than 8 times in one process (its recompile limit)."""
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
+def model_for(name: str, seed: int = 0) -> nn.Module:
     """A tiny model whose weights and norm scales are random at unit scale, so logits are far apart
     and a wrong fusion or a wrong cache slot shows."""
     torch.manual_seed(seed)
-    model = LlamaStyleLM(V, d=32, n_layers=2, d_ff=40, max_len=64, **CONFIGS[name]).eval()
+    model = CONFIGS[name]().eval()
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5 if p.dim() == 2 else 1 + 0.3 * torch.randn_like(p))
@@ -40,43 +61,44 @@ def prompts(batch: int = 2, length: int = 5, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, V, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def test_fused_weights_are_the_stacked_originals_and_the_model_is_untouched():
-    model = model_for("qwen3-head_dim12-tied")
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    fm = fast.prepare(model, compile=False)
-    for blk, fblk in zip(model.blocks, fm.blocks, strict=True):
-        a, f = blk.attn, fblk.attn
-        assert isinstance(f.wqkv, torch.nn.Linear) and isinstance(fblk.ffn.w_gate_up, torch.nn.Linear)
-        assert torch.equal(f.wqkv.weight, torch.cat([a.wq.weight, a.wk.weight, a.wv.weight]))
-        assert torch.equal(fblk.ffn.w_gate_up.weight, torch.cat([blk.ffn.w_gate.weight, blk.ffn.w_up.weight]))
-        assert f.wqkv.weight.data_ptr() != a.wq.weight.data_ptr()  # a copy: the plain model keeps its own
-    assert fm.tied and fm.head.weight is fm.emb.weight
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-    assert not fast.prepare(model_for("gqa-qknorm"), compile=False).tied
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_logits_equal_the_plain_model(name):
-    """A whole sequence at once (prefill), then single tokens against the static cache."""
-    model = model_for(name)
-    fm = fast.prepare(model, compile=False)
-    idx = prompts(length=12)
-    fm.setup_cache(batch=2, capacity=16)
+def step_by_step(fm: fast.FastLM, idx: torch.Tensor, prefill: int, capacity: int | None = None) -> torch.Tensor:
+    """Logits at every position of idx from the fast model: the first ``prefill`` tokens at once, then one at a
+    time through ``step`` (with a cache of ``capacity``, by default idx's length). [B, T, V]"""
+    fm.setup_cache(idx.shape[0], capacity or idx.shape[1])
     with torch.inference_mode():
-        ref = model(idx)  # [2, 12, V]
-        torch.testing.assert_close(fm(idx[:, :8], torch.arange(8)), ref[:, :8], atol=1e-5, rtol=0)
-        for t in range(8, 12):
-            torch.testing.assert_close(fm.step(idx[:, t:t + 1], torch.tensor([t])), ref[:, t], atol=1e-5, rtol=0)
-        cache = KVCache(len(model.blocks), 16)  # and the plain model's own cache agrees
-        model(idx[:, :8], cache)
-        torch.testing.assert_close(model(idx[:, 8:9], cache)[:, -1], ref[:, 8], atol=1e-5, rtol=0)
-    assert ref.std() > 0.5  # logits of unit scale: the tolerance is a real test
+        first = fm(idx[:, :prefill])  # [B, prefill, V]
+        steps = [fm.step(idx[:, t:t + 1]) for t in range(prefill, idx.shape[1])]  # [B, V] each
+    return torch.cat([first, torch.stack(steps, 1)], 1)
+
+
+def plain_step_by_step(model: nn.Module, idx: torch.Tensor, prefill: int) -> torch.Tensor:
+    """The same with the plain model and its own KV cache."""
+    cache = KVCache(len(model.blocks), idx.shape[1])
+    with torch.inference_mode():
+        first = model(idx[:, :prefill], cache)
+        steps = [model(idx[:, t:t + 1], cache) for t in range(prefill, idx.shape[1])]
+    return torch.cat([first, *steps], 1)
+
+
+@pytest.mark.parametrize("static_cache", [True, False], ids=["static", "plain-cache"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_equal_the_plain_model(name, static_cache):
+    """A whole sequence at once (prefill), then single tokens against the static (or the plain) cache."""
+    model = model_for(name)
+    fm = fast.prepare(model, compile=False, static_cache=static_cache)
+    assert fm.cache is None and fm.static_cache == static_cache
+    idx = prompts(length=12)
+    ours, plain = step_by_step(fm, idx, 8), plain_step_by_step(model, idx, 8)
+    torch.testing.assert_close(ours, plain, atol=1e-5, rtol=0)
+    if name != "dynamic-ntk":  # dynamic NTK: the frequencies depend on the length processed, not so for the rest
+        torch.testing.assert_close(plain, model(idx), atol=1e-5, rtol=0)
+    assert plain.std() > 0.5  # logits of unit scale: the tolerance is a real test
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_same_tokens_as_the_plain_model_greedy_and_sampled(name):
     model = model_for(name)
-    fm = fast.prepare(model, compile=False)
+    fm = fast.prepare(model, compile=False, static_cache=True)
     idx = prompts()
     assert torch.equal(fast.generate(fm, idx, 20), generate(model, idx, 20))
     sampled = [f(m, idx, 20, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(3))
@@ -85,30 +107,47 @@ def test_same_tokens_as_the_plain_model_greedy_and_sampled(name):
     assert torch.equal(fast.generate(fm, idx[:1], 1), generate(model, idx[:1], 1))  # one token: no step at all
 
 
+def test_prepare_swaps_modules_and_keeps_nothing_else():
+    """The copy is the same model class with GQAttention and SwiGLU swapped; the original is untouched."""
+    model = model_for("qwen3-head_dim12-tied")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fm = fast.prepare(model, compile=False)
+    assert type(fm.model) is LlamaStyleLM and fm.model is not model
+    assert all(isinstance(b.attn, FusedGQAttention) and isinstance(b.ffn, FusedSwiGLU) for b in fm.model.blocks)
+    assert fm.model.tied and not fm.model.training and not any(p.requires_grad for p in fm.parameters())
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    idx = prompts()
+    plain = fast.prepare(model, compile=False, fuse=False, static_cache=True)  # step 2 alone: plain modules
+    assert type(plain.model.blocks[0].attn).__name__ == "GQAttention" and not fm.static_cache
+    assert torch.equal(fast.generate(plain, idx, 12), generate(model, idx, 12))
+    fast.generate(fm, idx, 12)
+    assert type(fm.cache) is KVCache and type(plain.cache) is not KVCache  # uncompiled: the plain cache is faster
+
+
+def test_the_compile_step_is_named_apart_from_torchs_compile():
+    assert fast.FastLM.compile is nn.Module.compile  # not overridden with another meaning
+    fm = fast.prepare(model_for("gqa-qknorm"), compile=False)
+    assert not fm.compiled and fm.step == fm.eager_step
+    with pytest.raises(ValueError, match="needs the static cache"):
+        fast.prepare(model_for("gqa-qknorm"), static_cache=False)
+
+
 def test_the_static_cache_is_allocated_once_per_shape():
     model = model_for("gqa-qknorm")
-    fm = fast.prepare(model, compile=False)
+    fm = fast.prepare(model, compile=False, static_cache=True)
     idx = prompts()
     fast.generate(fm, idx, 10)
-    k = fm.blocks[0].attn.k_cache
+    k = fm.cache[0].buffers[0]
     assert list(k.shape) == [2, 2, 64, 8] and fm.capacity == 64  # 5 + 10 - 1 rounded up to 64, max_len 64
     fast.generate(fm, prompts(seed=2), 20)  # same batch, same capacity: the same buffers, overwritten
-    assert fm.blocks[0].attn.k_cache is k
+    assert fm.cache[0].buffers[0] is k
     out = fast.generate(fm, idx[:1], 10)  # another batch size: new buffers, same tokens as before
-    assert fm.blocks[0].attn.k_cache.shape[0] == 1 and torch.equal(out, generate(model, idx[:1], 10))
+    assert fm.cache[0].buffers[0].shape[0] == 1 and torch.equal(out, generate(model, idx[:1], 10))
 
 
 def test_bad_input_is_refused_clearly():
-    with pytest.raises(TypeError, match="LlamaStyleLM"):
-        fast.prepare(GPT2LM(V, d=32, n_layers=1, n_heads=4))
-    mla = LlamaStyleLM(V, d=32, n_layers=1, n_heads=4, d_ff=40,
-                       mla=MLAConfig(kv_latent_dim=16, rope_dim=8, nope_dim=8, v_head_dim=8))
-    with pytest.raises(ValueError, match="MLA"):
-        fast.prepare(mla)
-    dynamic = LlamaStyleLM(V, d=32, n_layers=1, n_heads=4, d_ff=40, max_len=64,
-                           rope_scaling={"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 32})
-    with pytest.raises(ValueError, match="dynamic NTK"):
-        fast.prepare(dynamic)
+    with pytest.raises(TypeError, match="DecoderLM"):
+        fast.prepare(nn.Linear(3, 3))
     model = model_for("gqa-qknorm")
     fm = fast.prepare(model, compile=False)
     with pytest.raises(TypeError, match="fast.prepare"):
@@ -125,6 +164,15 @@ def test_bad_input_is_refused_clearly():
         fast.generate(fm, prompts(), 4, temperature=-1.0)
     with pytest.raises(ValueError, match="capacity"):
         fm.setup_cache(1, 65)
+    fm.cache = None
+    with pytest.raises(ValueError, match="setup_cache"):
+        fm(prompts())
+    for static in (True, False):
+        fm = fast.prepare(model, compile=False, static_cache=static)
+        fm.setup_cache(2, 8)
+        fm(prompts(length=6))
+        with pytest.raises(ValueError, match="at most 8 tokens; 6 \\+ 3"):
+            fm(prompts(length=3))
 
 
 # ---------------------------------------------------------------- compiled, against Hugging Face
@@ -144,30 +192,45 @@ def test_compiled_decoding_gives_the_plain_models_and_hugging_faces_tokens(case)
     with torch.inference_mode():
         theirs = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new, min_new_tokens=new,
                              do_sample=False, pad_token_id=0)
-        ref = model(ours[:, :-1])[:, 4:]  # the plain model's logits at every decoded position
-        fm.setup_cache(2, fm.capacity)
-        fm(ours[:, :5], torch.arange(5))
-        steps = torch.stack([fm.step(ours[:, t:t + 1], torch.tensor([t])) for t in range(5, 5 + new - 1)], 1)
+        ref = model(ours[:, :-1])  # the plain model's logits at every position
+    steps = step_by_step(fm, ours[:, :-1], 5, fm.capacity)  # the compiled step's logits (the compiled shape)
     assert torch.equal(ours, generate(model, idx, new))
     assert torch.equal(ours, theirs)
-    torch.testing.assert_close(steps, ref[:, 1:], atol=1e-4, rtol=0)  # compiled step logits = plain logits
+    torch.testing.assert_close(steps, ref, atol=1e-4, rtol=0)  # compiled step logits = plain
 
 
-@pytest.mark.parametrize("name", ["llama3.1", "llama3.2-tied", "llama-yarn", "smollm2", "mistral", "qwen2",
-                                  "qwen2.5-tied-yarn", "qwen3-llama3"])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dynamic-ntk", "mla", "gpt2"])
+def test_compiled_decoding_of_the_other_models(name):
+    """What the fast layer leaves unfused (MLA, GPT-2's attention) and dynamic NTK's per-step frequencies run
+    inside the compiled step too."""
+    model = model_for(name)
+    fm = fast.prepare(model)
+    idx = prompts()
+    assert torch.equal(fast.generate(fm, idx, 12), generate(model, idx, 12))
+    idx = prompts(length=12)
+    ours = step_by_step(fm, idx, 8, fm.capacity)  # the capacity generate used: the step compiled for it
+    torch.testing.assert_close(ours, plain_step_by_step(model, idx, 8), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama3.1", "llama3.2-tied", "llama-yarn", "llama-dynamic", "smollm2", "mistral",
+                                  "qwen2", "qwen2.5-tied-yarn", "qwen3-llama3"])
 def test_fast_logits_equal_hugging_face_for_each_family(name):
-    """Every Hugging Face family the course loads into LlamaStyleLM (dynamic NTK aside, refused above):
-    the fast layer's logits over a whole sequence, then one token at a time, equal Hugging Face's."""
-    from test_hf_families import ATOL, hf_family, hf_logits, long_tokens
+    """Every Hugging Face family the course loads into LlamaStyleLM: the fast layer's logits over a whole
+    sequence, then one token at a time, equal Hugging Face's, decoding with its own cache the same way (with
+    dynamic NTK the frequencies follow the length processed, in both)."""
+    from test_hf_families import ATOL, hf_family, long_tokens
 
     from modern_block.interop.hf import from_hf
 
     hf = hf_family(name)
     fm = fast.prepare(from_hf(hf), compile=False)
     idx = long_tokens()  # [2, 40]: past the scaled models' original context
-    ref = hf_logits(hf, idx)
-    fm.setup_cache(batch=2, capacity=idx.shape[1])
+    ours = step_by_step(fm, idx, 30)  # [2, 40, V]
     with torch.no_grad():
-        prefill = fm(idx[:, :30], torch.arange(30))  # [2, 30, V]
-        steps = torch.stack([fm.step(idx[:, t:t + 1], torch.tensor([t])) for t in range(30, idx.shape[1])], 1)
-    assert (torch.cat([prefill, steps], 1) - ref).abs().max().item() <= ATOL
+        out = hf(idx[:, :30], use_cache=True)
+        ref = [out.logits]
+        for t in range(30, idx.shape[1]):
+            out = hf(idx[:, t:t + 1], cache=out.cache, use_cache=True)
+            ref.append(out.logits)
+    assert (ours - torch.cat(ref, 1)).abs().max().item() <= ATOL

@@ -1,24 +1,30 @@
-"""The summative grader, ``python -m modern_block grade``: the grade is decided outside the student's
-process, so none of the cheats below changes a grade; a broken, hostile or endless submission gets an
-error row (or a failed exercise) of its own and nothing else changes; bad arguments are clean errors.
+"""The summative grader, ``python -m modern_block grade``, against a class with attackers in it.
 
-The cheats and hostile notebooks are graded in one class folder, by the command line in a subprocess
-(so that what a student writes to file descriptor 1 could only ever reach a real stdout), and each test
-then looks at its own row.
+The grade is decided outside the student's process, each submission runs in a bubblewrap sandbox of its own,
+and trust flows one way; so none of the attacks below changes a grade, loses a row or touches another
+student's row. Every attack is a submission in one class folder, graded by the command line in a subprocess
+together with honest submissions of the same lessons; each test looks at its own row, and
+``test_every_honest_row_is_what_the_honest_class_alone_gets`` grades the honest ones alone and compares.
+
+The attack classes (issue 25): wrong answers that change the check's inputs; facts forged by the student's
+process (a tied head, the package's implementation used); reading what is not the submission's (solutions, the
+reference, classmates, other users' files, the network, the grader's processes) and leaving files behind; one
+notebook taking the class down (a quadratic regular expression, links to special files, undecodable names,
+lone surrogates, huge numbers, planted output paths); a forged gradebook (formulas, escape sequences); and the
+older ones (replaced checks, exits, endless loops, floods, allocations).
 """
 
-import io
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
-import torch
-import torch.nn as nn
 from submissions import (
     IDENTITY_RMSNORM,
     LAYERNORM_RMSNORM,
@@ -27,170 +33,359 @@ from submissions import (
     WRONG_RMS,
     answered,
     exercise,
+    injected,
+    solution_source,
     write,
 )
 
-import modern_block as mb
 from modern_block.classroom import grade
-from modern_block.classroom.grading import wire
-from modern_block.classroom.grading.remote import RemoteModule
-from modern_block.classroom.grading.runner import BoundedText, Runner
-from modern_block.classroom.grading.sandbox import Limits
-from modern_block.classroom.grading.session import Options
+from modern_block.classroom.grading.sandbox import SandboxError
 
-LESSON = "01_rmsnorm"
-REFERENCE = ROOT / "exercises" / f"{LESSON}.ipynb"
+REFERENCE = ROOT / "exercises"
 TIMEOUT = 12  # seconds per cell and check in the class run; the endless notebooks cost this much each
 MARKER = "4242.5"  # `sleep 4242.5`: the detached child a submission leaves behind
+LEFT_BEHIND = "modern-block-left-behind"  # files the probes write into their /tmp and /dev/shm
 
 
-def cheats(folder: Path) -> dict[str, list[str]]:
-    """Write the class folder; returns, per student, the statuses the grade must have."""
-    victim = folder / "honest_right" / f"{LESSON}.ipynb"
-    hostile = {
-        # the cheats of issue 16, each with an answer it must not rescue
-        "replaces_the_checks": (dict(ex1_rms=WRONG_RMS + "\nchecks.check_rms = lambda *a, **k: None\n"
-                                              "checks.check_rmsnorm = lambda *a, **k: None"), None),
-        "input_transformer_hides_checks": ({}, "get_ipython().input_transformers_cleanup.append(lambda L: ['pass\\n'] "
-                                               "if any('check_' in l for l in L) else L)"),
-        "allclose_always_true": (dict(ex2_rmsnorm="torch.allclose = lambda *a, **k: True\n"
-                                                  "torch.testing.assert_close = lambda *a, **k: None\n"
-                                                  + IDENTITY_RMSNORM), None),
-        "imports_the_package_answer": (dict(ex2_rmsnorm="from modern_block import RMSNorm"), None),
-        "subclasses_the_package_answer": (dict(ex2_rmsnorm="import modern_block as mb\n\n\n"
-                                                           "class RMSNorm(mb.RMSNorm):\n    pass"), None),
-        "calls_the_package_inside": (dict(ex1_rms="import modern_block as mb\n\n\ndef rms(x, eps=1e-6):\n"
-                                                  "    normed = mb.RMSNorm(x.shape[-1], eps)(x.float())\n"
-                                                  "    return (x.float() / normed)[..., :1]"),
-                                     None),
-        "reads_the_solutions": (dict(ex1_rms="import json, modern_block\nfrom pathlib import Path\n"
-                                             "sol = Path(modern_block.__file__).resolve().parents[1] / 'solutions' / "
-                                             "'01_rmsnorm.ipynb'\nfor c in json.loads(sol.read_text())['cells']:\n"
-                                             "    if 'def rms' in ''.join(c['source']):\n"
-                                             "        exec(''.join(c['source']))"), None),
-        # hostile to the grader and the other students
-        "forges_the_grader_output": (dict(ex1_rms="import os\nos.write(1, b'{\"notebooks\": [], \"all_passed\": "
-                                                  "true}\\n')\nprint('{\"all_passed\": true}')\n" + RIGHT_RMS), None),
-        "kills_its_parent": (dict(ex1_rms="import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\n"
-                                          "except OSError:\n    pass\n" + RIGHT_RMS), None),
-        "leaves_a_detached_child": (dict(ex1_rms=f"import subprocess\nsubprocess.Popen(['sleep', '{MARKER}'], "
-                                                 f"start_new_session=True)\n" + RIGHT_RMS), None),
-        "overwrites_others": (dict(ex1_rms=f"for path in [{str(victim)!r}, {str(REFERENCE)!r}]:\n    try:\n"
-                                           "        open(path, 'w').write('garbage')\n    except OSError:\n"
-                                           "        pass\n" + RIGHT_RMS), None),
-        "prints_300_mb": (dict(ex1_rms="print('x' * 300_000_000)\n" + RIGHT_RMS), None),
-        "endless_print_loop": (dict(ex1_rms="while True:\n    print('spam')"), None),
-        "endless_inside_the_check": (dict(ex1_rms="import signal\n\n\ndef rms(x, eps=1e-6):\n"
-                                                  "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-                                                  "    while True:\n        pass",
-                                          ex2_rmsnorm=LAYERNORM_RMSNORM.replace("x.float() - x.float().mean(-1, "
-                                                                                "keepdim=True)", "x.float()")), None),
-        "slow_setup_cell": ({}, "import time\ntime.sleep(1000)"),
-        "exits": (dict(ex1_rms="import os\nos._exit(0)"), None),
-        "allocates_8_gb": (dict(ex1_rms="x = bytearray(8 << 30)\n" + RIGHT_RMS), None),
-    }
-    expected = {
-        "replaces_the_checks": ["failed", "not attempted"],
-        "input_transformer_hides_checks": ["not attempted", "not attempted"],
-        "allclose_always_true": ["not attempted", "failed"],
-        "imports_the_package_answer": ["not attempted", "failed"],
-        "subclasses_the_package_answer": ["not attempted", "failed"],
-        "calls_the_package_inside": ["failed", "not attempted"],
-        "reads_the_solutions": ["failed", "not attempted"],
-        "forges_the_grader_output": ["passed", "not attempted"],
-        "kills_its_parent": ["passed", "not attempted"],
-        "leaves_a_detached_child": ["passed", "not attempted"],
-        "overwrites_others": ["passed", "not attempted"],
-        "prints_300_mb": ["passed", "not attempted"],
-        "endless_print_loop": ["failed", "not attempted"],
-        "endless_inside_the_check": ["failed", "passed"],
-        "slow_setup_cell": ["not attempted", "not attempted"],
-        "exits": ["failed", "not attempted"],
-        "allocates_8_gb": ["failed", "not attempted"],
-        "honest_right": ["passed", "passed"],
-        "honest_wrong": ["failed", "failed"],
-        "helper_named_check_something": ["passed", "not attempted"],
-    }
-    for student, (answers, setup) in hostile.items():
-        write(folder, student, LESSON, answered(LESSON, answers, setup))
-    write(folder, "honest_right", LESSON, answered(LESSON, {}, base="solutions"))
-    write(folder, "honest_wrong", LESSON, answered(LESSON, dict(ex1_rms=WRONG_RMS, ex2_rmsnorm=LAYERNORM_RMSNORM)))
-    write(folder, "helper_named_check_something", LESSON, answered(LESSON, dict(
+def _sandbox_problem() -> str | None:
+    try:
+        grade.launcher_for(None, grade.Limits())  # started once, used by the tests that grade in this process
+    except SandboxError as err:
+        return str(err)
+    return None
+
+
+SANDBOX_PROBLEM = _sandbox_problem()
+needs_sandbox = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
+MUTATE_TABLES = "cos.fill_(1.0)  # the check's tables, were they shared: no rotation at all\nsin.zero_()"
+
+
+def probe(paths: list[str], port: int, name: str) -> str:
+    """A setup cell that looks around the sandbox and reports what it saw in its error message."""
+    return f"""import json, os, socket
+seen = {{"read": []}}
+for path in {paths!r}:
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        seen["read"].append(path)
+    except OSError:
+        pass
+seen["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2).sendall(b"my answers")
+    seen["net"] = "connected"
+except OSError as err:
+    seen["net"] = type(err).__name__
+seen["caps"] = open("/proc/self/status").read().split("CapEff:")[1].split()[0]
+seen["root"] = sorted(os.listdir("/"))
+for folder in ("/tmp", "/dev/shm"):
+    seen[folder] = sorted(n for n in os.listdir(folder) if n.startswith("{LEFT_BEHIND}"))
+    with open(os.path.join(folder, "{LEFT_BEHIND}-{name}"), "w") as f:
+        f.write("x")
+raise RuntimeError("seen: " + json.dumps(seen))"""
+
+
+def attacks(folder: Path, secret: Path, port: int) -> dict[tuple[str, str], list[str]]:
+    """Write the class folder; returns, per (student, lesson), the statuses the grade must have."""
+    victim = folder / "honest_right" / "01_rmsnorm.ipynb"
+    l01 = "01_rmsnorm"
+    expected: dict[tuple[str, str], list[str]] = {}
+
+    def add(student, lesson, statuses, answers=None, setup=None, base="exercises"):
+        write(folder, student, lesson, answered(lesson, answers or {}, setup, base=base))
+        expected[(student, lesson)] = statuses
+
+    # honest students, one right and one wrong per lesson where the attacks are
+    for lesson, n in (("01_rmsnorm", 2), ("03_rope", 3), ("04_gqa_kv_cache", 3), ("06_qk_norm", 2),
+                      ("07_llama_block", 3)):
+        add("honest_right", lesson, ["passed"] * n, base="solutions")
+    add("honest_wrong", l01, ["failed", "failed"], dict(ex1_rms=WRONG_RMS, ex2_rmsnorm=LAYERNORM_RMSNORM))
+    add("helper_named_check_something", l01, ["passed", "not attempted"], dict(
         ex1_rms="def check_finite(t):\n    assert torch.isfinite(t).all()\n    return t\n\n\n" + RIGHT_RMS
-                + "\n\n\ncheck_finite(rms(torch.ones(3)))")))
-    # files that are no notebook of this lesson: an error row each
-    malformed = {"not_json": b"this is not JSON {", "empty": b"", "binary": bytes(range(256)) * 8,
-                 "nbformat_99": json.dumps({"nbformat": 99, "nbformat_minor": 0, "metadata": {}, "cells": []}).encode(),
-                 "no_cells": json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []}).encode(),
-                 "other_lesson": exercise("02_swiglu")}
-    for student, content in malformed.items():
-        write(folder, student, LESSON, content)
-    (folder / "a_folder" / f"{LESSON}.ipynb").mkdir(parents=True)
-    os.mkfifo(folder / "a_fifo.ipynb")  # reading it would block for ever
+                + "\n\n\ncheck_finite(rms(torch.ones(3)))"))
+
+    # wrong answers that change the check's inputs (the tables) so that the expected value would follow them
+    add("mutates_the_tables", "03_rope", ["not attempted", "failed", "failed"], dict(
+        ex2_apply_rope=f"def apply_rope(x, cos, sin):\n    {MUTATE_TABLES.replace(chr(10), chr(10) + '    ')}\n"
+                       "    return x.clone()",
+        ex3_interleaved="def apply_rope_interleaved(x, cos, sin):\n    cos.fill_(1.0)\n    sin.zero_()\n"
+                        "    return x.clone()"))
+    add("mutates_the_tables", "04_gqa_kv_cache", ["not attempted", "not attempted", "failed"], dict(
+        ex3_kv_cache=injected("04_gqa_kv_cache", "ex3_kv_cache", "B, T, _ = x.shape", MUTATE_TABLES)))
+    add("mutates_the_tables", "06_qk_norm", ["failed", "not attempted"], dict(
+        ex1_qk_norm_rope=injected("06_qk_norm", "ex1_qk_norm_rope", "q, k = q_norm(q)", MUTATE_TABLES)))
+    add("mutates_the_tables", "07_llama_block", ["failed", "not attempted", "not attempted"], dict(
+        ex1_block=injected("07_llama_block", "ex1_block", "x = x + self.attn", MUTATE_TABLES)))
+
+    # facts the student's process reports: a tied head, which implementation ran
+    untied = solution_source("07_llama_block", "ex2_llama_lm").replace(
+        "self.head.weight = self.emb.weight  # one matrix, two uses", "self.tie_claimed = True")
+    forge_tie = """import modern_block.classroom.grading.runner as _runner
+_describe = _runner.Runner.describe_module
+
+
+def _forged(module):  # report head.weight as the embedding's, though it is a matrix of its own
+    desc = _describe(module)
+    if getattr(module, "tie_claimed", False):
+        for param in desc["params"]:
+            if param[0] == "head.weight":
+                param[1], param[2] = None, "emb.weight"
+    return desc
+
+
+_runner.Runner.describe_module = staticmethod(_forged)"""
+    add("forges_the_tie", "07_llama_block", ["not attempted", "failed", "not attempted"], dict(ex2_llama_lm=untied),
+        setup=forge_tie)
+    add("switches_off_reuse_detection", l01, ["not attempted", "failed"], dict(
+        ex2_rmsnorm="import sys\nimport modern_block.classroom.grading.runner as _runner\n"
+                    "sys.setprofile = lambda *a, **k: None\n_runner.origin = lambda obj: []\n"
+                    "_runner.tracing = lambda entered: __import__('contextlib').nullcontext()\n"
+                    "from modern_block import RMSNorm"))
+    add("execs_the_package_source", l01, ["not attempted", "failed"], dict(
+        ex2_rmsnorm="import inspect, modern_block.rmsnorm as _m\nexec(inspect.getsource(_m))"))
+    add("uses_the_checks_reference", l01, ["failed", "not attempted"], dict(
+        ex1_rms="from modern_block.classroom.checks.reference import rms_norm64\n\n\ndef rms(x, eps=1e-6):\n"
+                "    return rms_norm64(x, None, eps).float() * 0 + (x.float().pow(2).mean(-1, keepdim=True) "
+                "+ eps).sqrt()"))
+    add("searches_for_the_package", l01, ["not attempted", "failed"], dict(
+        ex2_rmsnorm="import os, sys\nfor top in [*sys.path, '/work', '/root', '/home', '/usr']:\n"
+                    "    for dirpath, _, files in os.walk(top):\n"
+                    "        if 'rmsnorm.py' in files:\n"
+                    "            text = open(os.path.join(dirpath, 'rmsnorm.py')).read()\n"
+                    "            if 'x32 * torch.rsqrt' in text:\n"
+                    "                exec(text)\n                break\n"
+                    "    if 'RMSNorm' in globals() and 'x32' in open(os.path.join(dirpath, 'rmsnorm.py')).read():\n"
+                    "        break"))
+
+    # reading what is not the submission's, reaching out, leaving files behind
+    readable = [str(ROOT / "solutions" / "01_rmsnorm.ipynb"), str(REFERENCE / "01_rmsnorm.ipynb"), str(victim),
+                str(secret), "/etc/passwd", "/root/.bashrc", str(Path.home())]
+    add("reads_the_solutions", l01, ["failed", "not attempted"], dict(
+        ex1_rms="import json\nfor path in " + repr(readable[:3]) + ":\n    try:\n"
+                "        cells = json.loads(open(path).read())['cells']\n    except OSError:\n        continue\n"
+                "    for c in cells:\n        if 'def rms' in ''.join(c['source']):\n"
+                "            exec(''.join(c['source']))\nif 'rms' not in globals():\n" + "\n".join(
+                    "    " + line for line in WRONG_RMS.split("\n"))))
+    for name in ("probe_a", "probe_b"):
+        add(name, l01, ["passed", "not attempted"], dict(ex1_rms=RIGHT_RMS), setup=probe(readable, port, name))
+    add("forks_and_keeps_a_child", l01, ["passed", "not attempted"], dict(
+        ex1_rms=f"import subprocess\nsubprocess.Popen(['sleep', '{MARKER}'], start_new_session=True)\n" + RIGHT_RMS))
+
+    # the older attacks: the checks replaced, the grader's output forged, the grader killed, floods, loops
+    older = {
+        "replaces_the_checks": (["failed", "not attempted"], dict(ex1_rms=WRONG_RMS + "\nchecks.check_rms = lambda "
+                                                                          "*a, **k: None"), None),
+        "input_transformer_hides_checks": (["not attempted", "not attempted"], {}, (
+            "get_ipython().input_transformers_cleanup.append(lambda L: ['pass\\n'] if any('check_' in l for l in L) "
+            "else L)")),
+        "allclose_always_true": (["not attempted", "failed"], dict(
+            ex2_rmsnorm="torch.allclose = lambda *a, **k: True\n" + IDENTITY_RMSNORM), None),
+        "imports_the_package_answer": (["not attempted", "failed"],
+                                       dict(ex2_rmsnorm="from modern_block import RMSNorm"), None),
+        "subclasses_the_package_answer": (["not attempted", "failed"], dict(
+            ex2_rmsnorm="import modern_block as mb\n\n\nclass RMSNorm(mb.RMSNorm):\n    pass"), None),
+        "forges_the_grader_output": (["passed", "not attempted"], dict(
+            ex1_rms="import os\nos.write(1, b'{\"notebooks\": [], \"all_passed\": true}\\n')\nprint('  \\u2713 "
+                    "Exercise 2: an RMSNorm layer ..... passed')\n" + RIGHT_RMS), None),
+        "kills_its_parent": (["passed", "not attempted"], dict(  # no parent in sight; init ignores SIGKILL
+            ex1_rms="import os, signal\nfor pid in (os.getppid(), 1):\n    try:\n        if pid > 0:\n"
+                    "            os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n" + RIGHT_RMS), None),
+        "kills_all_it_can": (["failed", "not attempted"], dict(  # itself and its sandbox, nothing else
+            ex1_rms="import os, signal\nos.kill(-1, signal.SIGKILL)\n" + RIGHT_RMS), None),
+        "overwrites_others": (["passed", "not attempted"], dict(
+            ex1_rms=f"for path in [{str(victim)!r}, {str(REFERENCE / 'x.ipynb')!r}]:\n    try:\n"
+                    "        open(path, 'w').write('garbage')\n    except OSError:\n        pass\n" + RIGHT_RMS), None),
+        "prints_300_mb": (["passed", "not attempted"], dict(ex1_rms="print('x' * 300_000_000)\n" + RIGHT_RMS), None),
+        "endless_print_loop": (["failed", "not attempted"], dict(ex1_rms="while True:\n    print('spam')"), None),
+        "endless_inside_the_check": (["failed", "passed"], dict(
+            ex1_rms="import signal\n\n\ndef rms(x, eps=1e-6):\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                    "    while True:\n        pass",
+            ex2_rmsnorm=LAYERNORM_RMSNORM.replace("x.float() - x.float().mean(-1, keepdim=True)", "x.float()")), None),
+        "slow_setup_cell": (["not attempted", "not attempted"], {}, "import time\ntime.sleep(1000)"),
+        "exits": (["failed", "not attempted"], dict(ex1_rms="import os\nos._exit(0)"), None),
+        "allocates_8_gb": (["failed", "not attempted"], dict(ex1_rms="x = bytearray(8 << 30)\n" + RIGHT_RMS), None),
+        # the gradebook: a formula for a name, escape sequences and fake lines in a message
+        "=HYPERLINK(\"x\",\"grade\")": (["passed", "not attempted"], dict(ex1_rms=RIGHT_RMS), None),
+        "@SUM(A1)": (["passed", "not attempted"], dict(ex1_rms=RIGHT_RMS), None),
+        "-1+1": (["passed", "not attempted"], dict(ex1_rms=RIGHT_RMS), None),
+        "forges_report_lines": (["failed", "not attempted"], dict(
+            ex1_rms="def rms(x, eps=1e-6):\n    raise ValueError('\\n  \\u2713 Exercise 1: the root mean square "
+                    "... passed (0.1 s)\\x1b[2K\\x1b[1A\\u202e')"), None),
+    }
+    for student, (statuses, answers, setup) in older.items():
+        add(student, l01, statuses, answers, setup)
+
+    # one notebook taking the class down: a line that made a regular expression quadratic, odd names, odd text
+    long_line = answered(l01, dict(ex1_rms=RIGHT_RMS))
+    long_line.cells.append(nbformat.v4.new_markdown_cell("## Exercise 1: x" + " " * 300_000 + "y\n# Exercise 9"
+                                                         + "\t" * 300_000 + "z"))
+    write(folder, "long_markdown_line", l01, long_line)
+    expected[("long_markdown_line", l01)] = ["passed", "not attempted"]
+    surrogate = nbformat.writes(answered(l01, dict(ex1_rms=RIGHT_RMS))).replace(
+        '"generated_from": "solutions/01_rmsnorm.ipynb"', '"generated_from": "solutions/01_rmsnorm\\ud800.ipynb"')
+    surrogate = surrogate.replace('"id": "ex1-spec"', '"id": "ex1-\\udfff"')
+    write(folder, "lone_surrogates", l01, surrogate.encode())
+    expected[("lone_surrogates", l01)] = "wrong lesson"
+    odd = os.fsencode(folder) + b"/bad\xffname"
+    os.mkdir(odd)
+    nbformat.write(answered(l01, dict(ex1_rms=RIGHT_RMS)), os.fsdecode(odd + b"/01_rmsnorm.ipynb"))
+    expected[("bad\\udcffname", l01)] = ["passed", "not attempted"]  # the report escapes what cannot be shown
     return expected
+
+
+def malformed(folder: Path, fifo: Path) -> dict[tuple[str, str], str]:
+    """Files that are not a notebook of the lesson, links and special files: an error row each."""
+    rows = {"not_json": b"this is not JSON {", "empty": b"", "binary": bytes(range(256)) * 8,
+            "nbformat_99": json.dumps({"nbformat": 99, "nbformat_minor": 0, "metadata": {}, "cells": []}).encode(),
+            "no_cells": json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []}).encode(),
+            "other_lesson": exercise("02_swiglu")}
+    for student, content in rows.items():
+        write(folder, student, "01_rmsnorm", content)
+    (folder / "a_folder" / "01_rmsnorm.ipynb").mkdir(parents=True)
+    os.mkfifo(folder / "a_fifo.ipynb")  # reading it would block for ever
+    links = {"link_to_a_fifo": fifo, "link_to_dev_zero": Path("/dev/zero"),
+             "link_to_the_solution": ROOT / "solutions" / "01_rmsnorm.ipynb"}
+    for student, target in links.items():
+        (folder / student).mkdir()
+        (folder / student / "01_rmsnorm.ipynb").symlink_to(target)
+    (folder / "linked_folder").symlink_to(ROOT / "solutions")
+    reasons = {"not_json": "not a notebook: not valid JSON", "empty": "the file is empty", "binary": "not UTF-8 text",
+               "nbformat_99": "nbformat 99 is not supported", "no_cells": "the notebook has no cells",
+               "other_lesson": "graded against the wrong lesson?", "a_folder": "not a regular file",
+               **{s: "a symbolic link" for s in links}}
+    return {**{(s, "01_rmsnorm"): r for s, r in reasons.items()}, ("a_fifo", "a_fifo"): "not a regular file",
+            ("linked_folder", "linked_folder"): "a symbolic link"}
 
 
 @pytest.fixture(scope="module")
 def class_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("class")
-    expected = cheats(folder)
-    reference_bytes = REFERENCE.read_bytes()
-    victim_bytes = (folder / "honest_right" / f"{LESSON}.ipynb").read_bytes()
-    csv_path = folder.parent / "gradebook.csv"
+    if SANDBOX_PROBLEM:
+        pytest.skip(f"no sandbox here: {SANDBOX_PROBLEM}")
+    base = tmp_path_factory.mktemp("grading")
+    folder, secret = base / "class", base / "private" / "key.txt"
+    secret.parent.mkdir()
+    secret.write_text("another user's secret")
+    secret.chmod(0o600)
+    fifo = base / "fifo"
+    os.mkfifo(fifo)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    connections = []
+
+    def accept():
+        while listener.fileno() != -1:
+            try:
+                connections.append(listener.accept()[0].recv(100))
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    expected = attacks(folder, secret, listener.getsockname()[1])
+    errors = malformed(folder, fifo)
+    protected = {p: p.read_bytes() for p in (folder / "honest_right" / "01_rmsnorm.ipynb",
+                                             REFERENCE / "01_rmsnorm.ipynb")}
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "modern_block", "grade", str(folder), "--reference", str(REFERENCE),
-                           "--jobs", "2", "--json", "--csv", str(csv_path), "--timeout", str(TIMEOUT)],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+                           "--jobs", "2", "--json-file", str(base / "report.json"), "--csv", str(base / "grades.csv"),
+                           "--timeout", str(TIMEOUT)], capture_output=True, timeout=1200, cwd=ROOT)
     seconds = time.monotonic() - started
-    assert REFERENCE.read_bytes() == reference_bytes, "a submission overwrote the reference"
-    if (folder / "honest_right" / f"{LESSON}.ipynb").read_bytes() != victim_bytes:  # only possible as one user
-        (folder / "honest_right" / f"{LESSON}.ipynb").write_bytes(victim_bytes)
-    doc = json.loads(proc.stdout)  # the whole stdout is one JSON document: nothing a student wrote is in it
-    rows = {r["student"]: r for r in doc["notebooks"]}
-    return {"proc": proc, "doc": doc, "rows": rows, "expected": expected, "csv": csv_path.read_text(),
-            "seconds": seconds}
+    listener.close()
+    doc = json.loads((base / "report.json").read_text(encoding="utf-8"))
+    rows = {(r["student"], Path(r["notebook"]).stem): r for r in doc["notebooks"]}
+    return {"proc": proc, "doc": doc, "rows": rows, "expected": expected, "errors": errors, "base": base,
+            "csv": (base / "grades.csv").read_text(encoding="utf-8"), "seconds": seconds, "protected": protected,
+            "connections": connections, "stdout": proc.stdout.decode("utf-8")}
 
 
 def statuses(row) -> list[str]:
     return [e["status"] for e in row["exercises"]]
 
 
-def test_the_class_run_finishes_with_exit_status_1_and_one_json_document(class_run):
-    assert class_run["proc"].returncode == 1, class_run["proc"].stderr
-    assert class_run["proc"].stderr == ""
-    print(f"class folder of {len(class_run['rows'])} submissions graded in {class_run['seconds']:.0f} s")
+def cell_errors(row) -> str:
+    return "\n".join(c["error"] for c in row["cells"])
 
 
-@pytest.mark.parametrize("student", [
-    "replaces_the_checks", "input_transformer_hides_checks", "allclose_always_true", "imports_the_package_answer",
-    "subclasses_the_package_answer", "calls_the_package_inside", "reads_the_solutions", "forges_the_grader_output",
-    "kills_its_parent", "leaves_a_detached_child", "overwrites_others", "prints_300_mb", "endless_print_loop",
-    "endless_inside_the_check", "slow_setup_cell", "exits", "allocates_8_gb", "honest_right", "honest_wrong",
-    "helper_named_check_something"])
-def test_no_cheat_changes_a_grade(class_run, student):
-    row = class_run["rows"][student]
-    assert row["status"] == "graded", row["error"]
-    assert statuses(row) == class_run["expected"][student], json.dumps(row, indent=1)
+@needs_sandbox
+def test_the_class_run_ends_with_exit_status_1_and_every_row(class_run):
+    assert class_run["proc"].returncode == 1, class_run["proc"].stderr.decode()
+    assert class_run["proc"].stderr == b""
+    rows, expected = class_run["rows"], class_run["expected"]
+    assert set(rows) == set(expected) | set(class_run["errors"])
+    print(f"[class run] {len(rows)} submissions with attacks graded in {class_run['seconds']:.0f} s")
 
 
-def test_the_diagnoses_come_through(class_run):
+@needs_sandbox
+@pytest.mark.parametrize("kind", ["honest", "attack"])
+def test_no_attack_changes_a_grade(class_run, kind):
+    for key, want in class_run["expected"].items():
+        if key[0].startswith(("honest", "helper")) != (kind == "honest") or want == "wrong lesson":
+            continue
+        row = class_run["rows"][key]
+        assert row["status"] == "graded", (key, row["error"])
+        assert statuses(row) == want, (key, json.dumps(row, indent=1, ensure_ascii=True)[:3000])
+
+
+@needs_sandbox
+def test_every_honest_row_is_what_the_honest_class_alone_gets(class_run, tmp_path):
+    """The honest submissions, graded alone: the same statuses, cell errors and row errors."""
+    for key in class_run["expected"]:
+        if key[0].startswith(("honest", "helper")):
+            source = class_run["base"] / "class" / key[0] / f"{key[1]}.ipynb"
+            write(tmp_path, key[0], key[1], source.read_bytes())
+    alone = grade.grade_paths([tmp_path], REFERENCE, jobs=2, options=grade.Options(timeout=TIMEOUT))
+    assert len(alone) == sum(k[0].startswith(("honest", "helper")) for k in class_run["expected"])
+    for report in alone:
+        row = class_run["rows"][(report.student, Path(report.notebook).stem)]
+        assert statuses(row) == [e.status for e in report.exercises]
+        assert [d["detail"].split(" by up to ")[0] for d in row["exercises"]] == \
+            [e.detail.split(" by up to ")[0] for e in report.exercises]
+        assert row["error"] == report.error and [c["cell"] for c in row["cells"]] == [c["cell"] for c in report.cells]
+
+
+@needs_sandbox
+def test_changed_inputs_do_not_flow_back(class_run):
     rows = class_run["rows"]
-    assert "the mean was subtracted" in rows["replaces_the_checks"]["exercises"][0]["detail"]
-    assert "LayerNorm" in rows["honest_wrong"]["exercises"][1]["detail"]
-    for student in ("imports_the_package_answer", "subclasses_the_package_answer"):
-        detail = rows[student]["exercises"][1]["detail"]
-        assert detail.startswith("uses the package's own implementation (modern_block.RMSNorm"), detail
-    assert "modern_block.RMSNorm" in rows["calls_the_package_inside"]["exercises"][0]["detail"]
-    assert "No such file" in rows["reads_the_solutions"]["exercises"][0]["detail"]
-    assert rows["endless_inside_the_check"]["exercises"][0]["detail"].startswith("timed out")
-    assert rows["endless_inside_the_check"]["restarts"] == 1
-    assert "timed out" in rows["endless_print_loop"]["exercises"][0]["detail"]
-    assert "timed out" in rows["slow_setup_cell"]["cells"][0]["error"]
-    assert rows["slow_setup_cell"]["seconds"] < 2 * TIMEOUT + 20  # the cell is stopped once, never re-run
-    assert "MemoryError" in rows["allocates_8_gb"]["exercises"][0]["detail"]
-    assert "exited with status 0" in rows["exits"]["exercises"][0]["detail"]
+    assert "x is returned unrotated" in rows[("mutates_the_tables", "03_rope")]["exercises"][1]["detail"]
+    assert "was not rotated" in rows[("mutates_the_tables", "06_qk_norm")]["exercises"][0]["detail"]
+    for lesson, n in (("04_gqa_kv_cache", 2), ("07_llama_block", 0)):
+        assert rows[("mutates_the_tables", lesson)]["exercises"][n]["status"] == "failed"
 
 
+@needs_sandbox
+def test_facts_are_established_by_behaviour(class_run):
+    rows = class_run["rows"]
+    assert rows[("forges_the_tie", "07_llama_block")]["exercises"][1]["detail"].startswith("check_llama_lm: with the "
+                                                                                            "same model with tie=True")
+    for student in ("switches_off_reuse_detection", "execs_the_package_source", "imports_the_package_answer",
+                    "subclasses_the_package_answer", "searches_for_the_package"):
+        detail = rows[(student, "01_rmsnorm")]["exercises"][1]["detail"]
+        assert "modern_block.RMSNorm is not available while this notebook is graded" in detail or \
+            "RMSNorm is not defined" in detail, (student, detail)
+    assert "No module named 'modern_block.classroom.checks.reference'" in \
+        rows[("uses_the_checks_reference", "01_rmsnorm")]["exercises"][0]["detail"]
+
+
+@needs_sandbox
+def test_the_sandbox_shows_nothing_but_the_submission(class_run):
+    rows = class_run["rows"]
+    assert "No such file" in rows[("reads_the_solutions", "01_rmsnorm")]["exercises"][0]["detail"] or \
+        "the mean was subtracted" in rows[("reads_the_solutions", "01_rmsnorm")]["exercises"][0]["detail"]
+    for name in ("probe_a", "probe_b"):
+        seen = json.loads(cell_errors(rows[(name, "01_rmsnorm")]).split("seen: ", 1)[1])
+        assert seen["read"] == [], seen  # no solution, reference, classmate, other user's file, /etc or home
+        assert seen["pids"] == [1, 2, 3], seen  # bubblewrap's init, its holder, the student's process
+        assert seen["net"] in ("ConnectionRefusedError", "OSError", "TimeoutError"), seen
+        assert seen["caps"] == "0000000000000000" and seen["/tmp"] == [] and seen["/dev/shm"] == [], seen
+        assert not {"etc", "home", "sys", "var", "mnt"} & set(seen["root"]), seen  # only what the sandbox lists
+    assert class_run["connections"] == []
+    for folder in ("/tmp", "/dev/shm"):
+        assert not [n for n in os.listdir(folder) if n.startswith(LEFT_BEHIND)]
+    for path, content in class_run["protected"].items():
+        assert path.read_bytes() == content, f"a submission changed {path}"
+
+
+@needs_sandbox
 def test_nothing_a_submission_started_is_left_running(class_run):
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -200,34 +395,146 @@ def test_nothing_a_submission_started_is_left_running(class_run):
         assert MARKER.encode() not in cmdline, f"process {pid} ({cmdline!r}) survived its submission"
 
 
-@pytest.mark.parametrize("student, reason", [
-    ("not_json", "not a notebook: not valid JSON"), ("empty", "the file is empty"),
-    ("binary", "not UTF-8 text"), ("nbformat_99", "nbformat 99 is not supported"),
-    ("no_cells", "the notebook has no cells"), ("other_lesson", "graded against the wrong lesson?"),
-    ("a_folder", "not a regular file"), ("a_fifo", "not a regular file")])
-def test_a_malformed_submission_gets_an_error_row(class_run, student, reason):
-    row = class_run["rows"][student]
-    assert row["status"] == "error" and reason in row["error"], row["error"]
+@needs_sandbox
+def test_the_older_attacks_are_still_diagnosed(class_run):
+    rows = {s: r for (s, lesson), r in class_run["rows"].items() if lesson == "01_rmsnorm"}
+    assert "the mean was subtracted" in rows["replaces_the_checks"]["exercises"][0]["detail"]
+    assert "LayerNorm" in rows["honest_wrong"]["exercises"][1]["detail"]
+    assert rows["endless_inside_the_check"]["exercises"][0]["detail"].startswith("timed out")
+    assert rows["endless_inside_the_check"]["restarts"] == 1
+    assert "timed out" in rows["endless_print_loop"]["exercises"][0]["detail"]
+    assert "timed out" in rows["slow_setup_cell"]["cells"][0]["error"]
+    assert rows["slow_setup_cell"]["seconds"] < 2 * TIMEOUT + 20  # the cell is stopped once, never re-run
+    assert "MemoryError" in rows["allocates_8_gb"]["exercises"][0]["detail"]
+    assert "exited with status 0" in rows["exits"]["exercises"][0]["detail"]
+    assert "died" in rows["kills_all_it_can"]["exercises"][0]["detail"]
 
 
-def test_the_gradebook_has_one_row_per_submission(class_run):
-    lines = class_run["csv"].splitlines()
-    assert lines[0] == "student,notebook,reference,status,passed,failed,not_attempted,total,ex1,ex2,error"
-    by_student = {line.split(",")[0]: line for line in lines[1:]}
-    assert len(by_student) == len(class_run["rows"]) == len(lines) - 1
-    assert by_student["honest_right"].endswith(",graded,2,0,0,2,passed,passed,")
-    assert ",error,0,0,0,0,,,error: not a notebook: not valid JSON" in by_student["not_json"]
+@needs_sandbox
+def test_hostile_text_stays_in_its_row(class_run):
+    rows, errors = class_run["rows"], class_run["errors"]
+    for key, reason in errors.items():
+        row = rows[key]
+        assert row["status"] == "error" and reason in row["error"], (key, row["error"])
+    assert rows[("long_markdown_line", "01_rmsnorm")]["seconds"] < 3 * TIMEOUT
+    wrong = rows[("lone_surrogates", "01_rmsnorm")]
+    assert "01_rmsnorm\\ud800.ipynb" in wrong["error"] and "graded against the wrong lesson?" in wrong["error"]
+    assert rows[("bad\\udcffname", "01_rmsnorm")]["status"] == "graded"  # the escaped undecodable name
+    stdout = class_run["stdout"]
+    assert "\x1b" not in stdout and "\u202e" not in stdout and "all_passed" not in stdout
+    forged = [line for line in stdout.splitlines() if line.startswith("  ✓ Exercise 1: the root mean square")]
+    passed_ex1 = sum(r["exercises"][0]["status"] == "passed" for (s, lesson), r in class_run["rows"].items()
+                     if lesson == "01_rmsnorm" and r["exercises"])
+    assert len(forged) == passed_ex1  # no line a student wrote looks like a result
+    assert "\\x1b[2K" in stdout and "\\n  ✓ Exercise 1" in stdout  # shown, escaped, on its row's line
+
+
+@needs_sandbox
+def test_the_gradebook_has_one_safe_row_per_submission(class_run):
+    import csv
+    import io
+
+    book = list(csv.reader(io.StringIO(class_run["csv"])))
+    assert book[0][:4] == ["student", "notebook", "reference", "status"]
+    assert len(book) - 1 == len(class_run["rows"])
+    for row in book[1:]:
+        assert not any(cell.startswith(("=", "+", "-", "@")) for cell in row), row
+    students = {row[0] for row in book[1:]}
+    assert {"'=HYPERLINK(\"x\",\"grade\")", "'@SUM(A1)", "'-1+1", "bad\\udcffname"} <= students
+    honest = next(row for row in book[1:] if row[0] == "honest_right" and row[1].endswith("01_rmsnorm.ipynb"))
+    assert honest[3:8] == ["graded", "2", "0", "0", "2"]
+
+
+# ---- one at a time: no reference, planted outputs, a full or read-only disk ----------------------------------
+
+
+@needs_sandbox
+def test_a_huge_number_in_a_check_cell_only_errors_its_own_row(tmp_path, capsys):
+    """Without --reference the submission's own check cells are read: a number too large to print is refused."""
+    right = answered("01_rmsnorm", base="solutions")
+    huge = answered("01_rmsnorm", dict(ex1_rms=RIGHT_RMS))
+    for nb in (right, huge):
+        nb.metadata.pop("modern_block", None)  # not generated from the solutions: its own check cells count
+    for cell in huge.cells:
+        if cell.source.startswith("checks.check_rms"):
+            cell.source = "checks.check_rms(0x" + "f" * 5000 + ")"
+    write(tmp_path, "honest", "01_rmsnorm", right)
+    write(tmp_path, "huge_number", "01_rmsnorm", huge)
+    assert grade.main([str(tmp_path), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["student"]: r for r in doc["notebooks"]}
+    assert rows["honest"]["summary"]["all_passed"]
+    assert rows["huge_number"]["status"] == "error" and "short literals" in rows["huge_number"]["error"]
+
+
+@pytest.mark.parametrize("option", ["--csv", "--json-file"])
+def test_a_planted_output_path_is_refused_before_grading(tmp_path, option, capsys):
+    solution = str(ROOT / "solutions" / "01_rmsnorm.ipynb")
+    target = tmp_path / "victim.txt"
+    target.write_text("keep me")
+    (tmp_path / "a_link").symlink_to(target)
+    (tmp_path / "a_folder").mkdir()
+    for planted, message in (("a_link", "a symbolic link is there"), ("a_folder", "not a regular file")):
+        assert grade.main([solution, "--reference", str(REFERENCE), option, str(tmp_path / planted)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and err.count("\n") == 1
+    assert target.read_text() == "keep me" and (tmp_path / "a_folder").is_dir()
+
+
+def _mount_tmpfs(path: Path, options: str) -> bool:
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+    return done.returncode == 0
+
+
+@needs_sandbox
+@pytest.mark.parametrize("disk", ["full", "read-only"])
+def test_a_full_or_read_only_disk_ends_with_one_line_after_the_report(tmp_path, disk, capsys):
+    target = tmp_path / "out"
+    if not _mount_tmpfs(target, "size=16k" if disk == "full" else "ro,size=16k"):
+        pytest.skip("this process may not mount a tmpfs (root in a VM or a privileged container can)")
+    try:
+        if disk == "full":
+            with open(target / "filler", "wb", buffering=0) as f:  # every byte of it
+                try:
+                    for _ in range(64):
+                        f.write(b"x" * 1024)
+                except OSError:
+                    pass
+        solution = str(ROOT / "solutions" / "01_rmsnorm.ipynb")
+        status = grade.main([solution, "--reference", str(REFERENCE), "--csv", str(target / "grades.csv"),
+                             "--json-file", str(target / "report.json")])
+        out, err = capsys.readouterr()
+        assert status == 1 and "2 exercises: 2 passed" in out  # the report came first, whole
+        lines = err.splitlines()
+        assert len(lines) == 2 and all("not written (the report above is complete)" in line for line in lines), err
+        assert ("No space left" if disk == "full" else "Read-only file system") in lines[0]
+        assert sorted(os.listdir(target)) == (["filler"] if disk == "full" else [])  # no temporary file left
+    finally:
+        subprocess.run(["umount", str(target)], check=False)
+
+
+@needs_sandbox
+def test_the_outputs_are_replaced_whole(tmp_path, capsys):
+    csv_path, json_path = tmp_path / "grades.csv", tmp_path / "report.json"
+    csv_path.write_text("an old gradebook")
+    solution = str(ROOT / "solutions" / "01_rmsnorm.ipynb")
+    assert grade.main([solution, "--reference", str(REFERENCE), "--csv", str(csv_path), "--json-file",
+                       str(json_path)]) == 0
+    assert csv_path.read_text().startswith("student,") and json.loads(json_path.read_text())["all_passed"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grades.csv", "report.json"]
 
 
 # ---- the whole course: solutions pass, untouched exercises are not attempted ------------------------------
 
 
+@needs_sandbox
 def test_every_solution_passes_and_every_untouched_exercise_is_not_attempted():
-    refs = grade.load_reference(ROOT / "exercises")
-    subs = grade.collect([ROOT / "solutions", ROOT / "exercises"])
-    reports = grade.grade_all(subs, refs, Options(timeout=120), jobs=2)
+    refs = grade.load_reference(REFERENCE)
+    subs = grade.collect([ROOT / "solutions", REFERENCE])
+    reports = grade.grade_all(subs, refs, grade.Options(timeout=120), jobs=2)
     solutions = [r for r in reports if r.notebook.startswith(str(ROOT / "solutions"))]
-    untouched = [r for r in reports if r.notebook.startswith(str(ROOT / "exercises"))]
+    untouched = [r for r in reports if r.notebook.startswith(str(REFERENCE))]
     assert len(solutions) == len(untouched) == len(refs) == 10  # lessons 00-09
     for r in solutions:
         assert r.all_passed and not r.cells and r.restarts == 0, grade.format_report(r)
@@ -236,49 +543,64 @@ def test_every_solution_passes_and_every_untouched_exercise_is_not_attempted():
         assert all(": not implemented yet (the stub says:" in e.detail for e in r.exercises)
 
 
+@needs_sandbox
 def test_without_a_reference_a_deleted_check_does_not_pass(tmp_path):
-    nb = answered(LESSON, dict(ex1_rms=RIGHT_RMS, ex2_rmsnorm=IDENTITY_RMSNORM))
+    nb = answered("01_rmsnorm", dict(ex1_rms=RIGHT_RMS, ex2_rmsnorm=IDENTITY_RMSNORM))
     for cell in nb.cells:
         if cell.source.startswith("checks.check_rmsnorm"):
             cell.source = "# " + cell.source  # the check commented out
     nb.metadata.pop("modern_block")  # nor can the course's reference be found from the metadata
-    own = write(tmp_path, "s", LESSON, nb)
+    own = write(tmp_path, "s", "01_rmsnorm", nb)
     (report,) = grade.grade_paths([own])
     assert [(e.number, e.status) for e in report.exercises] == [(1, "passed"), (2, "failed")]
     assert "no check cell" in report.exercises[1].detail and "--reference" in report.notes[0]
-    nb = answered(LESSON, dict(ex1_rms=RIGHT_RMS, ex2_rmsnorm=IDENTITY_RMSNORM))  # with the metadata
+    nb = answered("01_rmsnorm", dict(ex1_rms=RIGHT_RMS, ex2_rmsnorm=IDENTITY_RMSNORM))  # with the metadata
     for cell in nb.cells:
         if cell.source.startswith("checks.check_rmsnorm"):
             cell.source = "print('all good')"
-    (report,) = grade.grade_paths([write(tmp_path, "t", LESSON, nb)])
+    (report,) = grade.grade_paths([write(tmp_path, "t", "01_rmsnorm", nb)])
     assert [e.status for e in report.exercises] == ["passed", "failed"]
     assert "the course's solutions/01_rmsnorm.ipynb" in report.notes[0]
 
 
+@needs_sandbox
 def test_the_notebook_time_limit_gives_an_error_row(tmp_path):
-    nb = answered(LESSON, dict(ex1_rms="import time\ntime.sleep(3)\n" + RIGHT_RMS,
-                               ex2_rmsnorm="import time\ntime.sleep(3)\n" + IDENTITY_RMSNORM))
-    subs = grade.collect([write(tmp_path, "slow", LESSON, nb)])
-    (report,) = grade.grade_all(subs, grade.load_reference(REFERENCE), Options(timeout=10, notebook_timeout=4.5))
+    nb = answered("01_rmsnorm", dict(ex1_rms="import time\ntime.sleep(3)\n" + RIGHT_RMS,
+                                     ex2_rmsnorm="import time\ntime.sleep(3)\n" + IDENTITY_RMSNORM))
+    subs = grade.collect([write(tmp_path, "slow", "01_rmsnorm", nb)])
+    (report,) = grade.grade_all(subs, grade.load_reference(REFERENCE / "01_rmsnorm.ipynb"),
+                                grade.Options(timeout=10, notebook_timeout=4.5))
     assert report.error.startswith("the notebook ran past its time limit (4.5 s)")
     assert [e.status for e in report.exercises] == ["passed", "not graded"]
     assert report.seconds < 9
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="as another user than root, --same-user is what the class run did")
-def test_as_one_user_a_submission_that_kills_its_parent_only_loses_its_own_process(tmp_path):
-    victim = write(tmp_path, "victim", LESSON, answered(LESSON, {}, base="solutions"))
-    write(tmp_path, "killer", LESSON, answered(LESSON, dict(
-        ex1_rms=f"import os, signal\nopen({str(victim)!r}, 'w').write('garbage')\n"
-                "os.kill(os.getppid(), signal.SIGKILL)\nos.kill(os.getpid(), signal.SIGKILL)")))
-    subs = grade.collect([tmp_path])
-    reports = grade.grade_all(subs, grade.load_reference(REFERENCE), Options(timeout=20), jobs=2,
-                              limits=Limits(same_user=True))
-    killed, spared = reports
-    assert victim.read_text() == "garbage"  # it could write there as the same user ...
-    assert spared.all_passed  # ... but the file had been read before any student code ran
-    assert killed.status == "graded" and killed.exercises[0].status == "failed"
-    assert "the process" in killed.exercises[0].detail and killed.restarts >= 1
+@needs_sandbox
+def test_memory_is_bounded_for_the_whole_sandbox(tmp_path):
+    """Four children of 500 MB each: each is within the per-process limit, together they are not."""
+    launcher = grade.launcher_for(None, grade.Limits(memory_mb=256, cpu_seconds=120))
+    if launcher.cgroups is None:
+        pytest.skip("no cgroup may be created here: memory is bounded per process (and the pid namespace)")
+    hog = ("import subprocess, sys\nchildren = [subprocess.Popen([sys.executable, '-c', 'import time; "
+           "b = bytearray(500 << 20); b[::4096] = bytes(len(b[::4096])); time.sleep(30)']) for _ in range(4)]\n"
+           "codes = [c.wait() for c in children]\n"
+           "def rms(x, eps=1e-6):\n    assert codes == [0, 0, 0, 0], codes\n"
+           "    return (x.float().pow(2).mean(-1, keepdim=True) + eps).sqrt()")
+    write(tmp_path, "hog", "01_rmsnorm", answered("01_rmsnorm", dict(ex1_rms=hog)))
+    write(tmp_path, "honest", "01_rmsnorm", answered("01_rmsnorm", base="solutions"))
+    reports = grade.grade_all(grade.collect([tmp_path]), grade.load_reference(REFERENCE / "01_rmsnorm.ipynb"),
+                              grade.Options(timeout=60), jobs=2, limits=grade.Limits(memory_mb=256, cpu_seconds=120))
+    rows = {r.student: r for r in reports}
+    assert rows["honest"].all_passed
+    assert rows["hog"].exercises[0].status == "failed", grade.format_report(rows["hog"])
+
+
+@needs_sandbox
+def test_without_the_sandbox_flag_the_submissions_run_as_plain_processes(tmp_path):
+    write(tmp_path, "right", "01_rmsnorm", answered("01_rmsnorm", base="solutions"))
+    (report,) = grade.grade_all(grade.collect([tmp_path]), grade.load_reference(REFERENCE / "01_rmsnorm.ipynb"),
+                                limits=grade.Limits(sandbox=False))
+    assert report.all_passed, grade.format_report(report)
 
 
 # ---- the command line -----------------------------------------------------------------------------------
@@ -290,7 +612,7 @@ def test_as_one_user_a_submission_that_kills_its_parent_only_loses_its_own_proce
     (["--csv", "/no/such/folder/g.csv"], "--csv: the folder of"),
 ])
 def test_bad_arguments_are_clean_errors(args, message, capsys):
-    assert grade.main([str(ROOT / "solutions" / f"{LESSON}.ipynb"), "--reference", str(REFERENCE), *args]) == 2
+    assert grade.main([str(ROOT / "solutions" / "01_rmsnorm.ipynb"), "--reference", str(REFERENCE), *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
@@ -299,7 +621,7 @@ def test_an_unusable_reference_or_no_submissions_is_a_clean_error(tmp_path, caps
     bad = tmp_path / "ref.ipynb"
     bad.write_text("{ not json")
     no_exercises = write(tmp_path, "x", "plain", nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]))
-    solution = str(ROOT / "solutions" / f"{LESSON}.ipynb")
+    solution = str(ROOT / "solutions" / "01_rmsnorm.ipynb")
     for argv, message in [([solution, "--reference", str(bad)], "not a notebook: not valid JSON"),
                           ([solution, "--reference", str(no_exercises)], "no exercises found"),
                           ([solution, "--reference", str(tmp_path / "missing.ipynb")], "no such notebook"),
@@ -312,60 +634,16 @@ def test_an_unusable_reference_or_no_submissions_is_a_clean_error(tmp_path, caps
         assert message in err and "Traceback" not in err, err
 
 
+@needs_sandbox
 def test_a_cp1252_console_gets_the_text_report(monkeypatch):
+    import io
+
     raw = io.BytesIO()
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="cp1252"))
-    solution = str(ROOT / "solutions" / f"{LESSON}.ipynb")
+    solution = str(ROOT / "solutions" / "01_rmsnorm.ipynb")
     assert grade.main([solution, "--reference", str(REFERENCE)]) == 0
     text = raw.getvalue().decode("cp1252")
     assert "? Exercise 1: the root mean square" in text and "passed" in text
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw := io.BytesIO(), encoding="cp1252"))
     assert grade.main([solution, "--reference", str(REFERENCE), "--json"]) == 0
     assert json.loads(raw.getvalue().decode("cp1252"))["notebooks"][0]["summary"]["passed"] == 2
-
-
-# ---- the parts, without a student process --------------------------------------------------------------
-
-
-def test_the_wire_refuses_what_it_must_not_use(tmp_path):
-    huge_view = torch.zeros(1).expand(1 << 26)  # a 4-byte storage that claims 67 M elements
-    assert isinstance(wire.clean(torch.zeros(2, dtype=torch.complex64)), wire.Unsupported)
-    with pytest.raises(wire.ProtocolError, match="more than"):
-        wire.clean([huge_view])
-    nested = []
-    for _ in range(100):
-        nested = [nested]
-    with pytest.raises(wire.ProtocolError, match="nested too deep"):
-        wire.clean(nested)
-    out = wire.clean({"p": nn.Parameter(torch.ones(2)), "n": 2**300, "t": torch.arange(6).view(2, 3).T})
-    assert type(out["p"]) is torch.Tensor and isinstance(out["n"], wire.Unsupported)
-    assert out["t"].is_contiguous() and out["t"].tolist() == [[0, 3], [1, 4], [2, 5]]
-    a, b = __import__("socket").socketpair()
-    import pickle
-
-    evil = pickle.dumps(os.system, protocol=2)  # a payload that would run code if it were unpickled freely
-    a.sendall(wire._HEADER.pack(len(evil)) + evil)
-    with pytest.raises(wire.ProtocolError, match="unreadable"):
-        wire.receive(b, time.monotonic() + 5)
-    a.sendall(wire._HEADER.pack(wire.MAX_FRAME + 1))
-    with pytest.raises(wire.ProtocolError, match="over the"):
-        wire.receive(b, time.monotonic() + 5)
-    with pytest.raises(TimeoutError):
-        wire.receive(b, time.monotonic() + 0.2)
-
-
-def test_a_module_stand_in_has_the_students_layout_and_tying():
-    model = mb.LlamaStyleLM(50, d=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=24, max_len=8, tie=True)
-    desc = {"module": Runner.describe_module(model), "origin": ["LlamaStyleLM"]}
-    stand_in = RemoteModule(link=None, number=1, desc=wire.clean(desc))
-    assert stand_in.state_dict().keys() == model.state_dict().keys()
-    assert stand_in.head.weight is stand_in.emb.weight and mb.count_parameters(stand_in) == model.num_parameters()
-    assert {n for n, _ in stand_in.named_buffers()} == {"cos", "sin"} and "cos" not in stand_in.state_dict()
-    assert stand_in.get_submodule("blocks.0.attn").kv == 1 and stand_in._origin == ["LlamaStyleLM"]
-
-
-def test_output_is_kept_bounded():
-    out = BoundedText(20)
-    for text in ["abc", "defghijklmn", "o" * 5, "p" * 30, "qr"]:
-        assert out.write(text) == len(text)
-    assert out.text() == "abcdefghij\n[... 31 characters of output left out ...]\nppppppppqr"

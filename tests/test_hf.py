@@ -102,7 +102,7 @@ def test_logits_equal_hugging_face(case):
     print(f"{case}: max |logit diff| = {diff:.2e}")  # shown with pytest -s
     assert diff <= ATOL
     tied = hf.get_output_embeddings().weight is hf.get_input_embeddings().weight
-    emb = model.wte if isinstance(model, GPT2LM) else model.emb
+    emb = model.emb
     assert (model.head.weight is emb.weight) == tied  # one storage when tied, two when not
     assert not model.training
 
@@ -297,3 +297,122 @@ def test_transformers_is_imported_lazily():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.split(".")[0] == "transformers" for n in names), f"{path.name} imports transformers"
+
+
+# ---------------------------------------------------------------- load_pretrained checks what it loads
+def _saved_folder(tmp_path, case="llama-gqa"):
+    hf = hf_model(case)
+    folder = tmp_path / "checkpoint"
+    hf.save_pretrained(folder)
+    return folder, hf
+
+
+def _edit_config(folder, **changes):
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _edit_tensors(folder, change):
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(folder / "model.safetensors")
+    change(state)
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def _flip(path, offset, mask=0xFF):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= mask
+    path.write_bytes(bytes(data))
+
+
+def _header_offset(folder, text: bytes) -> int:
+    return (folder / "model.safetensors").read_bytes().index(text)
+
+
+def _nan(state):
+    state["model.norm.weight"][3] = float("nan")
+
+
+HF_MALFORMED = {  # case: (how the folder is damaged, words the error must contain)
+    "truncated file": (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:-100]),
+                       ["truncated"]),
+    "wrong magic": (lambda f: _flip(f / "model.safetensors", 7), ["not a safetensors file"]),
+    "flipped byte: header text": (lambda f: _flip(f / "model.safetensors", _header_offset(f, b'"F32"') + 2),
+                                  ["safetensors header is damaged"]),
+    "flipped byte: a shape": (lambda f: _flip(f / "model.safetensors", _header_offset(f, b'"shape":[32,') + 10, 0x01),
+                              ["does not fit its bytes"]),
+    "missing tensor": (lambda f: _edit_tensors(f, lambda s: s.pop("model.layers.1.mlp.up_proj.weight")),
+                       ["missing", "model.layers.1.mlp.up_proj.weight"]),
+    "extra tensor": (lambda f: _edit_tensors(f, lambda s: s.update({"model.layers.0.mlp.extra.weight":
+                                                                   torch.zeros(3)})),
+                     ["no place", "model.layers.0.mlp.extra.weight"]),
+    "wrong shape": (lambda f: _edit_tensors(f, lambda s: s.update({"model.layers.0.mlp.gate_proj.weight":
+                                                                  torch.zeros(48, 32)})),
+                    ["gate_proj.weight", "[48, 32]", "[40, 32]", "intermediate_size"]),
+    "config with more layers": (lambda f: _edit_config(f, num_hidden_layers=3),
+                                ["config.num_hidden_layers=3", "2 layers"]),
+    "config with fewer layers": (lambda f: _edit_config(f, num_hidden_layers=1),
+                                 ["config.num_hidden_layers=1", "2 layers"]),
+    "config with more query heads": (lambda f: _edit_config(f, num_attention_heads=8),
+                                     ["q_proj.weight", "[32, 32]", "[64, 32]", "num_attention_heads"]),
+    "config with other K/V heads": (lambda f: _edit_config(f, num_key_value_heads=1),
+                                    ["k_proj.weight", "[16, 32]", "[8, 32]", "num_key_value_heads"]),
+    "NaN weight": (lambda f: _edit_tensors(f, _nan), ["model.norm.weight", "NaN"]),
+    "no config.json": (lambda f: (f / "config.json").unlink(), ["not a checkpoint", "config.json"]),
+    "no weights": (lambda f: (f / "model.safetensors").unlink(), ["holds no weights"]),
+}
+
+
+@pytest.mark.parametrize("case", list(HF_MALFORMED))
+def test_load_pretrained_refuses_a_damaged_or_inconsistent_folder(tmp_path, case):
+    folder, _ = _saved_folder(tmp_path)
+    damage, words = HF_MALFORMED[case]
+    damage(folder)
+    with pytest.raises(ValueError) as info:  # CheckpointError is a ValueError: one clear message, no traceback
+        load_pretrained(folder)
+    message = str(info.value)
+    assert all(w in message for w in words), f"{case}: {message}"
+
+
+def test_load_pretrained_errors_in_the_learners_terms(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        load_pretrained(str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        load_pretrained("./my/checkpoints/model")
+    folder, _ = _saved_folder(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no tokenizer files"):
+        load_pretrained(folder, tokenizer=True)
+    with pytest.raises(ValueError, match="is a file"):
+        load_pretrained(folder / "config.json")
+
+
+def test_load_pretrained_leaves_transformers_logging_alone(tmp_path):
+    folder, hf = _saved_folder(tmp_path)
+    for level in (transformers.logging.INFO, transformers.logging.ERROR):
+        transformers.logging.set_verbosity(level)
+        model = load_pretrained(folder)
+        assert transformers.logging.get_verbosity() == level
+    transformers.logging.set_verbosity_error()
+    torch.testing.assert_close(model(tokens()).detach(), hf_logits(hf, tokens()), atol=ATOL, rtol=0)
+
+
+def test_a_head_split_the_weights_cannot_show_is_not_detected(tmp_path):
+    """The limit of checking shapes: with no head_dim in the config, 8 heads of 4 have the same projection shapes
+    as 4 heads of 8, so such a config loads (and computes something else). Only a head_dim the config states is
+    checked; the loader's docstring says so."""
+    folder, hf = _saved_folder(tmp_path)
+    _edit_config(folder, head_dim=None, num_attention_heads=8, num_key_value_heads=4)
+    model = load_pretrained(folder)
+    assert model.blocks[0].attn.h == 8
+    assert not torch.allclose(model(tokens()).detach(), hf_logits(hf, tokens()), atol=1e-2)
+    _edit_config(folder, head_dim=8)  # stated: now the shapes disagree and the load is refused
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        load_pretrained(folder)

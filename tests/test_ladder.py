@@ -5,32 +5,14 @@ import pytest
 import torch
 from training_setup import never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
 
-from modern_block import GPT2LM, LlamaStyleLM, generate
-from modern_block.training import trainer as T
-from modern_block.training.ladder import (
-    ABLATIONS,
-    LADDER,
-    LLAMA_END,
-    RUNG_NAMES,
-    ModelShape,
-    Rung,
-    build_model,
-    get_rung,
-    ladder_model,
-    matched_d_ff,
-    size_table,
-)
+from modern_block import GPT2LM, DecoderLM, LlamaStyleLM, generate
+from modern_block.training import config
+from modern_block.training.ladder import build_model, ladder_model, matched_d_ff, size_table
+from modern_block.training.rungs import ABLATIONS, LADDER, LLAMA_END, RUNG_NAMES, ModelShape, Rung, get_rung
 
 EXACT = {"gpt2": "GPT2LM", "untied": "GPT2LM(tie=False)", "qk_norm": "LlamaStyleLM",
          "tied": "LlamaStyleLM(tie=True)"}
-
-RENAME = {"wte": "emb", "wpe": "pos", "ln1": "norm1", "ln2": "norm2", "mlp": "ffn", "ln_f": "norm",
-          "attn_norm": "norm1", "ffn_norm": "norm2"}
 SHAPE = ModelShape(d=48, n_layers=2, n_heads=6, n_kv_heads=2, block_size=32)
-
-
-def _ladder_name(name: str) -> str:
-    return ".".join(RENAME.get(part, part) for part in name.split("."))
 
 
 def _reference(rung: str, V: int = 65):
@@ -48,11 +30,11 @@ def test_ladder_ends_are_gpt2lm_and_llamastylelm(rung):
     ref = _reference(rung)
     torch.manual_seed(0)
     lad = ladder_model(rung, SHAPE, 65)
-    assert lad.num_parameters() == ref.num_parameters()
+    assert isinstance(lad, DecoderLM) and lad.num_parameters() == ref.num_parameters()
     ref_state, lad_state = ref.state_dict(), lad.state_dict()
-    assert sorted(map(_ladder_name, ref_state)) == sorted(lad_state)
+    assert list(ref_state) == list(lad_state)  # the same parts, under the same names, in the same order
     for name, value in ref_state.items():  # same seed, same draws in the same order: the same weights
-        assert torch.equal(lad_state[_ladder_name(name)], value), name
+        assert torch.equal(lad_state[name], value), name
     assert (lad.head.weight is lad.emb.weight) == get_rung(rung).tie
     idx = torch.randint(0, 65, (2, 32))
     assert torch.equal(lad(idx), ref(idx))
@@ -80,9 +62,10 @@ def test_no_rope_keeps_llama_attention_without_rotation():
         model = ladder_model(rung, one_layer, 65)
         assert type(model.blocks[0].attn).__name__ == "GQAttention"
         if rung == "no_rope":
-            assert bool((model.cos == 1).all()) and bool((model.sin == 0).all())
+            cos, sin = model.rope(torch.arange(12))
+            assert cos.shape == (12, 4) and bool((cos == 1).all()) and bool((sin == 0).all())
             with torch.no_grad():
-                model.pos.weight.zero_()
+                model.wpe.weight.zero_()
         with torch.no_grad():
             same = torch.allclose(model(idx)[:, -1], model(shuffled)[:, -1], atol=1e-5)
         assert same == invariant, rung
@@ -97,7 +80,7 @@ def test_rung_switches_are_checked():
         get_rung("nope")
 
 
-@pytest.mark.parametrize("shape", [ModelShape(), T.quick_config().shape, ModelShape(32, 2, 4, 2, 32),
+@pytest.mark.parametrize("shape", [ModelShape(), config.quick_config().shape, ModelShape(32, 2, 4, 2, 32),
                                    ModelShape(32, 2, 4, 2, 16)], ids=["gpu", "quick", "lesson", "tiny"])
 @pytest.mark.parametrize("V", [65, 96], ids=["tinyshakespeare", "stdlib"])
 def test_every_model_is_within_2_percent_of_gpt2(shape, V):

@@ -41,7 +41,7 @@ def test_tied_embeddings_share_storage_and_save_vd():
     assert untied.num_parameters() - tied.num_parameters() == 1000 * 256
     assert 151_936 * 1024 == 155_582_464  # the chapter's "about 156M" for Qwen3-0.6B's vocabulary
     gpt2 = GPT2LM(100, d=32, n_layers=1, n_heads=4, max_len=16)
-    assert gpt2.head.weight is gpt2.wte.weight
+    assert gpt2.head.weight is gpt2.emb.weight
 
 
 def test_qk_norm_option_and_head_dim():

@@ -13,6 +13,7 @@ import torch
 
 from modern_block import LlamaStyleLM
 from modern_block.rope import (
+    RotaryEmbedding,
     check_rope_scaling,
     dynamic_ntk_frequencies,
     linear_frequencies,
@@ -193,3 +194,26 @@ def test_bad_scalings_are_refused_by_name(scaling, error, match):
         check_rope_scaling(scaling)
     with pytest.raises(error, match=match):
         LlamaStyleLM(50, d=32, n_layers=1, n_heads=2, d_ff=32, rope_scaling=scaling)
+
+
+@pytest.mark.parametrize("scaling", [None, dict(rope_type="linear", factor=4.0),
+                                     dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16),
+                                     dict(rope_type="dynamic", factor=2.0, original_max_position_embeddings=16)],
+                         ids=["plain", "linear", "yarn", "dynamic"])
+def test_the_rotary_module_returns_the_tables_of_the_positions_asked(scaling):
+    """Static rules: rows of the table computed once; dynamic NTK: the angles for the length processed (the
+    largest position + 1), which is what rope_cache of that length holds, computed from tensors only."""
+    rope = RotaryEmbedding(8, 64, 500.0, scaling)
+    for positions in (torch.arange(40), torch.arange(5, 9), torch.tensor([[0, 1, 2], [30, 31, 32]])):
+        cos, sin = rope(positions)
+        want_cos, want_sin = rope_cache(int(positions.max()) + 1 if rope.dynamic else 64, 8, 500.0, scaling=scaling)
+        assert cos.shape == (*positions.shape, 4)
+        assert torch.equal(cos, want_cos[positions]) and torch.equal(sin, want_sin[positions])
+    assert (rope.cos is None) == rope.dynamic  # dynamic NTK keeps no table
+
+
+def test_dynamic_frequencies_from_a_tensor_length_equal_the_int_ones():
+    for seq_len in (3, 16, 17, 40, 1000):
+        by_int = dynamic_ntk_frequencies(64, 1e4, 4.0, seq_len, 16)
+        assert torch.equal(dynamic_ntk_frequencies(64, 1e4, 4.0, torch.tensor(seq_len), 16), by_int)
+    assert torch.equal(dynamic_ntk_frequencies(64, 1e4, 4.0, 16, 16), rope_frequencies(64, 1e4))  # L ≤ L₀: plain

@@ -11,23 +11,27 @@ import pytest
 import torch
 from training_setup import disk_fills_up_after
 
+from modern_block.training import checkpoint as CK
+from modern_block.training import files as F
 from modern_block.training import run_folder as R
 
 
 def _state(step=3):
-    return {"format": R.CHECKPOINT_FORMAT, "config": {"lr": 0.01}, "chars": "ab", "corpus": "t", "step": step,
-            "elapsed_s": 1.5, "losses": [2.0, 1.5, 1.25], "model": {"w": torch.randn(64, 64), "b": torch.zeros(64)},
+    return {"format": CK.CHECKPOINT_FORMAT, "config": {"lr": 0.01}, "chars": "ab", "corpus": "t", "step": step,
+            "elapsed_s": 1.5, "losses": [2.0 / (i + 1) for i in range(step)],
+            "model": {"w": torch.randn(64, 64), "b": torch.zeros(64)},
             "optimizer": {"state": {0: {"exp_avg": torch.ones(3)}},
                           "param_groups": [{"lr": 0.01, "betas": (0.9, 0.99)}]},
-            "scaler": None, "rng_cpu": torch.get_rng_state(), "rng_cuda": None, "sampler": torch.get_rng_state()}
+            "scaler": None, "rng_cpu": torch.get_rng_state(), "rng_cuda": None, "sampler": torch.get_rng_state(),
+            "run_id": "a1b2", "metrics": [{"step": 0, "val_loss": 4.2}]}
 
 
 def test_a_checkpoint_round_trips_with_its_checksum(tmp_path):
     path = tmp_path / R.CHECKPOINT
-    R.save_checkpoint(_state(), path)
-    ckpt = R.load_checkpoint(path)
+    CK.save_checkpoint(_state(), path)
+    ckpt = CK.load_checkpoint(path)
     assert ckpt["step"] == 3 and torch.equal(ckpt["model"]["w"], torch.load(path, weights_only=True)["model"]["w"])
-    assert ckpt["checksum"] == torch.load(path, weights_only=True)["checksum"] == R.digest(
+    assert ckpt["checksum"] == torch.load(path, weights_only=True)["checksum"] == CK.digest(
         {k: v for k, v in ckpt.items() if k != "checksum"})
     assert [p.name for p in tmp_path.iterdir()] == [R.CHECKPOINT], "no temporary file left behind"
 
@@ -41,17 +45,17 @@ def test_a_checkpoint_round_trips_with_its_checksum(tmp_path):
 ])
 def test_a_damaged_checkpoint_is_a_clear_error_naming_the_file(tmp_path, damage, message):
     path = tmp_path / R.CHECKPOINT
-    R.save_checkpoint(_state(), path)
+    CK.save_checkpoint(_state(), path)
     damage(path)
-    with pytest.raises(R.CheckpointError, match=message) as exc:
-        R.load_checkpoint(path)
+    with pytest.raises(CK.CheckpointError, match=message) as exc:
+        CK.load_checkpoint(path)
     assert str(path) in str(exc.value) and "--overwrite" in str(exc.value)
 
 
 def test_a_flipped_bit_in_the_weights_fails_the_checksum(tmp_path):
     path = tmp_path / R.CHECKPOINT
     state = _state()
-    R.save_checkpoint(state, path)
+    CK.save_checkpoint(state, path)
     raw = bytearray(path.read_bytes())
     at = raw.find(state["model"]["w"].numpy().tobytes()[:64])  # the weights are stored as they are in memory
     assert at > 0
@@ -59,19 +63,19 @@ def test_a_flipped_bit_in_the_weights_fails_the_checksum(tmp_path):
     path.write_bytes(bytes(raw))
     loaded = torch.load(path, weights_only=True)  # torch itself reads it without complaint ...
     assert not torch.equal(loaded["model"]["w"], state["model"]["w"])
-    with pytest.raises(R.CheckpointError, match="fails its checksum"):  # ... the checksum does not
-        R.load_checkpoint(path)
+    with pytest.raises(CK.CheckpointError, match="fails its checksum"):  # ... the checksum does not
+        CK.load_checkpoint(path)
 
 
 def test_a_full_disk_while_writing_keeps_the_old_checkpoint_and_leaves_no_temporary_file(tmp_path, monkeypatch):
     path = tmp_path / R.CHECKPOINT
-    R.save_checkpoint(_state(step=4), path)
+    CK.save_checkpoint(_state(step=4), path)
     before = path.read_bytes()
-    monkeypatch.setattr(R, "_open_for_writing", disk_fills_up_after(2000))  # mid-write, as a real disk
-    with pytest.raises(R.CheckpointError, match=r"could not write the checkpoint .*ckpt.pt \(No space left on "
+    monkeypatch.setattr(F, "_open_for_writing", disk_fills_up_after(2000))  # mid-write, as a real disk
+    with pytest.raises(CK.CheckpointError, match=r"could not write the checkpoint .*ckpt.pt \(No space left on "
                                                 r"device; .* MiB free .*unchanged"):
-        R.save_checkpoint(_state(step=8), path)
-    assert path.read_bytes() == before and R.load_checkpoint(path)["step"] == 4
+        CK.save_checkpoint(_state(step=8), path)
+    assert path.read_bytes() == before and CK.load_checkpoint(path)["step"] == 4
     assert [p.name for p in tmp_path.iterdir()] == [R.CHECKPOINT], "the temporary file was removed"
 
 
@@ -84,10 +88,10 @@ def test_concurrent_writes_use_distinct_temporary_files(tmp_path):
         release.wait(10)
         f.write(b"first")
 
-    writer = threading.Thread(target=R.write_atomic, args=(path, slow))
+    writer = threading.Thread(target=F.write_atomic, args=(path, slow))
     writer.start()
     inside.wait(10)
-    R.write_text_atomic(path, "second")  # while the first is still writing its own temporary file
+    F.write_text_atomic(path, "second")  # while the first is still writing its own temporary file
     release.set()
     writer.join(10)
     assert len(seen[0]) == 1 and seen[0][0].startswith("summary.json.") and seen[0][0].endswith(".tmp")
@@ -137,5 +141,5 @@ def test_out_must_be_a_writable_folder(tmp_path, monkeypatch):
         def denied(*args, **kwargs):
             raise PermissionError(errno.EACCES, "Permission denied")
         monkeypatch.setattr(R.tempfile, "mkstemp", denied)
-    with pytest.raises(R.RunFolderError, match=r"cannot write in --out .*read_only \(Permission denied\)"):
+    with pytest.raises(F.StorageError, match=r"cannot write in --out .*read_only \(Permission denied\)"):
         R.prepare(read_only)

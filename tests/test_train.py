@@ -2,6 +2,7 @@
 validation, gradient accumulation, and a run that is never lost (each case of issue 17 as a user
 meets it; the file-level mechanics are in test_run_folder.py, several processes in test_distributed.py)."""
 
+import errno
 import json
 import math
 import os
@@ -27,8 +28,10 @@ from training_setup import (  # noqa: F401 (never_online is an autouse fixture)
 )
 
 from modern_block import GPT2LM, generate
-from modern_block.training import run_folder
+from modern_block.training import config, files, parts, run_folder, train_cli
 from modern_block.training import trainer as T
+from modern_block.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -42,7 +45,7 @@ def test_resume_after_ctrl_c_repeats_the_uninterrupted_run_exactly(arch, tmp_pat
 
     with pytest.raises(KeyboardInterrupt):
         run(cfg, tmp_path / "split", on_step=interrupt_at_6)
-    ckpt = torch.load(tmp_path / "split" / T.CHECKPOINT, weights_only=True)  # plain tensors and containers
+    ckpt = torch.load(tmp_path / "split" / CHECKPOINT, weights_only=True)  # plain tensors and containers
     assert ckpt["step"] == 6 and len(ckpt["losses"]) == 6
     resumed = run(cfg, tmp_path / "split", resume=True)
     assert resumed.losses == whole.losses, "same loss at every step, to the last bit"
@@ -50,7 +53,7 @@ def test_resume_after_ctrl_c_repeats_the_uninterrupted_run_exactly(arch, tmp_pat
     assert evals(resumed) == evals(whole)
     for (name, p), q in zip(whole.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
-    lines = (tmp_path / "split" / T.METRICS).read_text().splitlines()
+    lines = (tmp_path / "split" / METRICS).read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [0, 4, 8, 10], "each evaluation logged once"
 
 
@@ -73,7 +76,7 @@ def test_real_sigint_finishes_the_step_and_saves(tmp_path, python_sigint_handler
     with pytest.raises(KeyboardInterrupt):
         run(cfg, tmp_path, on_step=ctrl_c_at_3)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the handler is restored"
-    assert torch.load(tmp_path / T.CHECKPOINT, weights_only=True)["step"] == 3
+    assert torch.load(tmp_path / CHECKPOINT, weights_only=True)["step"] == 3
     assert run(cfg, tmp_path, resume=True).losses == whole.losses
 
 
@@ -93,7 +96,7 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
 
     with pytest.raises(T.NonFiniteLossError, match=r"loss became nan at step 6 .*last good checkpoint \(step 4\)"):
         run(tiny("llama"), tmp_path, on_step=poison_after_5)
-    ckpt = torch.load(tmp_path / T.CHECKPOINT, weights_only=True)
+    ckpt = torch.load(tmp_path / CHECKPOINT, weights_only=True)
     assert ckpt["step"] == 4
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
@@ -101,12 +104,12 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
 def test_a_non_finite_state_never_replaces_the_checkpoint(tmp_path):
     trainer = T.Trainer(tiny("gpt2", max_steps=4), tmp_path, corpus=CORPUS, progress=False, verbose=False)
     trainer.run()
-    before = (tmp_path / T.CHECKPOINT).read_bytes()
+    before = (tmp_path / CHECKPOINT).read_bytes()
     with torch.no_grad():
         trainer.model.head.weight[0, 0] = float("inf")
     with pytest.raises(T.NonFiniteLossError, match="parameters became non-finite"):
         trainer.save_checkpoint()
-    assert (tmp_path / T.CHECKPOINT).read_bytes() == before
+    assert (tmp_path / CHECKPOINT).read_bytes() == before
 
 
 def test_resume_refuses_different_settings(tmp_path):
@@ -117,7 +120,7 @@ def test_resume_refuses_different_settings(tmp_path):
 
 def test_metrics_file_and_summary(tmp_path):
     result = run(tiny("llama", max_steps=8), tmp_path)
-    rows = [json.loads(x) for x in (tmp_path / T.METRICS).read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / METRICS).read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 4, 8]
     for r in rows:
         assert set(r) == {"step", "train_loss", "val_loss", "tokens_per_s", "mfu", "lr", "elapsed_s"}
@@ -125,7 +128,7 @@ def test_metrics_file_and_summary(tmp_path):
     assert rows[0]["val_loss"] == pytest.approx(math.log(len(set(TEXT))), abs=0.15), "starts near ln(V)"
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.5, "it learns"
     assert rows[1]["tokens_per_s"] > 0
-    summary = json.loads((tmp_path / T.SUMMARY).read_text())
+    summary = json.loads((tmp_path / SUMMARY).read_text())
     assert summary["best_val_loss"] == result.best_val_loss == min(r["val_loss"] for r in rows)
     assert summary["n_params"] == result.model.num_parameters()
 
@@ -144,18 +147,18 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
 
 def test_learning_rate_schedule():
     cfg = tiny(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110)
-    assert T.lr_at(0, cfg) == pytest.approx(1e-3 / 11)
-    assert T.lr_at(9, cfg) == pytest.approx(1e-3 * 10 / 11)
-    assert T.lr_at(10, cfg) == pytest.approx(1e-3)
-    assert T.lr_at(60, cfg) == pytest.approx((1e-3 + 1e-4) / 2), "half way down the cosine"
-    assert T.lr_at(110, cfg) == pytest.approx(1e-4)
-    decay = [T.lr_at(s, cfg) for s in range(10, 110)]
+    assert config.lr_at(0, cfg) == pytest.approx(1e-3 / 11)
+    assert config.lr_at(9, cfg) == pytest.approx(1e-3 * 10 / 11)
+    assert config.lr_at(10, cfg) == pytest.approx(1e-3)
+    assert config.lr_at(60, cfg) == pytest.approx((1e-3 + 1e-4) / 2), "half way down the cosine"
+    assert config.lr_at(110, cfg) == pytest.approx(1e-4)
+    decay = [config.lr_at(s, cfg) for s in range(10, 110)]
     assert all(a > b for a, b in zip(decay, decay[1:], strict=False)), "strictly decreasing after warmup"
 
 
 def test_weight_decay_only_on_matrices():
     model = GPT2LM(65, 32, 2, 4, 16)
-    opt = T.make_optimizer(model, tiny())
+    opt = config.make_optimizer(model, tiny())
     decayed, plain = opt.param_groups
     assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decayed["params"]) and all(p.dim() == 1 for p in plain["params"])
@@ -169,11 +172,11 @@ def test_config_validation_and_quick_env(monkeypatch):
         tiny("bert")
     with pytest.raises(ValueError, match="n_kv_heads"):
         tiny(n_kv_heads=3)
-    gpu = T.gpu_config("gpt2")
+    gpu = config.gpu_config("gpt2")
     assert (gpu.n_layers, gpu.n_heads, gpu.d, gpu.block_size, gpu.batch_size, gpu.max_steps, gpu.dropout, gpu.lr,
             gpu.warmup_steps, gpu.min_lr, gpu.beta2) == (6, 6, 384, 256, 64, 5000, 0.2, 1e-3, 100, 1e-4, 0.99)
-    monkeypatch.setenv(T.QUICK_ENV, "1")
-    assert T.default_config("llama", quick=False) == T.quick_config("llama")
+    monkeypatch.setenv(config.QUICK_ENV, "1")
+    assert config.default_config("llama", quick=False) == config.quick_config("llama")
 
 
 def test_replace_keeps_validation():
@@ -202,7 +205,7 @@ def test_replace_keeps_validation():
 ])
 def test_train_cli_rejects_bad_arguments_with_exit_code_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
-        T.main(argv)
+        train_cli.main(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -216,13 +219,13 @@ def test_a_bad_argument_prints_no_traceback():
 
 def test_train_cli_writes_metrics_and_resumes(tmp_path, capsys):
     out = tmp_path / "run"
-    assert T.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
-    rows = [json.loads(x) for x in (out / T.METRICS).read_text().splitlines()]
+    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
+    rows = [json.loads(x) for x in (out / METRICS).read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 2, 4]
-    assert (out / T.CHECKPOINT).exists() and json.loads((out / T.SUMMARY).read_text())["finished"]
+    assert (out / CHECKPOINT).exists() and json.loads((out / SUMMARY).read_text())["finished"]
     assert "done: best val loss" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exc:  # a resume with other settings is a usage error
-        T.main(["--arch", "gpt2", "--quick", "--out", str(out), "--resume", *SMALL, "--lr", "0.5"])
+        train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), "--resume", *SMALL, "--lr", "0.5"])
     assert exc.value.code == 2 and "these differ: lr" in capsys.readouterr().err
 
 
@@ -250,22 +253,22 @@ def test_gradient_accumulation_takes_the_same_steps_as_one_pass():
 
 def test_an_existing_run_is_not_started_over_unless_asked(tmp_path, capsys):
     out = tmp_path / "run"
-    assert T.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
-    files = {name: (out / name).read_bytes() for name in (T.CHECKPOINT, T.METRICS, T.SUMMARY)}
+    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
+    files = {name: (out / name).read_bytes() for name in (CHECKPOINT, METRICS, SUMMARY)}
     with pytest.raises(SystemExit) as exc:
-        T.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL])
+        train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL])
     err = capsys.readouterr().err
     assert exc.value.code == 2
     assert "already holds a run (a checkpoint (ckpt.pt), 3 evaluation(s) in metrics.jsonl, a summary.json)" in err
     assert "--resume to continue it, --overwrite to start it over" in err
     assert {name: (out / name).read_bytes() for name in files} == files, "not a byte changed"
-    assert T.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--overwrite", "--lr", "0.01"]) == 0
-    assert json.loads((out / T.SUMMARY).read_text())["config"]["lr"] == 0.01
+    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--overwrite", "--lr", "0.01"]) == 0
+    assert json.loads((out / SUMMARY).read_text())["config"]["lr"] == 0.01
 
 
 def test_two_trainings_cannot_write_one_folder(tmp_path):
     first = T.Trainer(tiny(), tmp_path, corpus=CORPUS, progress=False, verbose=False)
-    with pytest.raises(T.RunFolderError, match="in use by another training"):
+    with pytest.raises(run_folder.RunFolderError, match="in use by another training"):
         run(tiny(), tmp_path, overwrite=True)
     first.run()
     first.close()
@@ -275,7 +278,7 @@ def test_two_trainings_cannot_write_one_folder(tmp_path):
 def test_the_resume_command_printed_after_ctrl_c_continues_the_run(tmp_path, monkeypatch, capsys):
     flags = ["--arch", "llama", "--quick", "--lr", "0.02", "--seed", "7", "--max-steps", "6", "--eval-interval", "2",
              "--batch-size", "4", "--block-size", "16", "--eval-batches", "1", "--dropout", "0.1", "--no-progress"]
-    assert T.main([*flags, "--out", str(tmp_path / "whole")]) == 0
+    assert train_cli.main([*flags, "--out", str(tmp_path / "whole")]) == 0
     original_run = T.Trainer.run
 
     def ctrl_c_after_step_3(self, until=None, on_step=None):
@@ -286,13 +289,13 @@ def test_the_resume_command_printed_after_ctrl_c_continues_the_run(tmp_path, mon
 
     monkeypatch.setattr(T.Trainer, "run", ctrl_c_after_step_3)
     out = tmp_path / "my run"  # a space: the command must quote it
-    assert T.main([*flags, "--out", str(out)]) == 130
+    assert train_cli.main([*flags, "--out", str(out)]) == 130
     command = shlex.split(capsys.readouterr().err.split("resume with: ")[1])
     assert command[:4] == ["python", "-m", "modern_block", "train"] and "--resume" in command
     assert command[4:] == [*flags, "--out", str(out), "--resume"], "every flag of the run"
     monkeypatch.setattr(T.Trainer, "run", original_run)
-    assert T.main(command[4:]) == 0
-    resumed, whole = (torch.load(d / T.CHECKPOINT, weights_only=True) for d in (out, tmp_path / "whole"))
+    assert train_cli.main(command[4:]) == 0
+    resumed, whole = (torch.load(d / CHECKPOINT, weights_only=True) for d in (out, tmp_path / "whole"))
     assert resumed["losses"] == whole["losses"]
 
 
@@ -300,13 +303,13 @@ def test_a_torn_metrics_line_is_dropped_on_resume_and_said(tmp_path, capsys):
     cfg = tiny("gpt2", max_steps=8)
     whole = run(cfg)
     run(cfg, tmp_path, until=4)
-    with open(tmp_path / T.METRICS, "a") as f:
+    with open(tmp_path / METRICS, "a") as f:
         f.write('{"step": 8, "train_loss": 2.')  # the process died while appending this line
     resumed = T.train(cfg, tmp_path, resume=True, corpus=CORPUS, progress=False)
     out = capsys.readouterr().out
-    assert f"{tmp_path / T.METRICS}: dropped line(s) [3]" in out
+    assert f"{tmp_path / METRICS}: dropped line(s) [3]" in out
     assert resumed.losses == whole.losses and evals(resumed) == evals(whole)
-    assert [json.loads(x)["step"] for x in (tmp_path / T.METRICS).read_text().splitlines()] == [0, 4, 8]
+    assert [json.loads(x)["step"] for x in (tmp_path / METRICS).read_text().splitlines()] == [0, 4, 8]
 
 
 def _flip_a_weight_bit(path):
@@ -319,9 +322,9 @@ def _flip_a_weight_bit(path):
 
 
 def _drop_a_model_key(path):
-    ckpt = run_folder.load_checkpoint(path)
+    ckpt = load_checkpoint(path)
     del ckpt["checksum"], ckpt["model"][next(iter(ckpt["model"]))]
-    run_folder.save_checkpoint(ckpt, path)  # a valid file with a valid checksum, for another model
+    save_checkpoint(ckpt, path)  # a valid file with a valid checksum, for another model
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -335,18 +338,18 @@ def _drop_a_model_key(path):
 def test_resuming_from_a_damaged_checkpoint_names_the_file(tmp_path, damage, message):
     cfg = tiny("gpt2", max_steps=4)
     run(cfg, tmp_path)
-    damage(tmp_path / T.CHECKPOINT)
-    with pytest.raises(T.CheckpointError, match=message) as exc:
+    damage(tmp_path / CHECKPOINT)
+    with pytest.raises(CheckpointError, match=message) as exc:
         run(cfg, tmp_path, resume=True)
-    assert str(tmp_path / T.CHECKPOINT) in str(exc.value)
+    assert str(tmp_path / CHECKPOINT) in str(exc.value)
 
 
 def test_the_command_line_reports_a_damaged_checkpoint_in_one_line(tmp_path, capsys):
     out = tmp_path / "run"
-    assert T.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
-    (out / T.CHECKPOINT).write_bytes(b"")
-    assert T.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--resume"]) == 1
-    assert capsys.readouterr().err.startswith(f"error: the checkpoint {out / T.CHECKPOINT} is empty (0 bytes)")
+    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
+    (out / CHECKPOINT).write_bytes(b"")
+    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--resume"]) == 1
+    assert capsys.readouterr().err.startswith(f"error: the checkpoint {out / CHECKPOINT} is empty (0 bytes)")
 
 
 def test_a_full_disk_at_a_checkpoint_stops_the_run_and_keeps_the_last_good_one(tmp_path, monkeypatch):
@@ -354,13 +357,13 @@ def test_a_full_disk_at_a_checkpoint_stops_the_run_and_keeps_the_last_good_one(t
 
     def disk_full_after_step_6(trainer):
         if trainer.step == 6:  # the checkpoint of step 4 is on disk; the one of step 8 will not fit
-            monkeypatch.setattr(run_folder, "_open_for_writing", disk_fills_up_after(50_000))
+            monkeypatch.setattr(files, "_open_for_writing", disk_fills_up_after(50_000))
 
-    with pytest.raises(T.CheckpointError, match=r"ckpt.pt \(No space left on device; .*Training stopped. The last "
+    with pytest.raises(CheckpointError, match=r"ckpt.pt \(No space left on device; .*Training stopped. The last "
                                                 r"good checkpoint \(step 4\) is kept in"):
         run(cfg, tmp_path, on_step=disk_full_after_step_6)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", T.CHECKPOINT, T.METRICS], "no .tmp left"
-    assert run_folder.load_checkpoint(tmp_path / T.CHECKPOINT)["step"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", CHECKPOINT, METRICS], "no .tmp left"
+    assert load_checkpoint(tmp_path / CHECKPOINT)["step"] == 4
     monkeypatch.undo()  # room again: the run goes on from step 4
     assert run(cfg, tmp_path, resume=True).losses == run(cfg).losses
 
@@ -372,7 +375,7 @@ def test_a_full_disk_at_a_checkpoint_stops_the_run_and_keeps_the_last_good_one(t
 def test_out_must_be_a_folder(tmp_path, make_out, message, capsys):
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(SystemExit) as exc:
-        T.main(["--arch", "gpt2", "--quick", "--out", str(make_out(tmp_path)), *SMALL])
+        train_cli.main(["--arch", "gpt2", "--quick", "--out", str(make_out(tmp_path)), *SMALL])
     assert exc.value.code == 2 and re.search(message, capsys.readouterr().err)
 
 
@@ -384,14 +387,15 @@ def test_out_in_a_read_only_folder_is_refused_up_front(tmp_path, monkeypatch, ca
         def denied(*args, **kwargs):
             raise PermissionError(13, "Permission denied")
         monkeypatch.setattr(run_folder.tempfile, "mkstemp", denied)
-    with pytest.raises(SystemExit) as exc:
-        T.main(["--arch", "gpt2", "--quick", "--out", str(read_only / "run"), *SMALL])
-    assert exc.value.code == 2 and "cannot write in --out" in capsys.readouterr().err
+    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(read_only / "run"), *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write in --out") and "(Permission denied)" in err and "did not start" in err
+    assert len(err.strip().splitlines()) == 1 and list(read_only.iterdir()) == []
 
 
 def test_sizes_that_cannot_fit_are_refused_before_anything_is_allocated(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        T.main(["--arch", "gpt2", "--quick", "--out", str(tmp_path), *SMALL, "--eval-batches", str(10**8)])
+        train_cli.main(["--arch", "gpt2", "--quick", "--out", str(tmp_path), *SMALL, "--eval-batches", str(10**8)])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and re.search(r"these sizes need at least [\d,.]+ GiB on cpu .*100,000,000 "
                                              r"evaluation batches per split.* lower --eval-batches", err)
@@ -401,11 +405,11 @@ def test_sizes_that_cannot_fit_are_refused_before_anything_is_allocated(tmp_path
 def test_resuming_a_finished_run_keeps_its_summary(tmp_path, capsys):
     cfg = tiny("gpt2", max_steps=8)
     run(cfg, tmp_path)
-    before = json.loads((tmp_path / T.SUMMARY).read_text())
+    before = json.loads((tmp_path / SUMMARY).read_text())
     assert before["tokens_per_s"] > 0
     again = T.train(cfg, tmp_path, resume=True, corpus=CORPUS, progress=False)
     assert "already finished (step 8 of 8); nothing to train" in capsys.readouterr().out
-    after = json.loads((tmp_path / T.SUMMARY).read_text())
+    after = json.loads((tmp_path / SUMMARY).read_text())
     for key in ("tokens_per_s", "best_val_loss", "final_val_loss", "steps", "finished", "n_params"):
         assert after[key] == before[key], key
     assert again.tokens_per_s == before["tokens_per_s"]
@@ -434,18 +438,184 @@ def test_gpu_training_with_autocast_and_compile_and_an_exact_enough_resume(tmp_p
 
 @pytest.mark.gpu
 def test_fp16_with_a_grad_scaler_on_the_gpu(tmp_path, monkeypatch):
-    real_choose = T.choose_device
+    real_choose = parts.choose_device
 
     def fp16_everywhere(device=None):  # the T4 path (capability < 8.0) on whichever GPU this is
         setup = real_choose(device)
         return replace(setup, amp_dtype=torch.float16) if setup.device.type == "cuda" else setup
 
-    monkeypatch.setattr(T, "choose_device", fp16_everywhere)
+    monkeypatch.setattr(parts, "choose_device", fp16_everywhere)
     cfg = tiny("gpt2", device="cuda", max_steps=8)
     first = run(cfg, tmp_path, until=4)
     assert first.precision == "fp16 autocast + GradScaler"
-    scaler = run_folder.load_checkpoint(tmp_path / T.CHECKPOINT)["scaler"]
+    scaler = load_checkpoint(tmp_path / CHECKPOINT)["scaler"]
     assert scaler is not None and scaler["scale"] > 0, "the scaler's state is saved for the resume"
     result = run(cfg, tmp_path, resume=True)
     assert result.finished and all(math.isfinite(x) for x in result.losses)
     assert result.metrics[-1]["val_loss"] < result.metrics[0]["val_loss"]
+
+
+# ---- the run folder tells the truth, leaves nothing behind, and a full disk is one line (issue 26) -------------
+
+
+def test_the_checkpoint_carries_the_runs_identity_and_its_evaluations(tmp_path):
+    run(tiny("gpt2", max_steps=6), tmp_path)
+    ckpt = load_checkpoint(tmp_path / CHECKPOINT)
+    rows = [json.loads(x) for x in (tmp_path / METRICS).read_text().splitlines()]
+    assert ckpt["metrics"] == rows and [r["step"] for r in rows] == [0, 4, 6]
+    assert ckpt["run_id"] == json.loads((tmp_path / SUMMARY).read_text())["run_id"]
+
+
+@pytest.mark.parametrize("damage", ["torn line at the checkpoint's step", "line missing", "another run's lines"])
+def test_a_resume_puts_back_the_checkpoints_own_evaluations(tmp_path, capsys, damage):
+    cfg = tiny("gpt2", max_steps=8)
+    whole = run(cfg)
+    run(cfg, tmp_path, until=4)  # evaluations at 0 and 4, the checkpoint at 4
+    path = tmp_path / METRICS
+    lines = path.read_text().splitlines()
+    if damage == "torn line at the checkpoint's step":
+        path.write_text(lines[0] + "\n" + lines[1][:25])
+    elif damage == "line missing":
+        path.write_text(lines[1] + "\n")
+    else:  # the folder's metrics and summary are another seed's
+        other = tmp_path.parent / "other"
+        run(replace(cfg, seed=99), other, until=4)
+        for name in (METRICS, SUMMARY):
+            (tmp_path / name).write_bytes((other / name).read_bytes())
+    resumed = T.train(cfg, tmp_path, resume=True, corpus=CORPUS, progress=False)
+    out = capsys.readouterr().out
+    assert "did not hold the checkpoint's evaluations" in out and "it now holds the 2 the checkpoint carries" in out
+    assert evals(resumed) == evals(whole) and resumed.losses == whole.losses
+    assert [tuple(json.loads(x)[k] for k in ("step", "train_loss", "val_loss")) for x in path.read_text().splitlines()
+            ] == evals(whole)
+    summary = json.loads((tmp_path / SUMMARY).read_text())
+    assert summary["best_val_loss"] == whole.best_val_loss and summary["config"]["seed"] == cfg.seed
+    if damage == "another run's lines":
+        assert "another run's" in out
+
+
+def test_a_summary_of_another_run_is_removed_on_resume(tmp_path, capsys):
+    cfg = tiny("gpt2", max_steps=8)
+    run(cfg, tmp_path, until=4)
+    (tmp_path / SUMMARY).write_text(json.dumps({"run_id": "someone-else", "best_val_loss": 0.1}))
+    trainer = T.Trainer(cfg, tmp_path, resume=True, corpus=CORPUS, progress=False)
+    trainer.close()
+    assert "summarised another run (someone-else)" in capsys.readouterr().out
+    assert not (tmp_path / SUMMARY).exists(), "until this run writes its own"
+
+
+def test_temporary_files_of_killed_writes_are_removed_at_the_next_start(tmp_path, capsys):
+    cfg = tiny("gpt2", max_steps=8)
+    run(cfg, tmp_path, until=4)
+    for name in ("ckpt.pt.k2j3h4.tmp", "metrics.jsonl.x1.tmp", "summary.json.y2.tmp"):
+        (tmp_path / name).write_bytes(b"\0" * 1000)
+    (tmp_path / "notes.tmp").write_text("not ours")
+    T.train(cfg, tmp_path, resume=True, corpus=CORPUS, progress=False)
+    assert "removed 3 temporary file(s)" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", CHECKPOINT, METRICS, "notes.tmp", SUMMARY]
+
+
+@pytest.mark.parametrize("refusal", ["sizes that cannot fit", "settings that differ", "folder in use"])
+def test_a_refused_run_leaves_no_folder_it_created(tmp_path, refusal, capsys):
+    out = tmp_path / "new" / "deeper" / "run"
+    if refusal == "sizes that cannot fit":
+        argv = ["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--eval-batches", str(10**8)]
+    elif refusal == "settings that differ":
+        run(tiny("gpt2", max_steps=2), out)
+        argv = ["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--resume"]
+    else:
+        holder = T.Trainer(tiny(), out, corpus=CORPUS, progress=False, verbose=False)
+        argv = ["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--overwrite"]
+    before = sorted(p.name for p in out.iterdir()) if out.exists() else None
+    with pytest.raises(SystemExit) as exc:
+        train_cli.main(argv)
+    assert exc.value.code == 2
+    if before is None:
+        assert not (tmp_path / "new").exists(), "the folders it made are gone"
+    else:
+        assert sorted(p.name for p in out.iterdir()) == before, "an existing run's folder is left as it was"
+    if refusal == "folder in use":
+        holder.close()
+
+
+@pytest.mark.parametrize("where", ["lock file", "first evaluation", "a later evaluation", "summary", "metrics rewrite"])
+def test_a_full_disk_anywhere_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys, where):
+    out = tmp_path / "run"
+    argv = ["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]
+    if where == "metrics rewrite":
+        assert train_cli.main(argv) == 0
+        argv = [*argv, "--resume"]
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def fails(*args, **kwargs):
+        raise full
+
+    if where == "lock file":
+        monkeypatch.setattr(run_folder.os, "write", fails)
+    elif where in ("first evaluation", "a later evaluation"):
+        real = run_folder.RunFolder.append_metrics
+        count = [0]
+
+        def append(self, row):
+            count[0] += 1
+            if count[0] == (1 if where == "first evaluation" else 3):  # the 3rd: after the checkpoint of step 2
+                with files.refused_writes(f"append an evaluation to {self.metrics}"):
+                    raise full
+            real(self, row)
+
+        monkeypatch.setattr(run_folder.RunFolder, "append_metrics", append)
+    else:  # every atomic write fails: the metrics rewrite of a resume, or the summary (checkpoints set aside)
+        monkeypatch.setattr(files, "_open_for_writing", disk_fills_up_after(0))
+        if where == "summary":
+            monkeypatch.setattr(run_folder, "save_checkpoint", lambda state, path: None)
+    code = train_cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("error: ") and "No space left on device" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    kept = {"lock file": "did not start", "first evaluation": "No checkpoint had been written yet",
+            "a later evaluation": "The last good checkpoint (step 2) is kept", "summary": "The evaluations are in",
+            "metrics rewrite": "is as it was"}[where]
+    assert kept in err, err
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")], "no temporary file left"
+    if where == "lock file":
+        assert not out.exists(), "the refused run's folder is gone"
+
+
+def test_an_out_path_longer_than_the_file_system_allows_is_one_line(tmp_path, capsys):
+    out = tmp_path / ("x" * 300) / "run"
+    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write in --out") and "File name too long" in err
+    assert len(err.strip().splitlines()) == 1 and len(err) < 400, "the path is shortened in the message"
+
+
+def test_only_configuration_errors_are_usage_errors(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("a bug inside the trainer")
+
+    monkeypatch.setattr(T, "train_step", broken)
+    with pytest.raises(ValueError, match="a bug inside the trainer"):  # a traceback, not "usage: ... exit 2"
+        train_cli.main(["--arch", "gpt2", "--quick", "--out", str(tmp_path), *SMALL])
+    assert issubclass(run_folder.RunFolderError, config.ConfigError)
+
+
+def test_ctrl_c_says_only_what_happens(capsys, python_sigint_handler):
+    def ctrl_c_at_2(trainer):
+        if trainer.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        T.train(tiny("gpt2", max_steps=6), None, corpus=CORPUS, progress=False, on_step=ctrl_c_at_2)
+    captured = capsys.readouterr()
+    assert "Ctrl-C: stopping after this step (press again" in captured.err and "checkpoint" not in captured.err
+    assert "interrupted after step 2: no checkpoint written" in captured.out
+
+
+def test_a_process_that_ignores_ctrl_c_keeps_ignoring_it():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job; compare's workers
+    try:
+        seen = []
+        run(tiny("gpt2", max_steps=2), on_step=lambda t: seen.append(signal.getsignal(signal.SIGINT)))
+        assert seen == [signal.SIG_IGN, signal.SIG_IGN]
+    finally:
+        signal.signal(signal.SIGINT, previous)

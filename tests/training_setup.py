@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from modern_block.training import trainer as T
+from modern_block.training.config import TrainConfig
 from modern_block.training.data import Corpus
+from modern_block.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "".join(f"{w} the quick brown fox {i % 7} jumps over the lazy dog; " for i, w in
@@ -29,16 +30,16 @@ def never_online(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 
-def tiny(arch="llama", **kw) -> T.TrainConfig:
+def tiny(arch="llama", **kw) -> TrainConfig:
     base = dict(d=32, n_layers=2, n_heads=4, n_kv_heads=2, block_size=16, batch_size=4, max_steps=10, lr=1e-2,
                 min_lr=1e-3, warmup_steps=2, eval_interval=4, eval_batches=2, dropout=0.1, log_interval=1,
                 compile=False, device="cpu", seed=5)
     base.update(kw)
-    return T.TrainConfig(arch=arch, **base)
+    return TrainConfig(arch=arch, **base)
 
 
 def run(cfg, out=None, **kw):
-    return T.train(cfg, out, corpus=CORPUS, progress=False, verbose=False, **kw)
+    return train(cfg, out, corpus=CORPUS, progress=False, verbose=False, **kw)
 
 
 def evals(result):

@@ -1,23 +1,25 @@
 """Grade exercise notebooks, a whole class at once, outside the students' code.
 
-    python -m modern_block grade SUBMISSIONS [SUBMISSIONS ...] --reference REF [--jobs N] [--csv FILE] [--json]
-        [--timeout S] [--notebook-timeout S] [--memory-mb M] [--kernel NAME] [--same-user]
+    python -m modern_block grade SUBMISSIONS [SUBMISSIONS ...] --reference REF [--jobs N] [--csv FILE]
+        [--json] [--json-file FILE] [--timeout S] [--notebook-timeout S] [--memory-mb M] [--kernel NAME]
+        [--no-sandbox-i-trust-these-notebooks]
 
 SUBMISSIONS are notebooks or folders (searched for ``*.ipynb``; ``folder/alice/01_rmsnorm.ipynb`` is
 student ``alice``). REF is the notebook handed out (``exercises/NN_*.ipynb``), or a folder of them
 matched by file name. Each exercise is reported as passed, failed (with the check's diagnosis) or not
-attempted; a submission that cannot be graded (not a notebook, another lesson, endless, hostile) gets
-a row ``error: <reason>`` and nothing else changes.
+attempted; a submission that cannot be graded (not a notebook, a link, another lesson, endless, hostile)
+gets a row ``error: <reason>`` and nothing else changes.
 
-How: every submission runs in a fresh process of its own (``modern_block.classroom.grading.sandbox``), which
-executes its cells; the checks of ``modern_block.classroom.checks`` run here, in the grader, on inputs drawn from a
-secret, calling the student's functions and modules through stand-ins that bring back only data
-(``grading.remote``, ``grading.wire``). Nothing the student's code does to its own process (replacing a
-check, ``torch.allclose`` or the IPython input transformers, printing, exiting, killing its parent) can
-change a grade; handing in the package's own implementation is reported as such.
+How: every submission runs in a bubblewrap sandbox of its own (``grading.sandbox``) that sees the interpreter,
+a copy of the course package without the pieces the exercises ask for, its own notebook and a private tmpfs;
+the checks of ``modern_block.classroom.checks`` run here, in the grader, on inputs drawn from a secret,
+calling the student's functions and modules through stand-ins that send fresh copies and bring back only
+data (``grading.remote``, ``grading.wire``). The report is printed first; then the gradebook and the JSON
+file are written (atomically, never through a link).
 
-Exit status: 0 every exercise of every submission passed; 1 some did not, or some submission got an
-error row; 2 the grader could not run (bad arguments, an unusable reference, no notebooks found).
+Exit status: 0 every exercise of every submission passed; 1 some did not, some submission got an error
+row, or an output file could not be written (one line says which; the printed report is complete); 2 the
+grader could not run (bad arguments, an unusable reference, no notebooks found, no sandbox).
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ import shutil
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from .exercises import default_root
-from .grading.notebook import MAX_NOTEBOOK_BYTES, BadReference, NotebookError, Reference, read_notebook, reference_from
-from .grading.report import FAILED, NOT_ATTEMPTED, PASSED, Report, format_report, gradebook
-from .grading.sandbox import Limits, SandboxError, Zygote
+from .grading.files import OutputError, Submission, read_regular, refuse_target, write_atomic
+from .grading.files import collect as _collect_files
+from .grading.notebook import BadReference, NotebookError, Reference, read_notebook, reference_from
+from .grading.report import FAILED, NOT_ATTEMPTED, PASSED, Report, format_report, gradebook, one_line
+from .grading.sandbox import UNSAFE_FLAG, Launcher, Limits, SandboxError
 from .grading.session import Options, grade_submission
 
 __all__ = ["PASSED", "FAILED", "NOT_ATTEMPTED", "Options", "Limits", "Report", "Submission", "collect",
@@ -48,51 +51,13 @@ class UsageError(Exception):
     """The grader cannot run with these arguments (exit status 2)."""
 
 
-@dataclass
-class Submission:
-    path: Path
-    notebook: str  # as shown in the report
-    student: str
-    data: bytes | None = None
-    read_error: str | None = None
-
-
-def _read(path: Path) -> tuple[bytes | None, str | None]:
-    """The file's bytes, read once, before any student code runs (so no submission can change another)."""
-    try:
-        if not path.is_file():
-            return None, "not a regular file"
-        if path.stat().st_size > MAX_NOTEBOOK_BYTES:
-            return None, f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
-        return path.read_bytes(), None
-    except OSError as err:
-        return None, f"cannot read the file ({err.strerror or err})"
-
-
 def collect(paths, exclude=()) -> list[Submission]:
     """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``, ``exclude`` left
-    out of the search), read into memory."""
-    excluded = {Path(p).resolve() for p in exclude}
-    found: list[tuple[Path, str]] = []
-    for given in map(Path, paths):
-        if given.is_dir():
-            for nb in sorted(given.rglob("*.ipynb")):
-                rel = nb.relative_to(given)
-                if any(part.startswith(".") for part in rel.parts) or nb.resolve() in excluded:
-                    continue
-                found.append((nb, rel.parts[0] if len(rel.parts) > 1 else rel.stem))
-        elif given.exists() or given.is_symlink():
-            found.append((given, ""))  # named below
-        else:
-            raise UsageError(f"no such notebook or folder: {given}")
-    stems = [path.stem for path, student in found if not student]
-    subs = []
-    for path, student in found:
-        if not student:  # a file given by name: its stem, or folder/stem when two share a stem
-            student = f"{path.parent.name}/{path.stem}" if stems.count(path.stem) > 1 else path.stem
-        data, error = _read(path)
-        subs.append(Submission(path, str(path), student, data, error))
-    return subs
+    out of the search), read into memory; links and special files inside folders get error rows."""
+    try:
+        return _collect_files(paths, exclude)
+    except FileNotFoundError as err:
+        raise UsageError(f"no such notebook or folder: {err.args[0]}") from None
 
 
 def load_reference(path) -> dict[str, Reference]:
@@ -103,7 +68,7 @@ def load_reference(path) -> dict[str, Reference]:
         raise UsageError(f"--reference: no such notebook or folder of notebooks: {path}")
     refs = {}
     for f in files:
-        data, error = _read(f)
+        data, error = read_regular(os.path.realpath(f))  # the instructor's own: links followed
         try:
             if error:
                 raise NotebookError(error)
@@ -141,7 +106,7 @@ def _reference_for(sub: Submission, refs: dict[str, Reference] | None) -> tuple[
         return course_reference(sub), None
     if len(refs) == 1:
         return next(iter(refs.values())), None
-    name = sub.path.name
+    name = os.path.basename(sub.path)
     if name in refs:
         return refs[name], None
     same_lesson = [r for n, r in refs.items() if n[:3] == name[:3] and name[:2].isdigit()]
@@ -150,43 +115,42 @@ def _reference_for(sub: Submission, refs: dict[str, Reference] | None) -> tuple[
     return None, f"no reference notebook for {name} among {', '.join(sorted(refs))}"
 
 
-_ZYGOTES: dict[tuple, Zygote] = {}
-_ZYGOTE_LOCK = threading.Lock()
+_LAUNCHERS: dict[tuple, Launcher] = {}
+_LAUNCHER_LOCK = threading.Lock()
 
 
-def _zygote(python: str | None, limits: Limits) -> Zygote:
-    """One pre-loaded sandbox process per interpreter and limits, kept for the life of this process."""
+def launcher_for(python: str | None, limits: Limits) -> Launcher:
+    """One launcher (its pre-loaded interpreter) per interpreter and limits, kept for the life of this process."""
     key = (python or sys.executable, limits)
-    with _ZYGOTE_LOCK:
-        if key not in _ZYGOTES:
-            zygote = Zygote(python, limits)  # SandboxError off Linux
-            try:
-                zygote.start()
-            except SandboxError:
-                zygote.close()
-                raise
-            _ZYGOTES[key] = zygote
-            atexit.register(zygote.close)
-        return _ZYGOTES[key]
+    with _LAUNCHER_LOCK:
+        if key not in _LAUNCHERS:
+            _LAUNCHERS[key] = Launcher(python, limits)  # SandboxError where no sandbox can start
+            atexit.register(_LAUNCHERS[key].close)
+        return _LAUNCHERS[key]
 
 
 def grade_all(submissions: list[Submission], refs: dict[str, Reference] | None, options: Options | None = None,
-              jobs: int = 1, limits: Limits | None = None, python: str | None = None) -> list[Report]:
-    """Grade the submissions, ``jobs`` at a time, each in a process of its own; reports in the given order."""
+              jobs: int = 1, limits: Limits | None = None, python: str | None = None,
+              private: tuple[str, ...] = ()) -> list[Report]:
+    """Grade the submissions, ``jobs`` at a time, each in a sandbox of its own; reports in the given order.
+    ``private``: folders (the reference's, the class's) no sandbox may see, wherever they are."""
     options = options or Options()
-    zygote = _zygote(python, limits or Limits())
+    launcher = launcher_for(python, limits or Limits())
+    launcher.hide(private)
 
     def one(sub: Submission) -> Report:
         ref, problem = _reference_for(sub, refs)
         try:
-            report = grade_submission(sub.notebook, sub.student, sub.data, ref, zygote, options,
+            report = grade_submission(sub.notebook, sub.student, sub.data, ref, launcher, options,
                                       read_error=sub.read_error or problem)
             if refs is None and ref is not None:
                 report.notes.append(f"no --reference: graded with the check cells of the course's {ref.name}")
             return report
+        except SandboxError:
+            raise
         except Exception as err:  # a bug in the grader: this row says so, the others are graded
             return Report(sub.notebook, sub.student, error=f"internal error in the grader ({type(err).__name__}: "
-                                                              f"{err}); please report it")
+                                                              f"{one_line(str(err))}); please report it")
 
     if jobs <= 1 or len(submissions) <= 1:
         return [one(s) for s in submissions]
@@ -197,7 +161,8 @@ def grade_all(submissions: list[Submission], refs: dict[str, Reference] | None, 
 def grade_paths(paths, reference=None, **kwargs) -> list[Report]:
     """The Python entry point: ``grade_paths(["submissions/"], "exercises/01_rmsnorm.ipynb", jobs=2)``."""
     refs = load_reference(reference) if reference is not None else None
-    return grade_all(collect(paths, exclude=[reference] if reference else []), refs, **kwargs)
+    private = tuple(str(p) for p in [*paths, *([reference] if reference else [])])
+    return grade_all(collect(paths, exclude=[reference] if reference else []), refs, private=private, **kwargs)
 
 
 def python_of_kernel(name: str) -> str:
@@ -258,6 +223,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=_positive(int, 1, 64), default=1, help="submissions graded at once (default 1)")
     p.add_argument("--csv", default=None, help="write the gradebook (one row per submission) to this CSV file")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
+    p.add_argument("--json-file", default=None, help="also write the report as JSON to this file")
     p.add_argument("--timeout", type=_positive(float, 0.1, 3600), default=60.0,
                    help="seconds for each cell and each exercise's check (default 60)")
     p.add_argument("--notebook-timeout", type=_positive(float, 1, 86400), default=600.0,
@@ -265,9 +231,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-mb", type=_positive(int, 256, 1 << 20), default=2048,
                    help="memory a submission's process may add to the loaded interpreter (default 2048)")
     p.add_argument("--kernel", default="python3", help="Jupyter kernel whose Python runs the submissions")
-    p.add_argument("--same-user", action="store_true",
-                   help="when run as root, run submissions as root too, not as users of their own (weaker)")
+    p.add_argument(UNSAFE_FLAG, dest="no_sandbox", action="store_true",
+                   help="where bubblewrap cannot run: grade in plain processes of your user, which can read, change "
+                        "and send anything your user can (only for notebooks you trust)")
     return p
+
+
+def _document(reports: list[Report]) -> dict:
+    return {"notebooks": [r.to_dict() for r in reports], "all_passed": all(r.all_passed for r in reports),
+            "summary": {"notebooks": len(reports), "errors": sum(r.error is not None for r in reports),
+                        "all_passed": sum(r.all_passed for r in reports)}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,26 +249,24 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # argparse has printed the usage error
         return 2 if exit_.code else 0
     try:
-        if args.csv and not Path(args.csv).resolve().parent.is_dir():
-            raise UsageError(f"--csv: the folder of {args.csv} does not exist")
+        for option, target in (("--csv", args.csv), ("--json-file", args.json_file)):
+            if target:
+                refuse_target(target, option)
         refs = load_reference(args.reference) if args.reference else None
         submissions = collect(args.submissions, exclude=[args.reference] if args.reference else [])
         if not submissions:
             raise UsageError(f"no notebooks found in {', '.join(args.submissions)}")
         python = python_of_kernel(args.kernel)
         limits = Limits(memory_mb=args.memory_mb, cpu_seconds=int(args.notebook_timeout) + 30,
-                        same_user=args.same_user)
+                        sandbox=not args.no_sandbox)
         options = Options(timeout=args.timeout, notebook_timeout=args.notebook_timeout)
-        reports = grade_all(submissions, refs, options, args.jobs, limits, python)
-    except (UsageError, SandboxError) as err:
-        _emit(f"error: {err}\n", sys.stderr)
+        private = tuple(args.submissions) + ((args.reference,) if args.reference else ())
+        reports = grade_all(submissions, refs, options, args.jobs, limits, python, private)
+    except (UsageError, SandboxError, OutputError) as err:
+        _emit(f"error: {one_line(str(err))}\n", sys.stderr)
         return 2
-    if args.csv:
-        Path(args.csv).write_text(gradebook(reports), encoding="utf-8", newline="")
+    doc = _document(reports)
     if args.json:
-        doc = {"notebooks": [r.to_dict() for r in reports], "all_passed": all(r.all_passed for r in reports),
-               "summary": {"notebooks": len(reports), "errors": sum(r.error is not None for r in reports),
-                           "all_passed": sum(r.all_passed for r in reports)}}
         text = json.dumps(doc, indent=1, ensure_ascii=False)
         try:
             text.encode(getattr(sys.stdout, "encoding", None) or "utf-8")
@@ -304,7 +275,17 @@ def main(argv: list[str] | None = None) -> int:
         _emit(text + "\n")
     else:
         _emit("\n\n".join(format_report(r) for r in reports) + "\n")
-    return 0 if all(r.all_passed for r in reports) else 1
+    status = 0 if all(r.all_passed for r in reports) else 1
+    outputs = [(args.csv, "--csv", lambda: gradebook(reports)),
+               (args.json_file, "--json-file", lambda: json.dumps(doc, indent=1, ensure_ascii=False) + "\n")]
+    for target, option, render in outputs:
+        if target:
+            try:
+                write_atomic(target, render(), option)
+            except OutputError as err:  # disk full, read-only, a path planted meanwhile: the report stands
+                _emit(f"error: {one_line(str(err))}: not written (the report above is complete)\n", sys.stderr)
+                status = 1
+    return status
 
 
 if __name__ == "__main__":

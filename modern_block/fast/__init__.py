@@ -1,12 +1,17 @@
 """The fast layer: an explicit, opt-in step that turns a trained model into a faster one for decoding, and the
 tools that measure where decoding time goes. The model files never import it.
 
-* ``decoding``: ``prepare`` (fused projections, a static cache, a compiled decode step) and ``generate``;
+* ``fused``: step 1, ``fused_copy`` swaps every GQAttention and SwiGLU for a fused version;
+* ``static_cache``: step 2, ``StaticKVCache``, fixed-shape buffers behind the plain cache interface;
+* ``decoding``: ``prepare`` (the steps together, and step 3: a compiled decode step) and ``generate``;
 * ``profiling``: operators per call and their time, the bytes of weights a decoded token reads, memory bandwidth.
 """
 
-from .decoding import COMPILE_OPTIONS, FastLM, cache_capacity, fuse_linears, generate, prepare
+from .decoding import COMPILE_OPTIONS, FastLM, cache_capacity, generate, prepare
+from .fused import FusedGQAttention, FusedSwiGLU, fuse_linears, fused_copy
 from .profiling import OpProfile, decode_weight_bytes, memory_bandwidth, profile_ops
+from .static_cache import StaticKVCache, StaticLayerCache
 
-__all__ = ["prepare", "generate", "FastLM", "fuse_linears", "cache_capacity", "COMPILE_OPTIONS",
+__all__ = ["prepare", "generate", "FastLM", "cache_capacity", "COMPILE_OPTIONS",
+           "fused_copy", "fuse_linears", "FusedGQAttention", "FusedSwiGLU", "StaticKVCache", "StaticLayerCache",
            "profile_ops", "OpProfile", "decode_weight_bytes", "memory_bandwidth"]

@@ -1,27 +1,27 @@
-"""The fast layer: an explicit, opt-in transformation of a LlamaStyleLM for decoding.
+"""The fast layer: an explicit, opt-in transformation of a trained model for decoding.
 
-    fast_model = fast.prepare(model)              # a new model: weights copied and fused once
+    fast_model = fast.prepare(model)              # a transformed copy; model itself is not changed
     out = fast.generate(fast_model, idx, 128)     # the same tokens as modern_block.generate(model, idx, 128)
 
 The plain model files never import this module, and ``modern_block.generate`` stays the plain loop.
-``prepare`` applies, at that moment and on a copy, what production engines do at load time:
+``prepare`` applies, at that moment and on a copy, what production engines do at load time, in three steps
+that can each be switched on alone and measured (lesson 04 measures them):
 
-1. **Fused projections** (litgpt fuses q/k/v when it converts a checkpoint): W_q, W_k and W_v are
-   stacked into one ``nn.Linear`` and W_gate and W_up into another, so a layer runs 4 matrix
-   multiplications instead of 7. The fused weights are exactly the stacked originals.
-2. **A static cache** (gpt-fast's recipe): every layer's K and V live in buffers of a fixed shape
-   [B, n_kv, capacity, d_h], written at a position *tensor*; each step attends over the whole
-   buffer with a mask that hides the slots not yet written. Every decode step then has the same
-   shapes and the same code path, which is what lets a compiler treat it as one fixed graph.
-3. **A compiled decode step**: ``torch.compile`` of the one-token step (full graph, static shapes)
-   fuses each layer's small element-wise ops into a few kernels and takes Python out of the layer loop.
+1. **Fused projections** (``fused``, ``fuse=True``): every ``GQAttention`` and ``SwiGLU`` module is swapped
+   for a fused version whose one matrix is the stacked originals: 4 matrix multiplications per layer instead of 7.
+2. **A static cache** (``static_cache``, ``static_cache=True``, the default when compiling): fixed-shape buffers
+   and a position tensor, behind the cache interface the plain attention already calls, so the model's own
+   forward runs every step on the same shapes. In eager mode it costs a few operators per layer (the mask over
+   the whole buffer), so without a compiler the plain ``KVCache`` is the faster choice.
+3. **A compiled decode step** (``compile=True``, needs the static cache): ``torch.compile`` of the one-token step
+   (full graph, static shapes) fuses each layer's small element-wise ops into a few kernels and takes Python
+   out of the layer loop.
 
-Measured gains are in ``benchmarks/README.md`` (and re-measured in lesson 04's "Making decoding fast").
-The fast model is a snapshot for inference: later changes to the original model do not reach it.
-Supported: ``LlamaStyleLM`` with grouped-query attention (MHA, GQA, MQA), with or without QK-norm,
-tied or untied, any ``head_dim``, q/k/v biases (Qwen2), RoPE scaling with a fixed table (linear, YaRN,
-Llama 3). Refused: MLA models (their decode path absorbs weights in a way
-this module does not fuse), dynamic NTK scaling (its table changes with the length) and any other model class.
+The rule: any model built on ``decoder.DecoderLM`` (GPT2LM, LlamaStyleLM with GQA or MLA and any RoPE
+scaling, the ladder's models) is accepted; the fast layer fuses ``GQAttention`` and ``SwiGLU`` and leaves every
+other module as it is. Apart from the fused projections nothing of the model is re-implemented here, so a model
+feature added to the model files works in the fast layer too. Measured gains: ``benchmarks/README.md``. The fast
+model is a snapshot for inference: later changes to the original model do not reach it.
 """
 
 import copy
@@ -29,148 +29,75 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from ..attention import GQAttention
+from ..decoder import DecoderLM
 from ..generate import check_request, next_token
-from ..llama import LlamaStyleLM
-from ..rope import apply_rope
+from ..kv_cache import KVCache
 from ..validate import positive_int, token_ids
-
-
-def fuse_linears(*linears: nn.Linear) -> nn.Linear:
-    """One ``nn.Linear`` whose output is the outputs of ``linears``, stacked (rows of the weights, and
-    of the biases when they have them, as Qwen2's q/k/v do, in order)."""
-    biased = {lin.bias is not None for lin in linears}
-    if len(biased) > 1:
-        raise ValueError("fuse_linears: the projections must all have a bias or all have none")
-    w = torch.cat([lin.weight.detach() for lin in linears], dim=0)  # [sum of out_features, in_features]
-    fused = nn.Linear(w.shape[1], w.shape[0], bias=biased == {True}, device=w.device, dtype=w.dtype)
-    with torch.no_grad():
-        fused.weight.copy_(w)
-        if fused.bias is not None:
-            fused.bias.copy_(torch.cat([lin.bias.detach() for lin in linears]))  # [sum of out_features]
-    return fused.requires_grad_(False)
-
-
-class FastAttention(nn.Module):
-    """GQA with one q/k/v matmul and a static cache written at ``pos``."""
-
-    def __init__(self, attn: GQAttention):
-        super().__init__()
-        self.h, self.kv, self.dh = attn.h, attn.kv, attn.dh
-        self.wqkv = fuse_linears(attn.wq, attn.wk, attn.wv)  # [d] -> [(h + 2 n_kv) d_h]
-        self.wo = copy.deepcopy(attn.wo)
-        self.q_norm, self.k_norm = copy.deepcopy(attn.q_norm), copy.deepcopy(attn.k_norm)
-        self.k_cache: torch.Tensor | None = None  # [B, n_kv, capacity, d_h], set by FastLM.setup_cache
-        self.v_cache: torch.Tensor | None = None
-
-    def forward(self, x, cos, sin, pos, mask):
-        """x: [B, T, d] at positions ``pos`` [T]; mask: [T, capacity], True where a slot may be read."""
-        B, T, _ = x.shape
-        q, k, v = self.wqkv(x).split([self.h * self.dh, self.kv * self.dh, self.kv * self.dh], dim=-1)
-        q = self.q_norm(q.view(B, T, self.h, self.dh).transpose(1, 2))  # [B, h, T, dh]
-        k = self.k_norm(k.view(B, T, self.kv, self.dh).transpose(1, 2))  # [B, kv, T, dh]
-        v = v.view(B, T, self.kv, self.dh).transpose(1, 2)  # [B, kv, T, dh]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        self.k_cache[:, :, pos] = k  # write the new keys/values at their positions, in place
-        self.v_cache[:, :, pos] = v
-        out = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask,
-                                             enable_gqa=self.kv != self.h)  # [B, h, T, dh]
-        return self.wo(out.transpose(1, 2).reshape(B, T, self.h * self.dh))  # [B, T, d]
-
-
-class FastSwiGLU(nn.Module):
-    """SwiGLU with gate and up in one matmul."""
-
-    def __init__(self, ffn):
-        super().__init__()
-        self.d_ff = ffn.w_gate.out_features
-        self.w_gate_up = fuse_linears(ffn.w_gate, ffn.w_up)  # [d] -> [2 d_ff]
-        self.w_down = copy.deepcopy(ffn.w_down)
-
-    def forward(self, x):  # x: [..., d]
-        gate, up = self.w_gate_up(x).split(self.d_ff, dim=-1)  # [..., d_ff] each
-        return self.w_down(F.silu(gate) * up)
-
-
-class FastBlock(nn.Module):
-    def __init__(self, block):
-        super().__init__()
-        self.attn_norm, self.ffn_norm = copy.deepcopy(block.attn_norm), copy.deepcopy(block.ffn_norm)
-        self.attn, self.ffn = FastAttention(block.attn), FastSwiGLU(block.ffn)
-
-    def forward(self, x, cos, sin, pos, mask):
-        x = x + self.attn(self.attn_norm(x), cos, sin, pos, mask)
-        return x + self.ffn(self.ffn_norm(x))
+from .fused import fused_copy
+from .static_cache import StaticKVCache
 
 
 class FastLM(nn.Module):
-    """What ``prepare`` returns: the model with fused projections and a static cache, for inference.
+    """What ``prepare`` returns: ``model`` (a copy of the original, fused unless ``fuse=False``), the ``cache`` it
+    decodes with (a ``StaticKVCache`` when ``static_cache``, else a ``KVCache``), and ``step``, the one-token step
+    (compiled by ``compile_step``).
 
-    ``forward(idx, pos)`` runs tokens ``idx`` [B, T] at positions ``pos`` [T] against the cache and returns
-    logits [B, T, V]; ``step(tok, pos)`` is the one-token step (compiled when ``compile`` was asked).
+    ``forward(idx)`` runs tokens idx [B, T] after those the cache holds and returns logits [B, T, V];
+    ``step(tok)`` runs one token per sequence, tok [B, 1], and returns logits [B, V].
     """
 
-    def __init__(self, model: LlamaStyleLM):
+    def __init__(self, model: DecoderLM, static_cache: bool = True):
         super().__init__()
-        self.V, self.max_len = model.V, model.max_len
-        self.emb = copy.deepcopy(model.emb)
-        self.blocks = nn.ModuleList(FastBlock(b) for b in model.blocks)
-        self.norm = copy.deepcopy(model.norm)
-        self.head = self.emb_tied_head() if model.tied else copy.deepcopy(model.head)
-        self.register_buffer("cos", model.cos.clone(), persistent=False)  # [max_len, dh/2]
-        self.register_buffer("sin", model.sin.clone(), persistent=False)
-        self.register_buffer("slots", torch.arange(model.max_len, device=model.cos.device), persistent=False)
-        self.requires_grad_(False).eval()
-        self.step = self._step  # replaced by the compiled step in ``compile``
+        self.model, self.static_cache = model, static_cache
+        self.cache: KVCache | None = None
+        self.step = self.eager_step  # replaced by the compiled step in ``compile_step``
         self.compiled = False
 
-    def emb_tied_head(self) -> nn.Linear:
-        head = nn.Linear(self.emb.weight.shape[1], self.V, bias=False, device=self.emb.weight.device)
-        head.weight = self.emb.weight  # tied, as in the original
-        return head
+    @property
+    def V(self) -> int:
+        return self.model.V
 
     @property
-    def tied(self) -> bool:
-        return self.head.weight is self.emb.weight
+    def max_len(self) -> int:
+        return self.model.max_len
 
     @property
     def capacity(self) -> int:
-        k = self.blocks[0].attn.k_cache
-        return 0 if k is None else k.shape[2]
+        return 0 if self.cache is None else self.cache.capacity
 
     def setup_cache(self, batch: int, capacity: int) -> None:
-        """Allocate every layer's K/V buffers, [batch, n_kv, capacity, d_h], zero-filled."""
+        """A new, empty cache of ``capacity`` positions (its buffers are allocated by the first forward)."""
         positive_int("batch", batch)
         positive_int("capacity", capacity)
         if capacity > self.max_len:
             raise ValueError(f"capacity ({capacity}) must not exceed max_len ({self.max_len})")
-        w = self.emb.weight
-        for blk in self.blocks:
-            a = blk.attn
-            a.k_cache = torch.zeros(batch, a.kv, capacity, a.dh, dtype=w.dtype, device=w.device)
-            a.v_cache = torch.zeros_like(a.k_cache)
+        n_layers = len(self.model.blocks)
+        self.cache = (StaticKVCache(n_layers, capacity, self.model.emb.weight.device) if self.static_cache
+                      else KVCache(n_layers, capacity))
 
-    def forward(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """idx: [B, T] token ids at positions pos [T] (after the ones already cached). Returns [B, T, V]."""
-        cap = self.capacity
-        mask = self.slots[:cap] <= pos.unsqueeze(-1)  # [T, cap]: token at p reads slots 0..p
-        cos, sin = self.cos[pos], self.sin[pos]  # [T, dh/2]
-        x = self.emb(idx)  # [B, T, d]
-        for blk in self.blocks:
-            x = blk(x, cos, sin, pos, mask)
-        return self.head(self.norm(x))  # [B, T, V]
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx: [B, T] token ids after the ones already cached. Returns logits [B, T, V]."""
+        if self.cache is None:
+            raise ValueError("no static cache: call setup_cache(batch, capacity) first (fast.generate does)")
+        if int(self.cache.length) + idx.shape[1] > self.capacity:
+            raise ValueError(f"the static cache holds at most {self.capacity} tokens; {int(self.cache.length)} + "
+                             f"{idx.shape[1]} new would exceed it")
+        return self.model(idx, self.cache)
 
-    def _step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """The decode step: one token per sequence, tok [B, 1] at position pos [1] -> logits [B, V]."""
-        return self.forward(tok, pos)[:, -1]
+    def eager_step(self, tok: torch.Tensor) -> torch.Tensor:
+        """The decode step: one token per sequence, tok [B, 1], after the cached ones -> logits [B, V]."""
+        return self.model(tok, self.cache)[:, -1]
 
-    def compile(self, mode: str | None = None, options: dict | None = None) -> "FastLM":
-        """Compile the one-token step with ``torch.compile`` (full graph, static shapes). The first
-        call of each cache shape pays the compile time (tens of seconds on a laptop CPU)."""
+    def compile_step(self, mode: str | None = None, options: dict | None = None) -> "FastLM":
+        """Compile the one-token step with ``torch.compile`` (full graph, static shapes); ``mode`` and ``options``
+        go to ``torch.compile``. The first step of each cache shape pays the compile time (tens of seconds on a
+        laptop CPU). Every fast model compiles the same step function, and torch refuses to compile one function
+        more than 8 times in a process: to compile a ninth model, call ``torch.compiler.reset()`` first."""
+        if not self.static_cache:
+            raise ValueError("compiling the decode step needs the static cache (its shapes do not change)")
         self.compiled = True
-        self.step = torch.compile(self._step, fullgraph=True, dynamic=False, mode=mode, options=options)
+        self.step = torch.compile(self.eager_step, fullgraph=True, dynamic=False, mode=mode, options=options)
         return self
 
 
@@ -180,21 +107,18 @@ class FastLM(nn.Module):
 COMPILE_OPTIONS = {"cpp_wrapper": True, "compile_threads": 1}
 
 
-def prepare(model: LlamaStyleLM, compile: bool = True, mode: str | None = None,
-            options: dict | None = None) -> FastLM:
-    """A fast copy of ``model`` for decoding: fused q/k/v and gate/up, a static cache and, unless
-    ``compile=False``, a compiled decode step (``mode`` and ``options`` go to ``torch.compile``;
-    ``options`` defaults to ``COMPILE_OPTIONS``). ``model`` itself is not changed."""
-    if not isinstance(model, LlamaStyleLM):
-        raise TypeError(f"fast.prepare takes a LlamaStyleLM, got {type(model).__name__}")
-    if not isinstance(model.blocks[0].attn, GQAttention):
-        raise ValueError("fast.prepare supports grouped-query attention (MHA/GQA/MQA) only; this model uses "
-                         f"{type(model.blocks[0].attn).__name__} (MLA): decode it with modern_block.generate")
-    if model.rope_scaling is not None and model.rope_scaling["rope_type"] == "dynamic":
-        raise ValueError("fast.prepare: dynamic NTK RoPE scaling recomputes the frequencies as the sequence grows, "
-                         "which a static table cannot do: decode this model with modern_block.generate")
-    fast_model = FastLM(model)
-    return fast_model.compile(mode, COMPILE_OPTIONS if options is None else options) if compile else fast_model
+def prepare(model: DecoderLM, compile: bool = True, mode: str | None = None, options: dict | None = None, *,
+            fuse: bool = True, static_cache: bool | None = None) -> FastLM:
+    """A fast copy of ``model`` for decoding: fused q/k/v and gate/up (unless ``fuse=False``), a static cache
+    (``static_cache``, by default when compiling) and, unless ``compile=False``, a compiled decode step (``mode``
+    and ``options`` go to ``torch.compile``; ``options`` defaults to ``COMPILE_OPTIONS``). ``model`` itself is
+    not changed."""
+    if not isinstance(model, DecoderLM):
+        raise TypeError("fast.prepare takes a model built on modern_block.decoder.DecoderLM (GPT2LM, LlamaStyleLM, "
+                        f"the ladder's models), got {type(model).__name__}")
+    copied = fused_copy(model) if fuse else copy.deepcopy(model).requires_grad_(False).eval()
+    fast_model = FastLM(copied, static_cache=compile if static_cache is None else static_cache)
+    return fast_model.compile_step(mode, COMPILE_OPTIONS if options is None else options) if compile else fast_model
 
 
 def cache_capacity(needed: int, max_len: int, multiple: int = 64) -> int:
@@ -214,22 +138,20 @@ def generate(fast_model: FastLM, idx: torch.Tensor, max_new_tokens: int, tempera
         raise TypeError(f"fast.generate takes the model fast.prepare returns, got {type(fast_model).__name__}")
     needed = check_request(fast_model, idx, max_new_tokens, temperature, top_k)
     token_ids(idx, fast_model.V, fast_model.max_len)  # checked once: generated ids are always in range
-    w = fast_model.emb.weight
+    w = fast_model.model.emb.weight
     if idx.device != w.device:
         raise ValueError(f"idx is on {idx.device} but the model is on {w.device}: move one of them")
-    B, T0 = idx.shape
     capacity = cache_capacity(needed, fast_model.max_len)
-    k = fast_model.blocks[0].attn.k_cache
-    if k is None or (k.shape[0], k.shape[2], k.dtype, k.device) != (B, capacity, w.dtype, w.device):
-        fast_model.setup_cache(B, capacity)
-    pos = torch.arange(T0, device=idx.device)  # [T0]
-    logits = fast_model(idx, pos)[:, -1]  # prefill: [B, V]
+    cache = fast_model.cache
+    if isinstance(cache, StaticKVCache) and cache.fits(idx.shape[0], capacity, w.dtype, w.device):
+        cache.reset()  # the same buffers, overwritten: the compiled step's inputs do not change
+    else:
+        fast_model.setup_cache(idx.shape[0], capacity)
+    logits = fast_model(idx)[:, -1]  # prefill: [B, V]
     new = [next_token(logits, temperature, top_k, generator)]  # [B, 1] per new token
-    pos = pos[-1:] + 1  # [1]: the position of the token fed next, advanced in place
 
     def advance():
-        new.append(next_token(fast_model.step(new[-1], pos), temperature, top_k, generator))
-        pos.add_(1)
+        new.append(next_token(fast_model.step(new[-1]), temperature, top_k, generator))
 
     if max_new_tokens > 1:
         advance()  # the first step checks the compiled graph's guards (and compiles, once per cache shape)

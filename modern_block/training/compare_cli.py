@@ -6,36 +6,46 @@ number of parameters (within 2%, ``modern_block.training.ladder``), the same cha
 peak learning rate of a small sweep, once per seed, and is reported at its own best rate. Writes
 DIR/report.md, DIR/loss_curves.png, DIR/sweep.png, DIR/results.json and, per run,
 DIR/<model>-lr<LR>-seed<S>/metrics.jsonl and summary.json (no checkpoints: use
-``modern_block.training.trainer`` to keep and resume one run). The experiment itself lives in
-``modern_block.training.experiments``; this is its command line.
+``python -m modern_block train`` to keep and resume one run). The experiment itself lives in
+``modern_block.training.experiments``, its report in ``modern_block.training.report``; this is its
+command line.
+
+Exit status: 0 done; 2 a usage error; 1 a failure, in one line that says what is kept (a full disk or a
+read-only folder, a worker that died, every run diverged); 130 Ctrl-C, which stops every run after its
+current step and starts no queued one. ``--workers`` processes die with this one however it ends
+(``training.workers``).
 """
 
 import argparse
 import sys
 import time
-from pathlib import Path
+from concurrent.futures.process import BrokenProcessPool
 
+from .checkpoint import CheckpointError
+from .config import ConfigError
 from .distributed import RankFailedError, is_main_process, ranks_from_env
-from .experiments import ARMS, GPU_RATES, QUICK_RATES, compare, write_report
-from .options import add_run_options, config_from_args, positive_float, positive_int, quick_from_args, seed_int
+from .experiments import ARMS, GPU_RATES, QUICK_RATES, compare
+from .files import StorageError, reason
+from .options import add_run_options, config_from_args, positive_float_arg, positive_int_arg, quick_from_args, seed_arg
+from .report import write_report
 from .run_folder import RunFolderError
 
 
 def build_parser() -> argparse.ArgumentParser:
     cmp_parser = argparse.ArgumentParser(prog="python -m modern_block compare", description=__doc__.split("\n\n")[0])
     cmp_parser.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
-    cmp_parser.add_argument("--seeds", type=seed_int, nargs="+", default=None,
+    cmp_parser.add_argument("--seeds", type=seed_arg, nargs="+", default=None,
                             help="seeds, one run per model, rate and seed (default: 0 1; 0 1 2 at GPU scale)")
-    cmp_parser.add_argument("--rates", type=positive_float, nargs="+", default=None, metavar="LR",
+    cmp_parser.add_argument("--rates", type=positive_float_arg, nargs="+", default=None, metavar="LR",
                             help=f"peak learning rates to sweep (default: {' '.join(map(str, QUICK_RATES))}; "
                                  f"{' '.join(map(str, GPU_RATES))} at GPU scale)")
     for arch in ("gpt2", "llama"):
-        cmp_parser.add_argument(f"--lr-{arch}", type=positive_float, default=None,
+        cmp_parser.add_argument(f"--lr-{arch}", type=positive_float_arg, default=None,
                                 help=f"train the {'GPT-2' if arch == 'gpt2' else 'Llama-style'} model at this "
                                      "peak rate only (no sweep for it)")
     cmp_parser.add_argument("--tied", action="store_true",
                             help="tie both models' output heads to their embeddings (default: both untied)")
-    cmp_parser.add_argument("--workers", type=positive_int, default=1,
+    cmp_parser.add_argument("--workers", type=positive_int_arg, default=1,
                             help="trainings at once, each in its own process (CPU cores, or runs sharing a GPU)")
     add_run_options(cmp_parser)
     return cmp_parser
@@ -61,22 +71,33 @@ def main(argv=None) -> int:
     rates = {gpt2_arm: [args.lr_gpt2] if args.lr_gpt2 else shared,
              llama_arm: [args.lr_llama] if args.lr_llama else shared}
     start = time.perf_counter()
+    kept = f"what the runs wrote is kept in {args.out} (metrics.jsonl; summary.json for each run that finished)"
     try:
         arms = compare(base, rates, seeds, tie=args.tied, out_dir=args.out, workers=args.workers,
                        progress=False if args.no_progress else None, verbose=args.workers == 1)
-    except (RunFolderError, RankFailedError) as err:  # RunFolderError: --out in use by another run
-        print(f"error: {err}", file=sys.stderr)
+        if not is_main_process():  # under torchrun every process trains; rank 0 writes the report
+            return 0
+        if not any(arm.trained for arm in arms.values()):
+            print("error: every run diverged (non-finite loss); try lower --rates", file=sys.stderr)
+            return 1
+        report = write_report(arms, args.out, mode, time.perf_counter() - start)
+    except (RunFolderError, RankFailedError, StorageError, CheckpointError) as err:  # RunFolderError: in use
+        print(f"error: {err}. No report written; {kept}", file=sys.stderr)
+        return 1
+    except ConfigError as err:
+        parser.error(str(err))
+    except BrokenProcessPool as err:
+        print(f"error: a worker process died ({err}); no report written; {kept}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"error: {reason(err)}{f': {err.filename}' if err.filename else ''}. No report written; {kept}",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"interrupted: compare stopped every run after its current step and started no other; no report "
+              f"written; {kept}", file=sys.stderr)
         return 130
-    if not is_main_process():  # under torchrun every process trains; rank 0 writes the report
-        return 0
-    if not any(arm.trained for arm in arms.values()):
-        print("error: every run diverged (non-finite loss); try lower --rates", file=sys.stderr)
-        return 1
-    report = write_report(arms, args.out, mode, time.perf_counter() - start)
-    print((Path(args.out) / "report.md").read_text().split("\n## Samples")[0])
+    print(report.read_text().split("\n## Samples")[0])
     print(f"report: {report}")
     return 0
 

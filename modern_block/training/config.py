@@ -2,7 +2,8 @@
 two scales (``gpu_config``: nanoGPT's shakespeare-char budget; ``quick_config``: the CPU scale), the
 learning-rate schedule, the optimizer's parameter groups, and which settings a resumed run may change.
 ``modern_block.training.trainer`` runs a config; ``modern_block.training.options`` builds one from command-line
-options."""
+options. A setting that breaks a rule, or contradicts another, is a ``ConfigError``: the one kind of error the
+command lines report as a usage error."""
 
 import math
 import os
@@ -11,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 import torch.nn as nn
 
-from .ladder import RUNG_NAMES, ModelShape
+from .rungs import RUNG_NAMES, ModelShape
 
 QUICK_ENV = "MODERN_BLOCK_QUICK"
 EVAL_SEED = 1234  # the fixed evaluation windows do not depend on the run's seed
@@ -21,6 +22,10 @@ RUNTIME_FIELDS = ("device", "compile", "log_interval", "micro_batch_size")
 MAX_INT = 2**31 - 1  # sizes and counts beyond this are typos (and overflow some kernels)
 MAX_SEED = 2**63 - 1  # torch's generators take 64-bit seeds
 MAX_LR = 1e3  # far above any rate that trains (lesson 08 shows 10 and 100 diverge), far below float32 overflow
+
+
+class ConfigError(ValueError):
+    """A run's settings break a rule or contradict each other (or the run they would resume)."""
 
 
 @dataclass
@@ -58,30 +63,33 @@ class TrainConfig:
         for name in ints + (("micro_batch_size",) if self.micro_batch_size is not None else ()):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_INT:
-                raise ValueError(f"{name} must be a positive int of at most {MAX_INT:,}, got {value!r}")
+                raise ConfigError(f"{name} must be a positive int of at most {MAX_INT:,}, got {value!r}")
         if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
-            raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide batch_size ({self.batch_size})")
+            raise ConfigError(f"micro_batch_size ({self.micro_batch_size}) must divide batch_size ({self.batch_size})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"seed must be an int in [0, 2**63 - 1], got {self.seed!r}")
+            raise ConfigError(f"seed must be an int in [0, 2**63 - 1], got {self.seed!r}")
         if self.arch not in ARCHS and self.arch.removeprefix("ladder:") not in RUNG_NAMES:
-            raise ValueError(f"arch must be one of {list(ARCHS)} or 'ladder:<rung>' with a rung in "
+            raise ConfigError(f"arch must be one of {list(ARCHS)} or 'ladder:<rung>' with a rung in "
                              f"{list(RUNG_NAMES)}, got {self.arch!r}")
         if not (math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
-            raise ValueError(f"lr must be a positive finite number of at most {MAX_LR:g} (AdamW moves every weight "
+            raise ConfigError(f"lr must be a positive finite number of at most {MAX_LR:g} (AdamW moves every weight "
                              f"by about lr per step; nanoGPT uses 1e-3; beyond this AdamW's float32 arithmetic "
                              f"overflows), got {self.lr}")
         if not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
+            raise ConfigError(f"min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a non-negative int, got {self.warmup_steps!r}")
+            raise ConfigError(f"warmup_steps must be a non-negative int, got {self.warmup_steps!r}")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         if not (self.weight_decay >= 0 and self.grad_clip >= 0):
-            raise ValueError(f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, {self.grad_clip}")
-        ModelShape(self.d, self.n_layers, self.n_heads, self.n_kv_heads, self.block_size)  # checks divisibility
+            raise ConfigError(f"weight_decay and grad_clip must be >= 0, got {self.weight_decay}, {self.grad_clip}")
+        try:
+            self.shape  # noqa: B018 - builds the ModelShape, which checks divisibility
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
     @property
     def shape(self) -> ModelShape:
@@ -138,14 +146,12 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> t
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
 
 
-
-def resumed_config(given: TrainConfig, saved: dict) -> TrainConfig:
+def resumed_config(given: TrainConfig, saved_cfg: TrainConfig) -> TrainConfig:
     """The saved config, with the runtime options of ``given``; any other difference is an error."""
-    saved_cfg = TrainConfig(**saved)
     diffs = [f"{f.name} (saved {getattr(saved_cfg, f.name)!r}, given {getattr(given, f.name)!r})"
              for f in fields(TrainConfig)
              if f.name not in RUNTIME_FIELDS and getattr(saved_cfg, f.name) != getattr(given, f.name)]
     if diffs:
-        raise ValueError("--resume continues the saved run with its own settings; these differ: " + "; ".join(diffs))
+        raise ConfigError("--resume continues the saved run with its own settings; these differ: " + "; ".join(diffs))
     return replace(saved_cfg, **{name: getattr(given, name) for name in RUNTIME_FIELDS})
 

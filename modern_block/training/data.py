@@ -29,6 +29,7 @@ from ..validate import positive_int
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 TINYSHAKESPEARE_CHARS = 1_115_394
+TINYSHAKESPEARE_BYTES = 1_115_394  # ASCII: one byte per character; a file of another size is not hashed
 TINYSHAKESPEARE_FILE = "tinyshakespeare.txt"
 DATA_ENV = "MODERN_BLOCK_DATA"
 FALLBACK_CHARS = 1_000_000  # about as much text as tinyshakespeare
@@ -65,18 +66,23 @@ def sha256_of(path) -> str:
     return h.hexdigest()
 
 
-def download(url: str, dest, sha256: str, timeout: float = 30.0) -> Path:
+def download(url: str, dest, sha256: str, timeout: float = 30.0, size: int | None = None) -> Path:
     """Fetch ``url`` into ``dest`` atomically and verify it: the bytes go to a temporary file in the
-    same folder, are checked against ``sha256``, and only then renamed onto ``dest`` (``os.replace``
-    is atomic on one file system). Raises ``ChecksumError`` (nothing is written) on a mismatch and
-    ``OSError``/``urllib.error.URLError`` when the source cannot be reached."""
+    same folder, are checked against ``sha256`` (and ``size``, if given: a longer answer is cut off
+    there), and only then renamed onto ``dest`` (``os.replace`` is atomic on one file system). Raises
+    ``ChecksumError`` (nothing is written) on a mismatch and ``OSError``/``urllib.error.URLError``
+    when the source cannot be reached."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
     try:
-        h = hashlib.sha256()
+        h, received = hashlib.sha256(), 0
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
             for chunk in iter(lambda: response.read(1 << 16), b""):
+                received += len(chunk)
+                if size is not None and received > size:
+                    raise ChecksumError(f"the file from {url} is longer than the expected {size:,} bytes "
+                                        "(a different file); it was not kept")
                 h.update(chunk)
                 out.write(chunk)
         if h.hexdigest() != sha256:
@@ -89,8 +95,14 @@ def download(url: str, dest, sha256: str, timeout: float = 30.0) -> Path:
     return dest
 
 
-def _verified(path: Path, sha256: str) -> bool:
-    return path.is_file() and sha256_of(path) == sha256
+def _wrong(path: Path) -> str | None:
+    """Why ``path`` is not tinyshakespeare (its size is checked before anything is hashed), or None."""
+    size = path.stat().st_size
+    if size != TINYSHAKESPEARE_BYTES:
+        return f"it has {size:,} bytes, not the {TINYSHAKESPEARE_BYTES:,} of tinyshakespeare"
+    if sha256_of(path) != TINYSHAKESPEARE_SHA256:
+        return "it does not have the expected sha256"
+    return None
 
 
 def stdlib_text(max_chars: int = FALLBACK_CHARS) -> tuple[str, str]:
@@ -122,36 +134,39 @@ def load_corpus(url: str = TINYSHAKESPEARE_URL, data_dir=None, cache=None, fallb
     a failed download raises instead of switching to the standard library's source text.
     """
     say = print if verbose else (lambda *a, **k: None)
+    from_env = data_dir is None and bool(os.environ.get(DATA_ENV))
     data_dir = data_dir if data_dir is not None else os.environ.get(DATA_ENV)
+    named = f"{DATA_ENV}={data_dir}" if from_env else f"the data folder {data_dir}"
     if data_dir:
         local = Path(data_dir) / TINYSHAKESPEARE_FILE
-        if _verified(local, TINYSHAKESPEARE_SHA256):
+        if not Path(data_dir).is_dir():
+            say(f"warning: {named}: no such folder; looking for {TINYSHAKESPEARE_FILE} in the cache instead")
+        elif not local.is_file():
+            say(f"warning: {named} holds no {TINYSHAKESPEARE_FILE}; looking in the cache instead")
+        elif (why := _wrong(local)) is None:
             return Corpus(local.read_text(encoding="utf-8"), "tinyshakespeare", str(local))
-        if local.exists():
-            say(f"warning: {local} does not have the expected sha256; ignoring it")
+        else:
+            say(f"warning: {local}: {why}; ignoring it")
     cached = Path(cache if cache is not None else cache_dir()) / TINYSHAKESPEARE_FILE
-    if cached.exists():
-        if _verified(cached, TINYSHAKESPEARE_SHA256):
+    if cached.is_file():
+        if (why := _wrong(cached)) is None:
             return Corpus(cached.read_text(encoding="utf-8"), "tinyshakespeare", str(cached))
-        say(f"the cached copy {cached} is corrupt or incomplete (wrong sha256); fetching it again")
+        say(f"the cached copy {cached} is corrupt or incomplete ({why}); fetching it again")
         cached.unlink()
     try:
         say(f"downloading tinyshakespeare from {url}")
-        download(url, cached, TINYSHAKESPEARE_SHA256, timeout)
+        download(url, cached, TINYSHAKESPEARE_SHA256, timeout, TINYSHAKESPEARE_BYTES)
         return Corpus(cached.read_text(encoding="utf-8"), "tinyshakespeare", url)
     except (OSError, urllib.error.URLError, ChecksumError) as err:  # URLError is an OSError; listed for clarity
         if not fallback:
             raise
         text, description = stdlib_text()
+        hint = (f"{named} holds no usable {TINYSHAKESPEARE_FILE}: put the real file there" if data_dir else
+                f"Set {DATA_ENV} to a folder holding {TINYSHAKESPEARE_FILE}")
         say(f"tinyshakespeare is not available ({err}).\n"
             f"USING A DIFFERENT CORPUS: {description}. Losses are not comparable with tinyshakespeare's. "
-            f"Set {DATA_ENV} to a folder holding {TINYSHAKESPEARE_FILE} to use the real text offline.")
+            f"{hint} to use the real text offline.")
         return Corpus(text, "python-stdlib", description)
-
-
-def load_text(**kwargs) -> str:
-    """Just the text of ``load_corpus(**kwargs)``."""
-    return load_corpus(**kwargs).text
 
 
 class CharTokenizer:

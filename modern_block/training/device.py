@@ -1,4 +1,4 @@
-"""Device, precision and the arithmetic of model FLOPs utilisation (MFU).
+"""Device and precision: where a run trains, in which dtype, and the device's peak FLOP/s and memory.
 
 Precision: on CUDA, bf16 autocast when the compute capability is 8.0 or more (Ampere and later);
 below that fp16 autocast with a ``GradScaler`` (fp16 has a narrow exponent range, so the loss is
@@ -6,22 +6,8 @@ scaled up before backward and the gradients unscaled before the step). The capab
 ``torch.cuda.is_bf16_supported()``: a T4 (7.5) answers True there through emulation, which is slow.
 On the CPU the model trains in fp32.
 
-FLOPs per token (nanoGPT's estimate, from the PaLM paper's appendix):
-
-    6·N + 12·L·H·Q·T
-
-N: parameters used in matrix multiplies (all parameters except embedding tables that are only looked
-up: learned positions, and the input embedding when the head is untied); 6 = 2 (multiply-add)
-× 3 (forward, and backward for activations and for weights). 12·L·H·Q·T: the attention scores and
-the weighted sum of values, L layers, H query heads of size Q, context T (counted for the full
-T × T square, as nanoGPT does; causal kernels skip about half of it). GQA does not change this term:
-every query head still scores every key.
-
-MFU = FLOPs per token × tokens per second / the GPU's peak dense 16-bit tensor-core FLOP/s.
-
-With several devices (torchrun), FLOPs per token is unchanged (a property of the model), tokens per
-second is the whole run's (all devices together), and MFU divides by the peak of all the devices,
-N × one GPU's: it is the utilisation of an average device.
+The peak FLOP/s of each GPU (for MFU) is read from ``PEAK_FLOPS``; the arithmetic of FLOPs per token
+and MFU is in ``modern_block.training.flops``.
 """
 
 import contextlib
@@ -30,7 +16,8 @@ import re
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
+
+from .config import ConfigError
 
 # Peak dense (no sparsity) bf16 tensor-core FLOP/s from NVIDIA's data sheets; fp16 for the T4 and
 # V100, which have no bf16. Matched against torch.cuda.get_device_name() in this order (first wins).
@@ -101,17 +88,17 @@ def choose_device(device: str | None = None) -> DeviceSetup:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device must be 'cpu' or 'cuda[:i]', got {device!r}") from None
+        raise ConfigError(f"device must be 'cpu' or 'cuda[:i]', got {device!r}") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' was asked for, but torch.cuda.is_available() is False")
+            raise ConfigError("device 'cuda' was asked for, but torch.cuda.is_available() is False")
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         dev = torch.device("cuda", index)
         name = torch.cuda.get_device_name(index)
         cap = torch.cuda.get_device_capability(index)
         return DeviceSetup(dev, name, autocast_dtype(cap), cap, peak_flops(name))
     if dev.type != "cpu":
-        raise ValueError(f"device must be 'cpu' or 'cuda[:i]', got {device!r}")
+        raise ConfigError(f"device must be 'cpu' or 'cuda[:i]', got {device!r}")
     return DeviceSetup(dev, "cpu", None)
 
 
@@ -124,28 +111,3 @@ def memory_bytes(setup: DeviceSetup) -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # not on this system (Windows)
         return None
-
-
-def matmul_parameters(model: nn.Module) -> int:
-    """N in 6·N: parameters minus embedding tables used only for look-ups (a table tied to the
-    output head is a matrix multiply there, so it counts)."""
-    in_linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
-    lookups = {id(m.weight): m.weight.numel() for m in model.modules()
-               if isinstance(m, nn.Embedding) and id(m.weight) not in in_linear}
-    return sum(p.numel() for p in model.parameters()) - sum(lookups.values())
-
-
-def flops_per_token(n_matmul_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> int:
-    """Training FLOPs per token, 6·N + 12·L·H·Q·T (forward and backward)."""
-    return 6 * n_matmul_params + 12 * n_layers * n_heads * head_dim * seq_len
-
-
-def model_flops_per_token(model: nn.Module, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> int:
-    return flops_per_token(matmul_parameters(model), n_layers, n_heads, head_dim, seq_len)
-
-
-def mfu(flops_per_tok: float, tokens_per_s: float, peak: float | None) -> float | None:
-    """Model FLOPs utilisation in [0, 1]; None when the peak is unknown (CPU, unlisted GPU)."""
-    if peak is None:
-        return None
-    return flops_per_tok * tokens_per_s / peak

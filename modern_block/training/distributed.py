@@ -16,11 +16,14 @@ communicates: every helper below then returns its input unchanged.
 """
 
 import atexit
+import inspect
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from .config import ConfigError
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -59,13 +62,13 @@ def ranks_from_env(environ=None) -> Ranks:
         try:
             values[name] = int(text)
         except ValueError:
-            raise ValueError(f"the environment variable {name} must be an integer (torchrun sets it), "
-                             f"got {text!r}") from None
+            raise ConfigError(f"the environment variable {name} must be an integer (torchrun sets it), "
+                              f"got {text!r}") from None
     ranks = Ranks(values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"],
                   max(values["LOCAL_WORLD_SIZE"], 1))
     if not (ranks.world_size >= 1 and 0 <= ranks.rank < ranks.world_size and 0 <= ranks.local_rank):
-        raise ValueError(f"inconsistent torchrun environment: RANK={ranks.rank}, WORLD_SIZE={ranks.world_size}, "
-                         f"LOCAL_RANK={ranks.local_rank}")
+        raise ConfigError(f"inconsistent torchrun environment: RANK={ranks.rank}, WORLD_SIZE={ranks.world_size}, "
+                          f"LOCAL_RANK={ranks.local_rank}")
     return ranks
 
 
@@ -84,9 +87,9 @@ def setup(device_type: str) -> Ranks:
         return ranks
     if device_type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' was asked for, but torch.cuda.is_available() is False")
+            raise ConfigError("device 'cuda' was asked for, but torch.cuda.is_available() is False")
         if ranks.local_rank >= torch.cuda.device_count():
-            raise ValueError(f"torchrun started process LOCAL_RANK={ranks.local_rank} but this machine has "
+            raise ConfigError(f"torchrun started process LOCAL_RANK={ranks.local_rank} but this machine has "
                              f"{torch.cuda.device_count()} GPU(s): pass --nproc_per_node "
                              f"{torch.cuda.device_count()} or fewer")
         torch.cuda.set_device(ranks.local_rank)
@@ -145,12 +148,6 @@ def all_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def all_max(tensor: torch.Tensor) -> torch.Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        _exchange(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MAX))
-    return tensor
-
-
 def gather_objects(obj) -> list:
     """``[obj of rank 0, obj of rank 1, ...]`` on every process (``[obj]`` in one process). For
     small Python objects (random states, error messages), pickled on the way."""
@@ -183,3 +180,54 @@ def agree_or_raise(error: BaseException | None, info=None) -> list:
                 raise error
             raise err if isinstance(err, BaseException) else RankFailedError(f"rank {rank} failed: {err}")
     return [info for _, info in gathered]
+
+
+class Processes:
+    """The processes of one run, as this process sees them: its ``Ranks``, its device, the wrapper that
+    keeps the copies of the model in step, and the few exchanges the trainer makes. In one process
+    every exchange returns its input."""
+
+    def __init__(self, ranks: Ranks):
+        self.ranks = ranks
+
+    @classmethod
+    def join(cls, device: str | None) -> "Processes":
+        """Join torchrun's process group, if there is one (see ``setup``), for a run on ``device``."""
+        return cls(setup(device_type_for(device)))
+
+    @property
+    def is_main(self) -> bool:
+        return self.ranks.is_main
+
+    @property
+    def many(self) -> bool:
+        return self.ranks.distributed
+
+    def device(self, device: str | None) -> str | None:
+        """Under torchrun on GPUs, process LOCAL_RANK uses cuda:LOCAL_RANK."""
+        if not (self.many and device_type_for(device) == "cuda"):
+            return device
+        if device not in (None, "cuda"):
+            raise ConfigError(f"under torchrun each process uses the GPU cuda:LOCAL_RANK; pass --device cuda "
+                             f"(or nothing), not {device!r}")
+        return f"cuda:{self.ranks.local_rank}"
+
+    def wrap(self, module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        """``module`` inside ``DistributedDataParallel``, which averages the gradients of every process."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        # the RoPE tables are buffers computed alike everywhere: no need to send them on every step
+        no_resend = ({"forward_sync_buffers": False}
+                     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                     else {"broadcast_buffers": False})  # the older name (torch < 2.13)
+        return DistributedDataParallel(module, device_ids=ids, **no_resend)
+
+    def mean_and_any(self, values: torch.Tensor, flag: bool) -> tuple[torch.Tensor, bool]:
+        """``values`` averaged over the processes, and whether ``flag`` is set in any of them: one exchange."""
+        if not self.many:
+            return values, flag
+        packed = torch.cat([values.float(), values.new_tensor([float(flag)], dtype=torch.float32)])
+        packed = all_sum(packed)
+        return packed[:-1] / self.ranks.world_size, bool(packed[-1] > 0)
+

@@ -9,31 +9,25 @@
     run_ladder(base, rates, seeds)      GPT-2 -> Llama one change at a time (the models: ``training.ladder``)
     run_ablations(base, rates, seeds)   the Llama end back one change at a time (leave one out)
     gap(a, b)                           the difference of two models' mean losses, with its standard error
-    summarize, write_report             the table; DIR/report.md, DIR/loss_curves.png, DIR/sweep.png, DIR/results.json
-    plot_loss_curves, plot_sweep, plot_ladder
+    summarize(arms)                     the table
 
 Every function takes the budget as a ``TrainConfig`` (``base``: sizes, steps, batch, schedule; its arch,
 seed and learning rate are set per run, the minimum rate kept in proportion), with the rates and the
 seeds as arguments, so the same code runs the quick CPU version and the GPU scale. ``workers`` > 1
 trains that many runs at once, each in its own process (CPU cores, or several small runs sharing one
-GPU). ``cache`` (a dict) lets one call reuse another's runs: an identical configuration trains once.
-``python -m modern_block compare`` is the command line over ``compare`` and ``write_report``.
+GPU). ``cache`` (a dict) lets one call reuse another's runs: an identical configuration trains once
+(``training.workers``). The report and the figures: ``training.report``. ``python -m modern_block compare``
+is the command line over ``compare`` and ``report.write_report``.
 """
 
-import datetime
-import json
 import math
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-
-import torch
+from dataclasses import dataclass, replace
 
 from .config import TrainConfig
-from .data import Corpus, load_corpus
-from .ladder import ABLATION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
-from .trainer import NonFiniteLossError, TrainResult, sample, train
+from .data import Corpus
+from .rungs import ABLATION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
+from .trainer import TrainResult
+from .workers import train_many
 
 LABELS = {"untied": "GPT-2", "qk_norm": "Llama-style", "gpt2": "GPT-2, tied head", "tied": "Llama-style, tied head"}
 ARMS = {False: ("untied", "qk_norm"), True: ("gpt2", "tied")}  # tie -> (the GPT-2 block, the Llama block)
@@ -51,123 +45,6 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     if len(values) < 2:
         return mean, 0.0
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-
-
-# ---- running many trainings ---------------------------------------------------------------------------
-@dataclass
-class Diverged:
-    """A run stopped by a non-finite loss (a sweep's highest rates may do this): it counts as loss inf."""
-
-    config: TrainConfig
-    message: str
-    metrics: list = field(default_factory=list)
-    losses: list = field(default_factory=list)
-    best_val_loss: float = math.inf
-
-
-def _key(cfg: TrainConfig, corpus: Corpus) -> tuple:
-    """What determines a run: the text and the configuration, with a ladder model named by its switches
-    (two names for one model share their runs)."""
-    settings = asdict(cfg)
-    if cfg.arch.startswith("ladder:"):
-        settings["arch"] = get_rung(cfg.arch.removeprefix("ladder:")).switches
-    return (corpus.name, len(corpus.text)) + tuple(sorted(settings.items(), key=lambda kv: kv[0]))
-
-
-def _run_dir(out_dir, cfg: TrainConfig):
-    if out_dir is None:
-        return None
-    return Path(out_dir) / f"{cfg.arch.removeprefix('ladder:')}-lr{cfg.lr:g}-seed{cfg.seed}"
-
-
-def _train_or_diverge(cfg, run_dir, corpus, progress, verbose):
-    try:
-        return train(cfg, run_dir, corpus=corpus, checkpoints=False, progress=progress, verbose=verbose,
-                     overwrite=True)  # a re-run replaces its own runs
-    except NonFiniteLossError as err:
-        return Diverged(cfg, str(err))
-
-
-_WORKER_CORPUS: Corpus | None = None
-
-
-def _worker_init(text: str, name: str, source: str) -> None:
-    global _WORKER_CORPUS
-    torch.set_num_threads(1)  # one core per run; the same arithmetic as a one-thread run in the parent
-    _WORKER_CORPUS = Corpus(text, name, source)
-
-
-def _worker_train(cfg: TrainConfig, run_dir):
-    result = _train_or_diverge(cfg, run_dir, _WORKER_CORPUS, False, False)
-    if isinstance(result, TrainResult):
-        result.model.cpu()  # back to the parent as CPU tensors
-    return result
-
-
-class WorkerPool:
-    """``n`` worker processes (spawned, one thread each) that hold ``corpus`` and train runs for
-    ``train_many``; one pool can serve many calls, so the workers start once. Close it (or use
-    ``with``) when done."""
-
-    def __init__(self, corpus: Corpus, n: int):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive int, got {n!r}")
-        self.corpus, self.n = corpus, n
-        ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked; spawn is safe everywhere
-        self._pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_init,
-                                         initargs=(corpus.text, corpus.name, corpus.source))
-
-    def submit(self, cfg: TrainConfig, run_dir):
-        return self._pool.submit(_worker_train, cfg, run_dir)
-
-    def close(self) -> None:
-        """Stop the workers (runs not yet started are dropped)."""
-        self._pool.shutdown(cancel_futures=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-
-def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers=1, out_dir=None,
-               cache: dict | None = None, progress=None, verbose: bool = False) -> list:
-    """Train each configuration on ``corpus``; returns a ``TrainResult`` (or a ``Diverged``) per
-    configuration, in order. ``workers``: 1 trains here, one run after another; n > 1 starts a
-    ``WorkerPool`` of n processes for this call; a ``WorkerPool`` is used as it is. Runs found in
-    ``cache`` are not trained again. Each run is seeded, so the results do not depend on ``workers``."""
-    if isinstance(workers, WorkerPool):
-        corpus = corpus if corpus is not None else workers.corpus
-        if (corpus.name, corpus.text) != (workers.corpus.name, workers.corpus.text):
-            raise ValueError("workers: this WorkerPool holds a different corpus than the one given")
-    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive int or a WorkerPool, got {workers!r}")
-    corpus = corpus if corpus is not None else load_corpus(verbose=verbose)
-    cache = {} if cache is None else cache
-    todo = {}
-    for cfg in configs:
-        todo.setdefault(_key(cfg, corpus), cfg)
-    todo = {k: cfg for k, cfg in todo.items() if k not in cache}
-    if workers == 1 or (not isinstance(workers, WorkerPool) and len(todo) <= 1):
-        for k, cfg in todo.items():
-            cache[k] = _train_or_diverge(cfg, _run_dir(out_dir, cfg), corpus, progress, verbose)
-    elif todo:
-        pool = workers if isinstance(workers, WorkerPool) else WorkerPool(corpus, min(workers, len(todo)))
-        futures = {}
-        try:
-            futures = {k: pool.submit(cfg, _run_dir(out_dir, cfg)) for k, cfg in todo.items()}
-            for k, future in futures.items():
-                cache[k] = future.result()
-        except BaseException:  # an error or Ctrl-C: drop the runs not started yet
-            for future in futures.values():
-                future.cancel()
-            raise
-        finally:
-            if pool is not workers:
-                pool.close()
-    return [cache[_key(cfg, corpus)] for cfg in configs]
 
 
 # ---- one model at several learning rates -----------------------------------------------------------
@@ -329,10 +206,6 @@ def gap(a, b) -> Gap:
     return Gap(mb - ma, se)
 
 
-def _fmt(value, spec: str, none: str = "n/a") -> str:
-    return none if value is None else format(value, spec)
-
-
 def summarize(arms: dict[str, Arm]) -> dict:
     """Per model: params, FLOPs/token, the chosen rate, mean loss per rate, best val loss at the chosen
     rate (per seed, mean, std), tokens/s, MFU, wall time per run."""
@@ -352,160 +225,3 @@ def summarize(arms: dict[str, Arm]) -> dict:
             "corpus": first.corpus if first else None}
         del table[rung]["metrics"]
     return table
-
-
-def write_report(arms: dict[str, Arm], out_dir, mode: str, total_s: float, n_sample: int = 200) -> Path:
-    """DIR/report.md, DIR/loss_curves.png, DIR/sweep.png and DIR/results.json for ``compare``'s arms."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    table = summarize(arms)
-    rungs = list(arms)
-    first = next(r for arm in arms.values() for r in arm.trained)
-    cfg, seeds = first.config, [r.config.seed for r in next(iter(arms.values())).best]
-    tied = [get_rung(r).tie for r in rungs]
-    n_sample = min(n_sample, cfg.block_size)  # generate() stays within the trained context
-    prompt = "\n" if "\n" in first.tokenizer.chars else first.tokenizer.chars[0]  # a character the text has
-    samples = {r: sample(arm.trained[0].model, arm.trained[0].tokenizer, prompt, n_sample, temperature=0.8, seed=0)
-               for r, arm in arms.items() if arm.trained}
-    plot_loss_curves({arm.label: arm.best for arm in arms.values()}, out / "loss_curves.png",
-                     title=f"{' vs '.join(a.label for a in arms.values())} ({mode}, {len(seeds)} seed(s))")
-    plot_sweep(arms, out / "sweep.png", title=f"best val loss against the peak learning rate ({mode})")
-
-    def row(name, cell):
-        return f"| {name} | " + " | ".join(cell(r) for r in rungs) + " |"
-
-    loss_row = "best val loss, mean ± std" if len(seeds) > 1 else "best val loss (1 seed)"
-    lines = [
-        "# " + " vs ".join(a.label for a in arms.values()),
-        "",
-        f"{datetime.date.today().isoformat()}, torch {torch.__version__}, mode **{mode}**, corpus "
-        f"**{first.corpus}**, device {first.device} ({first.precision}"
-        f"{', torch.compile' if first.compiled else ''}).",
-        f"Output head: {'tied' if all(tied) else 'untied' if not any(tied) else 'MIXED'} in every arm. "
-        f"Same budget for all: {cfg.max_steps} steps × {cfg.batch_size} sequences × {cfg.block_size} characters "
-        f"= {cfg.max_steps * cfg.tokens_per_step:,} training tokens, warmup {cfg.warmup_steps} steps then a cosine "
-        f"to a tenth of the peak, AdamW betas ({cfg.beta1}, {cfg.beta2}), weight decay {cfg.weight_decay}, "
-        f"dropout {cfg.dropout}; d = {cfg.d}, {cfg.n_layers} layers, {cfg.n_heads} heads "
-        f"(Llama: {cfg.n_kv_heads} KV heads). Each arm trained at the peak rates "
-        f"{', '.join(f'{lr:g}' for lr in arms[rungs[0]].rates)} with seeds {seeds} and reported at the rate "
-        f"with the lowest mean; val loss: mean over {cfg.eval_batches} fixed batches of the last 10% of the text.",
-        "",
-        "| | " + " | ".join(arms[r].label for r in rungs) + " |",
-        "|---|" + "---|" * len(rungs),
-        row("parameters", lambda r: _fmt(table[r]["params"], ",")),
-        row("chosen peak learning rate", lambda r: f"{arms[r].lr:g}" + (" (edge of the sweep)" if arms[r].at_edge
-                                                                         else "")),
-        row("mean best val loss per rate", lambda r: ", ".join(
-            f"{lr}: {_fmt(v, '.4f', 'diverged')}" for lr, v in table[r]["rates"].items())),
-        row("FLOPs per token (6N + 12·L·H·Q·T)", lambda r: _fmt(table[r]["flops_per_token"], ",")),
-        row(loss_row, lambda r: f"{arms[r].mean:.4f} ± {arms[r].std:.4f}" if len(seeds) > 1 else f"{arms[r].mean:.4f}"),
-        row("best val loss per seed", lambda r: ", ".join(f"{v:.4f}" for v in arms[r].val_losses)),
-        row("tokens/s (median of intervals)", lambda r: _fmt(table[r]["tokens_per_s"], ",.0f")),
-        row("MFU", lambda r: _fmt(table[r]["mfu"], ".1%")),
-        row("wall time per run (s)", lambda r: _fmt(table[r]["wall_s"], ".1f")),
-        "",
-    ]
-    if len(rungs) == 2:
-        a, b = (arms[r] for r in rungs)
-        g = gap(a, b)
-        lines += [f"{b.label} minus {a.label}: {g}. Parameter ratio {b.params / a.params:.4f} (matched within 2%: "
-                  "every FFN is sized so the totals agree; see `modern_block.training.ladder`).", ""]
-    if first.peak is None:
-        lines += ["MFU is reported only on GPUs with a known peak (see `modern_block.training.device.PEAK_FLOPS`).", ""]
-    else:
-        lines += [f"MFU against the {first.peak} peak of 16-bit tensor-core FLOP/s.", ""]
-    lines += [f"Total wall time of the comparison: {total_s:.1f} s.", "", "![loss curves](loss_curves.png)", "",
-              "![learning-rate sweep](sweep.png)", "",
-              f"## Samples (KV-cache decoding, temperature 0.8, seed 0, {n_sample} characters, first seed's model)", ""]
-    for r, text in samples.items():
-        lines += [f"### {arms[r].label}", "", "```", text.strip("\n"), "```", ""]
-    (out / "report.md").write_text("\n".join(lines))
-    payload = {"mode": mode, "total_s": total_s, "torch": torch.__version__, "table": table, "samples": samples,
-               "runs": {r: {f"{lr:g}": [x.summary() | {"metrics": x.metrics} if isinstance(x, TrainResult)
-                                        else {"diverged": x.message, "config": asdict(x.config)} for x in runs]
-                            for lr, runs in arm.runs.items()} for r, arm in arms.items()}}
-    (out / "results.json").write_text(json.dumps(payload, indent=1) + "\n")
-    return out / "report.md"
-
-
-# ---- plots --------------------------------------------------------------------------------------------
-COLORS = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray")
-
-
-def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.legend()
-    ax.grid(alpha=0.3)
-
-
-def _finish(fig, path):
-    """Lay the figure out, save it when ``path`` is given, return it."""
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig
-
-
-def plot_loss_curves(results: dict[str, list], path=None, title: str = "validation loss"):
-    """Val (solid) and train (dashed) loss against step; ``results`` maps a label to the
-    ``TrainResult``s (or metric lists) of its seeds."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for k, (name, runs) in enumerate(results.items()):
-        color = COLORS[k % len(COLORS)]
-        for i, run in enumerate(runs):
-            rows = run.metrics if hasattr(run, "metrics") else run
-            steps = [m["step"] for m in rows]
-            ax.plot(steps, [m["val_loss"] for m in rows], color=color, alpha=0.9,
-                    label=f"{name} val" if i == 0 else None)
-            ax.plot(steps, [m["train_loss"] for m in rows], color=color, alpha=0.5, linestyle="--",
-                    label=f"{name} train" if i == 0 else None)
-    _label(ax, "step", "cross-entropy (nats/char)", title)
-    return _finish(fig, path)
-
-
-def plot_sweep(arms: dict[str, Arm], path=None, title: str = "best val loss against the peak learning rate"):
-    """Mean best val loss (error bars: std over seeds) at each rate, per model; the chosen rate circled.
-    Diverged rates are left out."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for k, arm in enumerate(arms.values()):
-        color = COLORS[k % len(COLORS)]
-        rates = [lr for lr in arm.rates if math.isfinite(arm.mean_at(lr))]
-        stats = [mean_std(arm.losses(lr)) for lr in rates]
-        ax.errorbar(rates, [m for m, _ in stats], yerr=[s for _, s in stats], color=color, marker="o", capsize=3,
-                    label=f"{arm.label} (best {arm.lr:g})")
-        ax.plot([arm.lr], [arm.mean], marker="o", markersize=12, markerfacecolor="none", color=color)
-    ax.set_xscale("log")
-    _label(ax, "peak learning rate", "best val loss (nats/char)", title)
-    return _finish(fig, path)
-
-
-def _bars(ax, rows: list[dict], color: str, title: str) -> None:
-    names = [r["rung"] for r in rows]
-    means = [r["mean"] if r["mean"] is not None else math.nan for r in rows]
-    bars = ax.bar(names, means, yerr=[r["std"] for r in rows], capsize=4, color=color)
-    ax.bar_label(bars, labels=[f"{m:.3f}" for m in means], label_type="center", color="white", fontsize=8)
-    ax.set_title(title)
-    ax.tick_params(axis="x", labelrotation=30)
-
-
-def plot_ladder(rows: list[dict], path=None, title: str = "GPT-2 -> Llama, one change at a time",
-                ablations: list[dict] | None = None, ablation_title: str = "Llama, one change left out"):
-    """Bar chart of best val loss per rung (error bars: standard deviation across seeds); with
-    ``ablations`` (``run_ablations``' rows), a second panel beside it on the same scale."""
-    import matplotlib.pyplot as plt
-
-    panels = [(rows, "tab:blue", title)] + ([(ablations, "tab:green", ablation_title)] if ablations else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(8 if len(panels) == 1 else 12, 3.8), sharey=True, squeeze=False)
-    for ax, (panel, color, text) in zip(axes[0], panels, strict=True):
-        _bars(ax, panel, color, text)
-    every = [r for panel, _, _ in panels for r in panel if r["mean"] is not None]
-    lo = min(r["mean"] - r["std"] for r in every)
-    hi = max(r["mean"] + r["std"] for r in every)
-    pad = max(hi - lo, 1e-3) * 0.5
-    axes[0][0].set_ylim(lo - pad, hi + pad)
-    axes[0][0].set_ylabel("best val loss")
-    return _finish(fig, path)

@@ -1,33 +1,17 @@
 """From GPT-2 to Llama one change at a time, and back one change at a time, at a matched number of parameters.
 
-``LadderLM`` is one configurable decoder assembled from the package's own components, so that
-every intermediate model exists (a GPT-2 with RMSNorm, a Llama with MHA, ...).
+Every model here is the course's one decoder skeleton (``modern_block.decoder.DecoderLM``) filled with the
+parts its rung names (``ladder_lm``), so that every intermediate model exists (a GPT-2 with RMSNorm, a Llama
+with MHA, ...): GPT-2's block (``GPT2Block``) while the attention is GPT-2's, Llama's (``Block``) after.
 
-The ladder, cumulative: each rung adds one change to the rung above it.
-    rung      what changes                                       components
-    gpt2      the baseline: LayerNorm, GELU MLP (4d), learned    nn.LayerNorm, GeluMLP,
-              positions, MHA with biases, tied head              CausalSelfAttention (= GPT2LM)
-    untied    a separate output head                             nn.Linear (= GPT2LM(tie=False))
-    rmsnorm   LayerNorm -> RMSNorm                               RMSNorm
-    swiglu    GELU MLP -> SwiGLU at matched parameters           SwiGLU
-    rope      learned positions -> RoPE                          GQAttention (n_kv = h), rope_cache
-    gqa       MHA -> GQA (n_kv_heads < n_heads)                  GQAttention
-    qk_norm   + RMSNorm on each head's q and k                   GQAttention(qk_norm=True) (= LlamaStyleLM)
-
-Leave one out, from the Llama end (``qk_norm``, the chapter's ``LlamaStyleLM``): each model undoes
-one change and keeps all the others.
-    no_rmsnorm     RMSNorm -> LayerNorm (GPT-2's, with bias)
-    no_swiglu      SwiGLU -> GELU MLP (GPT-2's, with biases)
-    no_rope        RoPE -> learned positions (Llama's attention, rotating by angle 0)
-    no_qk_norm     QK-norm removed
-    no_gqa         GQA -> MHA
-    tied           the output head tied to the embedding (= LlamaStyleLM(tie=True))
+The rungs (the ladder, cumulative, GPT-2 -> Llama, and the leave-one-out models from the Llama end) and
+the shape they share are data in ``training.rungs``; this module builds them.
 
 Llama's components carry no biases, so each rung of the ladder also drops the biases of the part
 it replaces (and a leave-one-out model gets GPT-2's part back with them). ``gpt2``, ``untied``,
 ``qk_norm`` and ``tied`` are exactly ``GPT2LM`` and ``LlamaStyleLM`` with a tied or an untied head:
-same parameters, registered in the same order (a state dict copies across and gives the same
-logits; the tests check this).
+the same parts under the same names, registered in the same order (the same state dict keys, the same
+weights from the same seed, the same logits; the tests check this).
 
 Matching sizes. ``GPT2LM`` (d_ff = 4d, tied head) sets the budget, P_gpt2 parameters, for every
 model here. Every other model gets the FFN hidden size that brings its total closest to P_gpt2:
@@ -45,180 +29,58 @@ is rounded to the nearest integer instead.
 """
 
 import functools
-from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
 
-from ..attention import GQAttention
+from ..decoder import DecoderLM
 from ..ffn import SwiGLU
-from ..gpt2 import GPT2LM, CausalSelfAttention, GeluMLP
-from ..llama import LlamaStyleLM
-from ..params import count_parameters, init_gpt2_style
+from ..gpt2 import GPT2LM, GeluMLP, GPT2Block
+from ..llama import Block, LlamaStyleLM
+from ..params import count_parameters
 from ..rmsnorm import RMSNorm
-from ..rope import rope_cache
-from ..validate import positive_int, token_ids
+from ..rope import RotaryEmbedding
+from ..validate import positive_ints
+from .rungs import LADDER, LLAMA_END, RUNG_NAMES, ModelShape, Rung, get_rung
 
 FFN_MULTIPLE = 8  # FFN hidden sizes are rounded to a multiple of this
 GPT2_NORM_EPS, LLAMA_NORM_EPS = 1e-5, 1e-6
 
 
-@dataclass(frozen=True)
-class Rung:
-    """The switches of one model between GPT-2 and Llama."""
+class NoRotation(nn.Module):
+    """The ``no_rope`` model's RoPE slot: cos = 1 and sin = 0 at every position, so Llama's attention rotates q
+    and k by angle 0 and the learned position table alone says where a token is."""
 
-    name: str
-    norm: str = "layernorm"  # or "rmsnorm"
-    ffn: str = "gelu"  # or "swiglu"
-    positions: str = "learned"  # or "rope"
-    attention: str = "gpt2"  # GPT-2's fused, biased q/k/v (MHA), or "llama": GQAttention (bias-free wq, wk, wv)
-    gqa: bool = False  # n_kv_heads < n_heads (Llama attention only)
-    qk_norm: bool = False  # (Llama attention only)
-    tie: bool = True
-    change: str = ""  # what this model changes, in words
-
-    def __post_init__(self):
-        for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("ffn", ("gelu", "swiglu")),
-                              ("positions", ("learned", "rope")), ("attention", ("gpt2", "llama"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
-        if self.attention == "gpt2" and (self.positions == "rope" or self.gqa or self.qk_norm):
-            raise ValueError("positions='rope', gqa and qk_norm need attention='llama' (GQAttention)")
-
-    @property
-    def switches(self) -> tuple:
-        """What makes the model: every field but the name and the description. Two names can make one model
-        (the ladder's ``gqa`` is Llama without QK-norm, ``no_qk_norm``)."""
-        return tuple(getattr(self, f.name) for f in fields(self) if f.name not in ("name", "change"))
-
-    def differences(self, other: "Rung") -> list[str]:
-        """The switches in which two models differ."""
-        return [f.name for f in fields(self) if f.name not in ("name", "change")
-                and getattr(self, f.name) != getattr(other, f.name)]
-
-
-_LLAMA = dict(norm="rmsnorm", ffn="swiglu", positions="rope", attention="llama", gqa=True, qk_norm=True, tie=False)
-LADDER: tuple[Rung, ...] = (
-    Rung("gpt2", change="GPT-2 baseline (tied head)"),
-    Rung("untied", tie=False, change="tied -> untied output head"),
-    Rung("rmsnorm", norm="rmsnorm", tie=False, change="LayerNorm -> RMSNorm"),
-    Rung("swiglu", norm="rmsnorm", ffn="swiglu", tie=False, change="GELU MLP -> SwiGLU (matched params)"),
-    Rung("rope", **(_LLAMA | dict(gqa=False, qk_norm=False)), change="learned positions -> RoPE"),
-    Rung("gqa", **(_LLAMA | dict(qk_norm=False)), change="MHA -> GQA"),
-    Rung("qk_norm", **_LLAMA, change="+ QK-norm (= LlamaStyleLM)"),
-)
-ABLATIONS: tuple[Rung, ...] = (  # leave one out from the Llama end
-    Rung("no_rmsnorm", **(_LLAMA | dict(norm="layernorm")), change="RMSNorm -> LayerNorm"),
-    Rung("no_swiglu", **(_LLAMA | dict(ffn="gelu")), change="SwiGLU -> GELU MLP"),
-    Rung("no_rope", **(_LLAMA | dict(positions="learned")), change="RoPE -> learned positions"),
-    Rung("no_qk_norm", **(_LLAMA | dict(qk_norm=False)), change="QK-norm removed"),
-    Rung("no_gqa", **(_LLAMA | dict(gqa=False)), change="GQA -> MHA"),
-    Rung("tied", **(_LLAMA | dict(tie=True)), change="untied -> tied output head"),
-)
-RUNGS: tuple[Rung, ...] = LADDER + ABLATIONS  # every model (``train`` accepts arch="ladder:<name>")
-RUNG_NAMES = tuple(r.name for r in RUNGS)
-LADDER_NAMES = tuple(r.name for r in LADDER)
-ABLATION_NAMES = tuple(r.name for r in ABLATIONS)
-LLAMA_END = "qk_norm"  # the ladder's top and the leave-one-out reference: LlamaStyleLM
-
-
-def get_rung(name: str) -> Rung:
-    for rung in RUNGS:
-        if rung.name == name:
-            return rung
-    raise ValueError(f"rung must be one of {list(RUNG_NAMES)}, got {name!r}")
-
-
-class LadderBlock(nn.Module):
-    """Pre-norm residual block whose norm, attention and FFN are chosen by a ``Rung``."""
-
-    def __init__(self, rung: Rung, d: int, n_heads: int, n_kv_heads: int, d_ff: int, dropout: float):
+    def __init__(self, dim: int):
         super().__init__()
-        self.norm1, self.norm2 = _norm(rung, d), _norm(rung, d)
-        if rung.attention == "gpt2":
-            self.attn = CausalSelfAttention(d, n_heads, bias=True, dropout=dropout)
-        else:
-            kv = n_kv_heads if rung.gqa else n_heads
-            self.attn = GQAttention(d, n_heads, kv, rung.qk_norm, norm_eps=LLAMA_NORM_EPS, dropout=dropout)
-        self.ffn = GeluMLP(d, d_ff, bias=True) if rung.ffn == "gelu" else SwiGLU(d, d_ff)
-        self.drop = nn.Dropout(dropout)
-        self.llama_attention = rung.attention == "llama"
+        self.dim = dim
 
-    def forward(self, x, cos=None, sin=None, cache=None):  # x: [B, T, d]
-        h = self.norm1(x)
-        h = self.attn(h, cos, sin, cache) if self.llama_attention else self.attn(h, cache)
-        x = x + self.drop(h)
-        return x + self.drop(self.ffn(self.norm2(x)))
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # positions: [T] or [B, T]
+        shape = (*positions.shape, self.dim // 2)
+        return torch.ones(shape, device=positions.device), torch.zeros(shape, device=positions.device)
 
 
-def _norm(rung: Rung, d: int) -> nn.Module:
-    """GPT-2's LayerNorm (with bias) or Llama's RMSNorm."""
-    return nn.LayerNorm(d, eps=GPT2_NORM_EPS) if rung.norm == "layernorm" else RMSNorm(d, LLAMA_NORM_EPS)
+def ladder_lm(rung: Rung | str, V: int, d: int, n_layers: int, n_heads: int, n_kv_heads: int, d_ff: int,
+              max_len: int, dropout: float = 0.0, rope_base: float = 10000.0) -> DecoderLM:
+    """The rung's model: the decoder skeleton with the norm, FFN, attention and positions the rung names."""
+    rung = get_rung(rung) if isinstance(rung, str) else rung
+    positive_ints(V=V, d=d, n_layers=n_layers, n_heads=n_heads, max_len=max_len)
 
+    def norm(dim: int) -> nn.Module:  # GPT-2's LayerNorm (with bias) or Llama's RMSNorm
+        return nn.LayerNorm(dim, eps=GPT2_NORM_EPS) if rung.norm == "layernorm" else RMSNorm(dim, LLAMA_NORM_EPS)
 
-class LadderLM(nn.Module):
-    """A decoder between GPT-2 and Llama; ``forward(idx)`` returns logits [B, T, V]."""
-
-    def __init__(self, rung: Rung | str, V: int, d: int, n_layers: int, n_heads: int, n_kv_heads: int,
-                 d_ff: int, max_len: int, dropout: float = 0.0, rope_base: float = 10000.0):
-        super().__init__()
-        rung = get_rung(rung) if isinstance(rung, str) else rung
-        for name, value in (("V", V), ("d", d), ("n_layers", n_layers), ("max_len", max_len)):
-            positive_int(name, value)
-        self.rung, self.V, self.max_len = rung, V, max_len
-        self.emb = nn.Embedding(V, d)
-        self.pos = nn.Embedding(max_len, d) if rung.positions == "learned" else None
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(LadderBlock(rung, d, n_heads, n_kv_heads, d_ff, dropout)
-                                    for _ in range(n_layers))
-        self.norm = _norm(rung, d)
-        self.head = nn.Linear(d, V, bias=False)
-        init_gpt2_style(self, n_layers)  # same draws, in the same order, as GPT2LM and LlamaStyleLM
-        if rung.tie:
-            self.head.weight = self.emb.weight
-        if rung.attention == "llama":  # GQAttention rotates q and k by these tables
-            cos, sin = rope_cache(max_len, d // n_heads, rope_base)  # [max_len, dh/2]
-            if rung.positions == "learned":  # no RoPE: a rotation by angle 0 leaves q and k as they are
-                cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
-            self.register_buffer("cos", cos, persistent=False)
-            self.register_buffer("sin", sin, persistent=False)
-
-    def forward(self, idx: torch.Tensor, cache=None) -> torch.Tensor:  # idx: [B, T]
-        start = cache.length if cache is not None else 0
-        token_ids(idx, self.V, self.max_len, offset=start, cache=cache, n_layers=len(self.blocks))
-        T = idx.shape[1]
-        x = self.emb(idx)  # [B, T, d]
-        if self.pos is not None:
-            x = x + self.pos(torch.arange(start, start + T, device=idx.device))  # + [T, d]
-        cos = sin = None
-        if self.rung.attention == "llama":
-            cos, sin = self.cos[start:start + T], self.sin[start:start + T]  # [T, dh/2]
-        x = self.drop(x)
-        for i, blk in enumerate(self.blocks):
-            x = blk(x, cos, sin, cache[i] if cache is not None else None)
-        return self.head(self.norm(x))  # [B, T, V]
-
-    def num_parameters(self) -> int:
-        return count_parameters(self)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes shared by every model of one comparison."""
-
-    d: int = 384
-    n_layers: int = 6
-    n_heads: int = 6
-    n_kv_heads: int = 2
-    block_size: int = 256
-    dropout: float = 0.0
-
-    def __post_init__(self):
-        for name in ("d", "n_layers", "n_heads", "n_kv_heads", "block_size"):
-            positive_int(name, getattr(self, name))
-        if self.d % self.n_heads or self.n_heads % self.n_kv_heads:
-            raise ValueError(f"d ({self.d}) must be divisible by n_heads ({self.n_heads}), and n_heads by "
-                             f"n_kv_heads ({self.n_kv_heads})")
+    ffn = GeluMLP if rung.ffn == "gelu" else SwiGLU  # GeluMLP with GPT-2's biases
+    if rung.attention == "gpt2":  # GPT-2's block: its fused, biased q/k/v; positions from the learned table
+        blocks = [GPT2Block(d, n_heads, d_ff, dropout=dropout, norm=norm, mlp=ffn) for _ in range(n_layers)]
+        rope = None
+    else:  # Llama's block: GQAttention, which rotates q and k (by angle 0 without RoPE)
+        kv = n_kv_heads if rung.gqa else n_heads
+        blocks = [Block(d, n_heads, kv, d_ff, qk_norm=rung.qk_norm, norm_eps=LLAMA_NORM_EPS, dropout=dropout,
+                        norm=norm, ffn=ffn) for _ in range(n_layers)]
+        dh = d // n_heads
+        rope = RotaryEmbedding(dh, max_len, rope_base) if rung.positions == "rope" else NoRotation(dh)
+    return DecoderLM(nn.Embedding(V, d), blocks, norm(d), max_len=max_len, tie=rung.tie, dropout=dropout,
+                     wpe=nn.Embedding(max_len, d) if rung.positions == "learned" else None, rope=rope)
 
 
 def _count_on_meta(build) -> int:
@@ -249,12 +111,12 @@ def matched_d_ff(rung: Rung | str, shape: ModelShape, V: int, multiple_of: int =
     return d_ff
 
 
-def _ladder(rung: Rung, shape: ModelShape, V: int, d_ff: int) -> LadderLM:
-    return LadderLM(rung, V, shape.d, shape.n_layers, shape.n_heads, shape.n_kv_heads, d_ff, shape.block_size,
-                    shape.dropout)
+def _ladder(rung: Rung, shape: ModelShape, V: int, d_ff: int) -> DecoderLM:
+    return ladder_lm(rung, V, shape.d, shape.n_layers, shape.n_heads, shape.n_kv_heads, d_ff, shape.block_size,
+                     shape.dropout)
 
 
-def ladder_model(rung: Rung | str, shape: ModelShape, V: int) -> LadderLM:
+def ladder_model(rung: Rung | str, shape: ModelShape, V: int) -> DecoderLM:
     """The rung's model at this shape, its FFN sized to match GPT-2's parameters."""
     rung = get_rung(rung) if isinstance(rung, str) else rung
     return _ladder(rung, shape, V, matched_d_ff(rung, shape, V))
@@ -262,7 +124,7 @@ def ladder_model(rung: Rung | str, shape: ModelShape, V: int) -> LadderLM:
 
 def build_model(arch: str, shape: ModelShape, V: int) -> nn.Module:
     """``"gpt2"`` -> GPT2LM, ``"llama"`` -> LlamaStyleLM (GQA, QK-norm, untied, matched d_ff), or
-    ``"ladder:<rung>"`` -> that model as a LadderLM. Same shape, parameters matched to GPT-2's."""
+    ``"ladder:<rung>"`` -> that model (``ladder_lm``). Same shape, parameters matched to GPT-2's."""
     if arch == "gpt2":
         return GPT2LM(V, shape.d, shape.n_layers, shape.n_heads, shape.block_size, dropout=shape.dropout)
     if arch == "llama":

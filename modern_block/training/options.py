@@ -12,7 +12,7 @@ from .config import MAX_SEED, QUICK_ENV, TrainConfig, default_config, quick_forc
 from .device import choose_device
 
 
-def positive_int(text: str) -> int:
+def positive_int_arg(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -22,7 +22,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def positive_float_arg(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -32,7 +32,7 @@ def positive_float(text: str) -> float:
     return value
 
 
-def seed_int(text: str) -> int:
+def seed_arg(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -42,7 +42,7 @@ def seed_int(text: str) -> int:
     return value
 
 
-def nonneg_float(text: str) -> float:
+def nonneg_float_arg(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -54,24 +54,25 @@ def nonneg_float(text: str) -> float:
 
 # option -> (TrainConfig field, argparse type, help)
 CONFIG_OPTIONS = {
-    "--max-steps": ("max_steps", positive_int, "training steps"),
-    "--lr": ("lr", positive_float, "peak learning rate"),
-    "--min-lr": ("min_lr", nonneg_float, "learning rate at the end of the cosine (default: lr/10 when --lr is given)"),
+    "--max-steps": ("max_steps", positive_int_arg, "training steps"),
+    "--lr": ("lr", positive_float_arg, "peak learning rate"),
+    "--min-lr": ("min_lr", nonneg_float_arg,
+                 "learning rate at the end of the cosine (default: lr/10 when --lr is given)"),
     "--warmup-steps": ("warmup_steps", int, "linear warmup steps"),
-    "--batch-size": ("batch_size", positive_int, "sequences per optimizer step, over all processes"),
-    "--micro-batch-size": ("micro_batch_size", positive_int, "sequences per forward/backward pass in one process "
+    "--batch-size": ("batch_size", positive_int_arg, "sequences per optimizer step, over all processes"),
+    "--micro-batch-size": ("micro_batch_size", positive_int_arg, "sequences per forward/backward pass in one process "
                            "(gradient accumulation; default: batch size / processes)"),
-    "--block-size": ("block_size", positive_int, "context length (characters)"),
-    "--dropout": ("dropout", nonneg_float, "dropout probability"),
-    "--weight-decay": ("weight_decay", nonneg_float, "AdamW weight decay on matrices"),
-    "--grad-clip": ("grad_clip", nonneg_float, "gradient-norm clip (0: off)"),
-    "--eval-interval": ("eval_interval", positive_int, "steps between evaluations and checkpoints"),
-    "--eval-batches": ("eval_batches", positive_int, "fixed batches per evaluation"),
+    "--block-size": ("block_size", positive_int_arg, "context length (characters)"),
+    "--dropout": ("dropout", nonneg_float_arg, "dropout probability"),
+    "--weight-decay": ("weight_decay", nonneg_float_arg, "AdamW weight decay on matrices"),
+    "--grad-clip": ("grad_clip", nonneg_float_arg, "gradient-norm clip (0: off)"),
+    "--eval-interval": ("eval_interval", positive_int_arg, "steps between evaluations and checkpoints"),
+    "--eval-batches": ("eval_batches", positive_int_arg, "fixed batches per evaluation"),
 }
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """Options shared by ``modern_block.training.trainer`` and ``modern_block compare``."""
+    """Options shared by ``python -m modern_block train`` and ``python -m modern_block compare``."""
     scale = parser.add_mutually_exclusive_group()
     scale.add_argument("--quick", action="store_true", help="CPU scale (default when there is no GPU; "
                        f"{QUICK_ENV}=1 forces it)")

@@ -1,7 +1,7 @@
 """What a training run keeps on disk, written so that a run is never lost.
 
     DIR/metrics.jsonl   one JSON line per evaluation, appended as the run goes
-    DIR/ckpt.pt         everything needed to continue exactly, and a sha256 of its contents
+    DIR/ckpt.pt         everything needed to continue exactly, and a sha256 of its contents (``training.checkpoint``)
     DIR/summary.json    the run's summary, rewritten at the end of each session
     DIR/.lock           held (an operating-system file lock) by the one training writing DIR
 
@@ -10,55 +10,208 @@ The rules, and why:
   typo in ``--out`` must not wipe a day of training.
 - One training per folder at a time. The lock is the operating system's (``flock``; ``msvcrt`` on
   Windows), so it is released when its process ends, even when it is killed: no stale lock files.
-- Every file is written to a temporary file with a unique name in the same folder and renamed onto
-  its final name (``os.replace`` is atomic), so a reader sees the old file or the new one, never
-  half of one. A failed write (a full disk) removes its temporary file; the old file stays.
-- The checkpoint carries a sha256 of everything in it, checked when it is loaded: a flipped bit
-  is reported, not trained on. Any unreadable checkpoint gives a ``CheckpointError`` naming the file.
-- A torn last line of ``metrics.jsonl`` (the process died while appending it) is dropped, and said so.
+- Every file is replaced atomically (``training.files``): a reader sees the old file or the new one.
+  Temporary files that a killed write left behind are removed at the next start, once the lock is held.
+- The metrics on disk are the checkpoint's own: a resume rewrites ``metrics.jsonl`` to hold exactly the
+  evaluations the checkpoint carries (a torn or missing line is put back, another run's lines replaced,
+  and said so), and a ``summary.json`` of another run is removed.
+- A run refused before it starts (settings, a folder in use, a full disk) removes the folders and the
+  lock file it created. When the file system refuses a write, the error is a ``StorageError`` that
+  names the file and the reason.
 """
 
-import hashlib
+import contextlib
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import ConfigError
+from .files import StorageError, reason, refused_writes, remove_temporaries, shown, write_text_atomic
 
 CHECKPOINT = "ckpt.pt"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 LOCK = ".lock"
-CHECKPOINT_FORMAT = 2  # 1: no checksum, no throughput history (read, with a warning)
-REQUIRED_KEYS = ("format", "config", "chars", "corpus", "step", "elapsed_s", "losses", "model", "optimizer",
-                 "scaler", "rng_cpu", "rng_cuda", "sampler")
 
 
-class RunFolderError(ValueError):
+class RunFolderError(ConfigError):
     """``--out`` cannot be used as asked: not a folder, not writable, in use, or already holding a run."""
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be read (empty, truncated, damaged, incomplete) or written (disk full)."""
+def _silent(*args, **kwargs) -> None:
+    pass
+
+
+class RunFolder:
+    """The files of one run in ``path``; ``path=None``: a run that keeps no files. Only the ``writer``
+    (the one process of a run that writes, rank 0) writes; every process may read the checkpoint.
+    ``checkpoints=False``: metrics and summary only (``compare``'s runs)."""
+
+    def __init__(self, path=None, writer: bool = True, checkpoints: bool = True):
+        self.path = Path(path) if path is not None else None
+        self.writer = writer and self.path is not None
+        self.keeps_checkpoints = checkpoints and self.path is not None
+        self._lock: RunLock | None = None
+        self._created: list[Path] = []  # folders this run made: removed again if it is refused
+
+    def _file(self, name: str) -> Path | None:
+        return self.path / name if self.path is not None else None
+
+    @property
+    def checkpoint(self) -> Path | None:
+        return self._file(CHECKPOINT)
+
+    @property
+    def metrics(self) -> Path | None:
+        return self._file(METRICS)
+
+    def claim(self, resume: bool, overwrite: bool, say=_silent) -> dict | None:
+        """Check and lock the folder and remove stale temporary files (the writer); return the checkpoint
+        to resume from (every process), or None for a new run. An earlier run is refused unless
+        ``resume`` or ``overwrite``."""
+        if self.path is None:
+            return None
+        if resume and overwrite:
+            raise RunFolderError("resume and overwrite exclude each other")
+        if self.writer:
+            self._created = missing_folders(self.path)
+            prepare(self.path)
+            self._lock = RunLock(self.path)
+            with refused_writes(f"remove the temporary files in {shown(self.path)}"):
+                n, size = remove_temporaries(self.path, (CHECKPOINT, METRICS, SUMMARY))
+            if n:
+                say(f"note: removed {n} temporary file(s) ({size / 2**20:,.1f} MiB) that interrupted writes left "
+                    f"in {self.path}")
+        if resume and self.checkpoint.exists():
+            return load_checkpoint(self.checkpoint)
+        if self.writer:
+            with refused_writes(f"read {shown(self.path)}"):
+                found = existing_run(self.path)
+            if resume:
+                say(f"no checkpoint in {self.path}; starting a new run"
+                    + (f" (replacing what is there: {found})" if found else ""))
+            elif found and not overwrite:
+                raise RunFolderError(f"{self.path} already holds a run ({found}). Pass --resume to continue it, "
+                                     "--overwrite to start it over, or choose another --out")
+        return None
+
+    def start(self) -> None:
+        """A new run: an earlier run's files go (every check has passed by now), an empty metrics file."""
+        if self.writer:
+            with refused_writes(f"start the run in {shown(self.path)}"):
+                clear(self.path)
+                self.metrics.write_text("")
+
+    def resumed_metrics(self, step: int, saved: list[dict] | None, run_id: str | None, say=_silent) -> list[dict]:
+        """On resume (the writer): the evaluations of the checkpoint at ``step``. ``saved``: the ones it
+        carries (older checkpoints carry none: the file's, up to ``step``, are kept). ``metrics.jsonl`` is
+        rewritten to hold exactly them: later lines (written after the checkpoint) will be written again.
+        A ``summary.json`` of another run than ``run_id`` is removed."""
+        if not self.writer:
+            return []
+        with refused_writes(f"read {shown(self.metrics)}"):
+            on_disk = [m for m in read_metrics(self.metrics, say=say) if m["step"] <= step]
+        rows = on_disk if saved is None else saved
+        if saved is None:
+            say(f"note: {self.checkpoint} was written before checkpoints carried their evaluations: the ones in "
+                f"{METRICS} up to step {step} are kept unchecked")
+        elif on_disk != saved:
+            say(f"note: {self.metrics} did not hold the checkpoint's evaluations ({_differences(on_disk, saved)}); "
+                f"it now holds the {len(saved)} the checkpoint carries")
+        with refused_writes(f"rewrite {shown(self.metrics)}"):
+            write_text_atomic(self.metrics, "".join(json.dumps(m) + "\n" for m in rows))
+            self._drop_other_summary(run_id, say)
+        return rows
+
+    def _drop_other_summary(self, run_id: str | None, say) -> None:
+        path = self.path / SUMMARY
+        if run_id is None or not path.exists():
+            return
+        try:
+            theirs = json.loads(path.read_text()).get("run_id")
+        except (ValueError, AttributeError):
+            theirs = "unreadable"
+        if theirs != run_id:
+            path.unlink()
+            say(f"note: removed {path}: it summarised another run ({theirs}), not the checkpoint's ({run_id})")
+
+    def append_metrics(self, row: dict) -> None:
+        if self.writer:
+            with refused_writes(f"append an evaluation to {shown(self.metrics)}"):
+                with open(self.metrics, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+
+    def write_summary(self, summary: dict) -> None:
+        if self.writer:
+            with refused_writes(f"write {shown(self.path / SUMMARY)}"):
+                write_text_atomic(self.path / SUMMARY, json.dumps(summary, indent=1) + "\n")
+
+    def save_checkpoint(self, state: dict) -> None:
+        if self.writer and self.keeps_checkpoints:
+            save_checkpoint(state, self.checkpoint)
+
+    def release(self) -> None:
+        """Release the folder's lock."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def abandon(self) -> None:
+        """A run refused before it started: remove the lock file and the folders it created (when they
+        hold nothing else), then release the lock. Best effort: a file system that refuses is left as it is."""
+        if self._lock is not None and self._lock.created:
+            with contextlib.suppress(OSError):
+                self._lock.path.unlink()  # while holding the lock: see RunLock
+        self.release()
+        for folder in reversed(self._created):  # the innermost first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        self._created = []
+
+
+def _differences(on_disk: list[dict], saved: list[dict]) -> str:
+    """How the file's evaluations differ from the checkpoint's, in words."""
+    mine = {m["step"]: m for m in on_disk}
+    missing = [m["step"] for m in saved if m["step"] not in mine]
+    other = [m["step"] for m in saved if m["step"] in mine and mine[m["step"]] != m]
+    extra = sorted(set(mine) - {m["step"] for m in saved})
+    parts = ([f"missing or torn at step(s) {missing}"] if missing else []) + (
+        [f"other values at step(s) {other}: another run's"] if other else []) + (
+        [f"steps the checkpoint never saw: {extra}"] if extra else [])
+    return "; ".join(parts)
 
 
 # ---- the folder --------------------------------------------------------------------------------------
-def prepare(folder: Path) -> None:
-    """Create ``folder`` if needed and check that files can be written in it, with errors that say which."""
-    if folder.exists() and not folder.is_dir():
-        raise RunFolderError(f"--out {folder} is a file, not a folder: choose a folder for the run")
+def missing_folders(folder: Path) -> list[Path]:
+    """The folders that creating ``folder`` would make, outermost first."""
     try:
+        return [p for p in reversed([folder, *folder.parents]) if not p.exists()]
+    except OSError:  # a name too long for the file system: prepare() says so
+        return []
+
+
+def prepare(folder: Path) -> None:
+    """Create ``folder`` if needed and check that files can be written in it, with errors that say which:
+    a ``RunFolderError`` when the path names a file, a ``StorageError`` when the file system refuses."""
+    try:
+        if folder.exists() and not folder.is_dir():
+            raise RunFolderError(f"--out {shown(folder)} is a file, not a folder: choose a folder for the run")
         folder.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-test.")
         os.close(fd)
         os.remove(probe)
+    except (NotADirectoryError, FileExistsError) as err:
+        raise RunFolderError(f"cannot write in --out {shown(folder)} ({err.strerror}): a part of that path is a "
+                             "file; choose a folder") from None
     except OSError as err:
-        raise RunFolderError(f"cannot write in --out {folder} ({err.strerror or err}): choose a folder you can "
-                             "write to") from None
+        raise StorageError(f"cannot write in --out {shown(folder)} ({reason(err)}): choose a folder you can "
+                           "write to") from None
 
 
 def existing_run(folder: Path) -> str | None:
@@ -82,28 +235,47 @@ def clear(folder: Path) -> None:
 
 
 class RunLock:
-    """An exclusive lock on ``folder/.lock`` for as long as this object holds it."""
+    """An exclusive lock on ``folder/.lock`` for as long as this object holds it. ``created``: this lock
+    made the file (a refused run removes it again, while still holding the lock; a process that had
+    opened the removed file notices, because the path no longer names the file it locked, and tries again)."""
 
     def __init__(self, folder: Path):
         self.path = folder / LOCK
-        self._file = open(self.path, "a+")  # noqa: SIM115 - held open for the lock's lifetime
+        for _ in range(10):
+            self.created = not self.path.exists()
+            with refused_writes(f"create the lock file {shown(self.path)}"):
+                self._file = open(self.path, "a+")  # noqa: SIM115 - held open for the lock's lifetime
+            try:
+                _lock(self._file)
+            except OSError:
+                self._file.seek(0)
+                holder = self._file.read().strip() or "another process"
+                self._file.close()
+                raise RunFolderError(f"{folder} is in use by another training ({holder}); two trainings in one "
+                                     "folder would mix their files. Wait for it to finish or choose another --out"
+                                     ) from None
+            if self._still_named():
+                break
+            self.release()  # its holder removed it after we opened it: lock the file that is there now
+        try:  # unbuffered: a full disk fails here, not again when the file is closed
+            os.ftruncate(self._file.fileno(), 0)
+            os.write(self._file.fileno(), f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        except OSError as err:
+            if self.created:
+                self.path.unlink(missing_ok=True)
+            self.release()
+            raise StorageError(f"could not write the lock file {shown(self.path)} ({reason(err)})") from None
+
+    def _still_named(self) -> bool:
         try:
-            _lock(self._file)
-        except OSError:
-            self._file.seek(0)
-            holder = self._file.read().strip() or "another process"
-            self._file.close()
-            raise RunFolderError(f"{folder} is in use by another training ({holder}); two trainings in one "
-                                 "folder would mix their files. Wait for it to finish or choose another --out"
-                                 ) from None
-        self._file.seek(0)
-        self._file.truncate()
-        self._file.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        self._file.flush()
+            return os.stat(self.path).st_ino == os.fstat(self._file.fileno()).st_ino
+        except FileNotFoundError:
+            return False
 
     def release(self) -> None:
         if not self._file.closed:
-            _unlock(self._file)
+            with contextlib.suppress(OSError):
+                _unlock(self._file)
             self._file.close()
 
 
@@ -125,144 +297,6 @@ else:
 
     def _unlock(f):
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-# ---- writing files atomically ------------------------------------------------------------------------
-class _WriteErrors:
-    """A file that remembers the first OSError its writes raised. ``torch.save`` turns a failed
-    write (a full disk) into "unexpected pos ..." or "basic_ios::clear: iostream error"; this keeps
-    the real cause to report."""
-
-    def __init__(self, file):
-        self.file, self.error = file, None
-
-    def write(self, data):
-        try:
-            return self.file.write(data)
-        except OSError as err:
-            self.error = self.error or err
-            raise
-
-    def __getattr__(self, name):
-        return getattr(self.file, name)
-
-
-def _open_for_writing(fd: int):
-    return os.fdopen(fd, "wb")
-
-
-def write_atomic(path: Path, write) -> None:
-    """``write(file)`` into a uniquely named temporary file beside ``path``, then rename it onto
-    ``path``. On any failure the temporary file is removed and ``path`` is left as it was; a
-    failed write raises the ``OSError`` that caused it (ENOSPC: disk full)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with _open_for_writing(fd) as raw:
-            f = _WriteErrors(raw)
-            try:
-                write(f)
-            except Exception as err:
-                if f.error is not None and f.error is not err:
-                    raise f.error from err
-                raise
-            f.flush()
-            os.fsync(f.fileno())  # on disk before it takes the final name
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    write_atomic(path, lambda f: f.write(text.encode()))
-
-
-# ---- the checkpoint ----------------------------------------------------------------------------------
-def digest(obj) -> str:
-    """sha256 of a checkpoint's contents: every tensor's dtype, shape and bytes, and every other
-    value's repr, in order (dicts keep their insertion order through ``torch.save``/``load``)."""
-    h = hashlib.sha256()
-
-    def walk(x):
-        if isinstance(x, torch.Tensor):
-            t = x.detach().cpu().contiguous()
-            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
-        elif isinstance(x, dict):
-            h.update(b"{")
-            for k, v in x.items():
-                h.update(repr(k).encode())
-                walk(v)
-            h.update(b"}")
-        elif isinstance(x, (list, tuple)):
-            h.update(b"[" if isinstance(x, list) else b"(")
-            for v in x:
-                walk(v)
-            h.update(b"]")
-        else:
-            h.update(repr(x).encode())
-
-    walk(obj)
-    return h.hexdigest()
-
-
-def to_cpu(obj):
-    """A copy of a nested state with every tensor on the CPU (what is hashed is what is saved)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_cpu(v) for v in obj)
-    return obj
-
-
-def save_checkpoint(state: dict, path: Path) -> None:
-    """Write ``state`` with its checksum to ``path`` atomically (see ``write_atomic``); a failed
-    write (full disk, lost mount) is a ``CheckpointError`` that says the old checkpoint is kept."""
-    state = to_cpu(state)
-    state["checksum"] = digest(state)
-    try:
-        write_atomic(path, lambda f: torch.save(state, f))
-    except (OSError, RuntimeError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0][:200]
-        free = shutil.disk_usage(path.parent).free
-        raise CheckpointError(f"could not write the checkpoint {path} ({reason}; {free / 2**20:,.0f} MiB free "
-                              f"on that disk). The file there before this write is unchanged") from err
-
-
-def load_checkpoint(path: Path) -> dict:
-    """The checkpoint at ``path``, verified: a ``CheckpointError`` naming the file when it is empty,
-    truncated, not a checkpoint, lacks keys, or fails its checksum."""
-    advice = "restore a good copy, or start the run again with --overwrite"
-    size = path.stat().st_size
-    if size == 0:
-        raise CheckpointError(f"the checkpoint {path} is empty (0 bytes): the write that made it never finished; "
-                              f"{advice}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain containers only
-    except Exception as err:  # noqa: BLE001 - torch raises many types for damaged files
-        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"the checkpoint {path} ({size:,} bytes) cannot be read: it is truncated, damaged or "
-                              f"not a checkpoint of this trainer ({type(err).__name__}: {first}); {advice}") from None
-    if not isinstance(ckpt, dict):
-        raise CheckpointError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint of this trainer; {advice}")
-    missing = [k for k in REQUIRED_KEYS if k not in ckpt]
-    if missing:
-        raise CheckpointError(f"the checkpoint {path} lacks {missing}: it was not written by this trainer, or "
-                              f"was edited; {advice}")
-    stored = ckpt.pop("checksum", None)
-    computed = digest(ckpt)
-    if stored is None:
-        if ckpt["format"] >= 2:
-            raise CheckpointError(f"the checkpoint {path} lacks its checksum; {advice}")
-        print(f"note: {path} was written before checkpoints carried a checksum; it is not verified",
-              file=sys.stderr)
-    elif computed != stored:
-        raise CheckpointError(f"the checkpoint {path} fails its checksum: its contents changed after it was "
-                              f"written (a flipped bit on the disk or in a copy); {advice}")
-    ckpt["checksum"] = computed  # what was verified: processes compare it to be sure they read the same file
-    return ckpt
 
 
 # ---- the metrics log ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import functools
 import math
 
@@ -39,34 +40,36 @@ def graded(secret: int):
         _SECRET.reset(token)
 
 
-def _graded() -> bool:
+def is_graded() -> bool:
     return _SECRET.get() is not None
 
 
-def _seed(seed: int) -> int:
+def seeded(seed: int) -> int:
     """``seed`` in a notebook; under ``graded``, ``seed`` mixed with the grader's secret."""
     secret = _SECRET.get()
     return seed if secret is None else (seed * 1_000_003 + secret) % 2**63
 
 
-def _gen(seed: int) -> torch.Generator:
+def generator(seed: int) -> torch.Generator:
     """The generator a check draws its inputs from."""
-    return torch.Generator().manual_seed(_seed(seed))
+    return torch.Generator().manual_seed(seeded(seed))
 
 
-def _pick(g: torch.Generator, options):
+def pick(g: torch.Generator, options):
     """One of ``options``, drawn from ``g`` (for the hidden cases of the integer checks)."""
     return options[int(torch.randint(len(options), (1,), generator=g))]
 
 
-def _check(fn=None, *, components: tuple[str, ...] = ()):
+def exercise_check(fn=None, *, components: tuple[str, ...] = (), uses: tuple[str, ...] = ()):
     """Run a check with a private random state, without autograd, turning a stub's
     NotImplementedError into NotAttempted, and print the success line.
 
     ``components`` names the package's own objects that implement what the exercise asks for (a class or
-    function name, ``Class.method`` for one method): the grader reports a submission that calls them."""
+    function name, ``Class.method`` for one method): while the grader grades the exercise they are not
+    available to the submission. ``uses`` names the package objects a right answer may build on (lesson 07's
+    LM stacks the package's Block): the grader never hides those while this exercise is graded."""
     if fn is None:
-        return functools.partial(_check, components=components)
+        return functools.partial(exercise_check, components=components, uses=uses)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -76,52 +79,91 @@ def _check(fn=None, *, components: tuple[str, ...] = ()):
         torch.set_num_threads(1)  # the tensors are tiny: one thread is fastest, and immune to a busy machine
         try:
             with torch.random.fork_rng(devices=[]), torch.no_grad():
-                torch.manual_seed(_seed(1234))
+                torch.manual_seed(seeded(1234))
                 summary = fn(*args, **kwargs)
         except NotImplementedError as err:
             hint = f" (the stub says: {err})" if str(err) else ""
             raise NotAttempted(f"{name}: not implemented yet{hint}") from None
         finally:
             torch.set_num_threads(threads)
-        if not _graded():
+        if not is_graded():
             print(f"✓ {name} passed ({summary})")
 
     wrapper.components = tuple(components)
+    wrapper.uses = tuple(uses)
     return wrapper
 
 
-def _fail(name: str, message: str):
+def fail(name: str, message: str):
     __tracebackhide__ = True
     raise CheckFailed(f"{name}: {message}")
 
 
-def _call(name: str, what: str, fn, *args, **kwargs):
-    """Call the student's code; a crash becomes a CheckFailed that says which call crashed."""
+class Output:
+    """An argument whose contents after the call the check reads: the KV cache the student's function is to
+    extend in place, or an input it must leave alone. Like every argument it gets a fresh copy; after the call
+    ``value`` is what the function left in that copy (the check's own value is never touched)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def fresh(value):
+    """A copy of an argument for the student's code: whatever it does to it never reaches the check's own
+    values, from which the expected output is computed. Stand-ins for the student's objects (the grader's)
+    are passed as they are."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if hasattr(value, "call_with_outputs"):
+        return value
+    if isinstance(value, nn.Module):
+        return copy.deepcopy(value)
+    if isinstance(value, dict):
+        return {k: fresh(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [fresh(v) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
+
+
+def call_student(name: str, what: str, fn, *args, **kwargs):
+    """Call the student's code on fresh copies of the arguments (``Output`` ones come back); a crash becomes
+    a CheckFailed that says which call crashed. In the grader ``fn`` is a stand-in for an object in the
+    student's process (``call_with_outputs``): the copies travel there as data and only the outputs return."""
     __tracebackhide__ = True
+    outputs = [i for i, a in enumerate(args) if isinstance(a, Output)]
+    copies = [fresh(a.value if isinstance(a, Output) else a) for a in args]
+    keywords = {k: fresh(v) for k, v in kwargs.items()}
     try:
-        return fn(*args, **kwargs)
+        if hasattr(fn, "call_with_outputs"):
+            value, changed = fn.call_with_outputs(copies, keywords, outputs)
+        else:
+            value, changed = fn(*copies, **keywords), {i: copies[i] for i in outputs}
     except (NotImplementedError, NotAttempted, CheckFailed):
         raise
     except Exception as err:  # the student's code crashed: say where, keep the traceback chained
         raise CheckFailed(f"{name}: {what} raised {type(err).__name__}: {err}") from err
+    for i in outputs:
+        args[i].value = changed[i]
+    return value
 
 
-def _shape(t) -> str:
+def shape_of(t) -> str:
     return str(list(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def _dt(t: torch.Tensor) -> str:
+def dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _require_dtype(name: str, got: torch.Tensor, dtype: torch.dtype, where: str, what: str, advice: str):
+def require_dtype(name: str, got: torch.Tensor, dtype: torch.dtype, where: str, what: str, advice: str):
     """After the values have passed: fail, saying so, when ``got`` has another dtype than ``dtype``."""
     __tracebackhide__ = True
     if got.dtype != dtype:
-        _fail(name, f"{where}: the values are right but {what} is {_dt(got)}; {advice}")
+        fail(name, f"{where}: the values are right but {what} is {dtype_name(got)}; {advice}")
 
 
-def _close(got, want: torch.Tensor, rtol: float, atol: float) -> bool:
+def matches(got, want: torch.Tensor, rtol: float, atol: float) -> bool:
     """Same shape and allclose in float64 (NaN/inf in ``got`` never pass)."""
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         return False
@@ -129,59 +171,59 @@ def _close(got, want: torch.Tensor, rtol: float, atol: float) -> bool:
     return bool(torch.isfinite(g).all()) and torch.allclose(g, w, rtol=rtol, atol=atol)
 
 
-def _max_diff(got: torch.Tensor, want: torch.Tensor) -> float:
+def max_diff(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got.detach().double() - want.detach().double()).abs().max().item()
 
 
-def _judge(name: str, got, want: torch.Tensor, candidates, case: str, *, rtol: float = 1e-4,
-           atol: float = 1e-5, hint: str = "") -> None:
+def judge(name: str, got, want: torch.Tensor, candidates, case: str, *, rtol: float = 1e-4,
+          atol: float = 1e-5, hint: str = "") -> None:
     """Return if ``got`` matches ``want``. Otherwise raise CheckFailed naming the first candidate
     mistake whose output ``got`` matches; candidates are (diagnosis, tensor or zero-arg callable)."""
     __tracebackhide__ = True
     if not isinstance(got, torch.Tensor):
-        _fail(name, f"{case}: expected a tensor, got {type(got).__name__}.")
-    if _close(got, want, rtol, atol):
+        fail(name, f"{case}: expected a tensor, got {type(got).__name__}.")
+    if matches(got, want, rtol, atol):
         return
     for diagnosis, make in candidates:
         wrong = make() if callable(make) else make
-        if wrong is not None and _close(got, wrong, rtol, atol):
-            effect = (f"it differs from the correct output by up to {_max_diff(wrong, want):.3g}"
-                      if wrong.shape == want.shape else f"its shape is {_shape(wrong)} instead of {_shape(want)}")
-            _fail(name, f"{case}.\nLikely mistake: {diagnosis}\n(Your output equals what that mistake computes; "
-                        f"{effect}.)")
+        if wrong is not None and matches(got, wrong, rtol, atol):
+            effect = (f"it differs from the correct output by up to {max_diff(wrong, want):.3g}"
+                      if wrong.shape == want.shape else f"its shape is {shape_of(wrong)} instead of {shape_of(want)}")
+            fail(name, f"{case}.\nLikely mistake: {diagnosis}\n(Your output equals what that mistake computes; "
+                       f"{effect}.)")
     if got.shape != want.shape:
-        if got.numel() == want.numel() and _close(got.reshape(want.shape), want, rtol, atol):
-            _fail(name, f"{case}: the numbers are right but the shape is {_shape(got)}, expected {_shape(want)}.")
-        _fail(name, f"{case}: output shape {_shape(got)}, expected {_shape(want)}. {hint}".rstrip())
+        if got.numel() == want.numel() and matches(got.reshape(want.shape), want, rtol, atol):
+            fail(name, f"{case}: the numbers are right but the shape is {shape_of(got)}, expected {shape_of(want)}.")
+        fail(name, f"{case}: output shape {shape_of(got)}, expected {shape_of(want)}. {hint}".rstrip())
     if not torch.isfinite(got.detach()).all() and torch.isfinite(want).all():
-        _fail(name, f"{case}: your output contains inf or NaN where the correct output is finite. {hint}".rstrip())
-    _fail(name, f"{case}: your output differs from the correct one by up to {_max_diff(got, want):.3g} "
-                f"(tolerance {atol:g} + {rtol:g}·|value|), and matches none of the common mistakes this check "
-                f"knows. {hint}".rstrip())
+        fail(name, f"{case}: your output contains inf or NaN where the correct output is finite. {hint}".rstrip())
+    fail(name, f"{case}: your output differs from the correct one by up to {max_diff(got, want):.3g} "
+               f"(tolerance {atol:g} + {rtol:g}·|value|), and matches none of the common mistakes this check "
+               f"knows. {hint}".rstrip())
 
 
-def _judge_int(name: str, got, want: int, candidates, case: str, hint: str = "") -> None:
-    """The integer version of ``_judge``: the value first, its type after."""
+def judge_int(name: str, got, want: int, candidates, case: str, hint: str = "") -> None:
+    """The integer version of ``judge``: the value first, its type after."""
     __tracebackhide__ = True
     value = got.item() if isinstance(got, torch.Tensor) and got.numel() == 1 else got
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        _fail(name, f"{case}: expected an int, got {type(got).__name__} {got!r}.")
+        fail(name, f"{case}: expected an int, got {type(got).__name__} {got!r}.")
     if value != want:
         for diagnosis, wrong in candidates:
             if wrong is not None and wrong != want and value == wrong:
-                _fail(name, f"{case}: got {value:,}, expected {want:,}.\nLikely mistake: {diagnosis}")
-        _fail(name, f"{case}: got {value:,}, expected {want:,}. {hint}".rstrip())
+                fail(name, f"{case}: got {value:,}, expected {want:,}.\nLikely mistake: {diagnosis}")
+        fail(name, f"{case}: got {value:,}, expected {want:,}. {hint}".rstrip())
     if type(got) is not int:
-        _fail(name, f"{case}: the value is right but it is a {type(got).__name__}; return a plain int "
-                    f"(wrap it in int(...)).")
+        fail(name, f"{case}: the value is right but it is a {type(got).__name__}; return a plain int "
+                   f"(wrap it in int(...)).")
 
 
-def _judge_number(name: str, got, want: float, candidates, case: str, *, rel: float, hint: str = "") -> None:
+def judge_number(name: str, got, want: float, candidates, case: str, *, rel: float, hint: str = "") -> None:
     """A real number (an estimate): ``want`` within ``rel`` (relative), else the candidate mistake it is near."""
     __tracebackhide__ = True
     value = got.item() if isinstance(got, torch.Tensor) and got.numel() == 1 else got
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        _fail(name, f"{case}: expected a number, got {type(got).__name__} {got!r}.")
+        fail(name, f"{case}: expected a number, got {type(got).__name__} {got!r}.")
 
     def near(a, b):
         return abs(a - b) <= rel * abs(b)
@@ -190,14 +232,14 @@ def _judge_number(name: str, got, want: float, candidates, case: str, *, rel: fl
         return
     for diagnosis, wrong in candidates:
         if wrong is not None and not near(wrong, want) and near(value, wrong):
-            _fail(name, f"{case}: got {value:.4g}, expected {want:.4g}.\nLikely mistake: {diagnosis}")
-    _fail(name, f"{case}: got {value:.4g}, expected {want:.4g} (within {100 * rel:g}%). {hint}".rstrip())
+            fail(name, f"{case}: got {value:.4g}, expected {want:.4g}.\nLikely mistake: {diagnosis}")
+    fail(name, f"{case}: got {value:.4g}, expected {want:.4g} (within {100 * rel:g}%). {hint}".rstrip())
 
 
-def _randomize(module: nn.Module, seed: int) -> nn.Module:
+def randomize(module: nn.Module, seed: int) -> nn.Module:
     """Reference weights with structure: random Linear/Embedding weights and norm scales that are
     far from 1 and differ per feature (so a forgotten or misplaced scale shows)."""
-    g = _gen(seed)
+    g = generator(seed)
     for name, p in module.named_parameters():
         if name.endswith("norm.weight") or name == "weight" and p.dim() == 1:
             p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=g))
@@ -213,11 +255,11 @@ _KEY_HINTS = (
 )
 
 
-def _load(name: str, student: nn.Module, ref: nn.Module, hints: dict[str, str] | None = None) -> None:
+def load_weights(name: str, student: nn.Module, ref: nn.Module, hints: dict[str, str] | None = None) -> None:
     """Copy the reference's weights into the student's module, explaining any naming or shape mismatch."""
     __tracebackhide__ = True
     if not isinstance(student, nn.Module):
-        _fail(name, f"expected an nn.Module, got {type(student).__name__}.")
+        fail(name, f"expected an nn.Module, got {type(student).__name__}.")
     want = ref.state_dict()
     have = student.state_dict()
     problems = []
@@ -234,6 +276,6 @@ def _load(name: str, student: nn.Module, ref: nn.Module, hints: dict[str, str] |
         for key_part, text in list((hints or {}).items()) + list(_KEY_HINTS):
             if any(key_part in p for p in problems) and text not in advice:
                 advice.append(text)
-        _fail(name, "your module's parameters do not match the reference layout, so its weights cannot be "
-                    "loaded:\n  " + "\n  ".join(problems) + ("\n" + " ".join(advice) if advice else ""))
+        fail(name, "your module's parameters do not match the reference layout, so its weights cannot be "
+                   "loaded:\n  " + "\n  ".join(problems) + ("\n" + " ".join(advice) if advice else ""))
     student.load_state_dict(want)

@@ -8,7 +8,7 @@ from functools import partial
 
 import torch
 
-from .core import _call, _check, _fail, _gen, _graded, _judge, _judge_int, _pick
+from .core import call_student, exercise_check, fail, generator, is_graded, judge, judge_int, pick
 
 # ---- exercise 1: the parameters of one block -------------------------------------------------------------
 
@@ -21,20 +21,20 @@ def _block_params(d: int, d_ff: int, *, biases=True, norms=2, qkv=3, proj=True, 
     return 2 * norms * d + attention + feed_forward
 
 
-@_check(components=("GPT2Block", "CausalSelfAttention", "GeluMLP", "count_parameters", "parameter_breakdown"))
+@exercise_check(components=("GPT2Block", "CausalSelfAttention", "GeluMLP", "count_parameters", "parameter_breakdown"))
 def check_gpt2_block_params(gpt2_block_params) -> str:
     """``gpt2_block_params(d, d_ff=None)``: the parameters of one GPT-2 block (two LayerNorms, the fused q/k/v
     projection, the output projection and the MLP, all with biases); ``d_ff`` defaults to 4d."""
     __tracebackhide__ = True
     name = "check_gpt2_block_params"
     cases = [(768, None), (1600, None), (64, None), (128, 256), (48, 100)]
-    if _graded():  # hidden cases drawn from the grader's secret
-        g = _gen(24)
-        cases += [(64 * int(torch.randint(1, 40, (1,), generator=g)), _pick(g, [None, 100, 3000])) for _ in range(3)]
+    if is_graded():  # hidden cases drawn from the grader's secret
+        g = generator(24)
+        cases += [(64 * int(torch.randint(1, 40, (1,), generator=g)), pick(g, [None, 100, 3000])) for _ in range(3)]
     for d, d_ff in cases:
         call = f"gpt2_block_params({d})" if d_ff is None else f"gpt2_block_params({d}, d_ff={d_ff})"
-        got = _call(name, call, gpt2_block_params, d) if d_ff is None else \
-            _call(name, call, gpt2_block_params, d, d_ff=d_ff)
+        got = call_student(name, call, gpt2_block_params, d) if d_ff is None else \
+            call_student(name, call, gpt2_block_params, d, d_ff=d_ff)
         h = 4 * d if d_ff is None else d_ff
         count = partial(_block_params, d, h)
         cands = [
@@ -51,9 +51,9 @@ def check_gpt2_block_params(gpt2_block_params) -> str:
             ("no biases and no LayerNorms: 12d² is the matrices only; the block has 12d² + 13d.",
              count(biases=False, norms=0)),
         ]
-        _judge_int(name, got, count(), cands, call,
-                   hint="two LayerNorms (2·2d), q/k/v (3d² + 3d), output projection (d² + d), MLP (2·d·d_ff + "
-                        "d_ff + d).")
+        judge_int(name, got, count(), cands, call,
+                  hint="two LayerNorms (2·2d), q/k/v (3d² + 3d), output projection (d² + d), MLP (2·d·d_ff + "
+                       "d_ff + d).")
     return "5 cases incl. GPT-2 small's 7,087,872 per block and a custom d_ff"
 
 
@@ -74,13 +74,13 @@ def _attend64(q, k, v, *, mask="causal", scale="dh", softmax_dim=-1, fill="inf",
     return p if weights else p @ v
 
 
-@_check(components=("causal_attention", "CausalSelfAttention", "GQAttention", "GPT2Block"))
+@exercise_check(components=("causal_attention", "CausalSelfAttention", "GQAttention", "GPT2Block"))
 def check_causal_attention(causal_attention) -> str:
     """``causal_attention(q, k, v)`` with q, k, v of shape [B, heads, T, dh] → [B, heads, T, dh]:
     softmax(q·kᵀ / sqrt(dh), keys after the query masked out) · v."""
     __tracebackhide__ = True
     name = "check_causal_attention"
-    g = _gen(25)
+    g = generator(25)
     cases = [("q, k, v of shape [2, 3, 5, 8]", (2, 3, 5, 8), 1.0),
              ("one token: q, k, v of shape [1, 1, 1, 4]", (1, 1, 1, 4), 1.0),
              ("q, k, v of shape [1, 2, 7, 16] with scores near 100 (exp overflows: the softmax must subtract its "
@@ -89,7 +89,7 @@ def check_causal_attention(causal_attention) -> str:
         q, k, v = (torch.randn(*shape, generator=g) * s for s in (scale, scale, 1.0))
         if scale != 1.0:  # every score shifted by 10·40/sqrt(16) = 100: the softmax does not change, exp(100) = inf
             q[..., 0], k[..., 0] = 10.0, 40.0
-        got = _call(name, f"causal_attention on {desc}", causal_attention, q.clone(), k.clone(), v.clone())
+        got = call_student(name, f"causal_attention on {desc}", causal_attention, q.clone(), k.clone(), v.clone())
         run = partial(_attend64, q, k, v)
         cands = [
             ("no causal mask: every token also attends to later tokens. Fill the scores above the diagonal with "
@@ -108,11 +108,11 @@ def check_causal_attention(causal_attention) -> str:
             ("the attention weights were returned: multiply them by v.",
              partial(run, weights=True) if shape[2] == shape[3] else None),
         ]
-        _judge(name, got, run(), cands, f"on {desc}", rtol=1e-4, atol=1e-5 if scale == 1.0 else 1e-4,
-               hint="scores = q @ k.transpose(-1, -2) / sqrt(dh); mask with -inf above the diagonal; "
-                    "softmax(dim=-1) @ v.")
+        judge(name, got, run(), cands, f"on {desc}", rtol=1e-4, atol=1e-5 if scale == 1.0 else 1e-4,
+              hint="scores = q @ k.transpose(-1, -2) / sqrt(dh); mask with -inf above the diagonal; "
+                   "softmax(dim=-1) @ v.")
         if got.dtype != q.dtype:
-            _fail(name, f"on {desc}: the values are right but the dtype is {got.dtype}; keep q's dtype.")
+            fail(name, f"on {desc}: the values are right but the dtype is {got.dtype}; keep q's dtype.")
     return "3 cases: several heads, one token, large scores"
 
 
@@ -142,13 +142,13 @@ def _gpt2_attention64(x, w_qkv, b_qkv, w_proj, b_proj, n_heads, *, order="qkv", 
     return merged @ w_proj.double().T + (b_proj.double() if bias_proj else 0)
 
 
-@_check(components=("CausalSelfAttention", "causal_attention", "GPT2Block", "GPT2LM"))
+@exercise_check(components=("CausalSelfAttention", "causal_attention", "GPT2Block", "GPT2LM"))
 def check_gpt2_attention(gpt2_attention) -> str:
     """``gpt2_attention(x, w_qkv, b_qkv, w_proj, b_proj, n_heads)``: x [B, T, d]; w_qkv [3d, d] and b_qkv [3d]
     make q, k and v (in that order along the features), w_proj [d, d] and b_proj [d] the output; causal."""
     __tracebackhide__ = True
     name = "check_gpt2_attention"
-    g = _gen(26)
+    g = generator(26)
     cases = [("d=32, 4 heads, x of shape [2, 6, 32]", 32, 4, 2, 6), ("d=24, 3 heads, one token", 24, 3, 1, 1),
              ("d=16, one head, x of shape [1, 5, 16]", 16, 1, 1, 5),
              ("d=32, 8 heads, x of shape [2, 3, 32]", 32, 8, 2, 3)]
@@ -157,7 +157,7 @@ def check_gpt2_attention(gpt2_attention) -> str:
         w_qkv, b_qkv = torch.randn(3 * d, d, generator=g) / math.sqrt(d), torch.randn(3 * d, generator=g) * 0.5
         w_proj, b_proj = torch.randn(d, d, generator=g) / math.sqrt(d), torch.randn(d, generator=g) * 0.5
         args = (x, w_qkv, b_qkv, w_proj, b_proj)
-        got = _call(name, f"gpt2_attention with {desc}", gpt2_attention, *(a.clone() for a in args), h)
+        got = call_student(name, f"gpt2_attention with {desc}", gpt2_attention, *(a.clone() for a in args), h)
         run = partial(_gpt2_attention64, *args, h)
         cands = [
             ("q, k and v taken in the wrong order: the first d features of the projection are q, then k, then v.",
@@ -174,9 +174,9 @@ def check_gpt2_attention(gpt2_attention) -> str:
             ("the bias of the q/k/v projection (b_qkv) is missing.", partial(run, bias_qkv=False)),
             ("the bias of the output projection (b_proj) is missing.", partial(run, bias_proj=False)),
         ]
-        _judge(name, got, run(), cands, f"with {desc}", rtol=1e-4, atol=1e-5,
-               hint="qkv = x @ w_qkv.T + b_qkv; q, k, v = qkv.split(d, dim=-1); heads; causal attention; "
-                    "merge; @ w_proj.T + b_proj.")
+        judge(name, got, run(), cands, f"with {desc}", rtol=1e-4, atol=1e-5,
+              hint="qkv = x @ w_qkv.T + b_qkv; q, k, v = qkv.split(d, dim=-1); heads; causal attention; "
+                   "merge; @ w_proj.T + b_proj.")
     return "4 cases: several heads, one token, one head, head size 4"
 
 
@@ -190,7 +190,7 @@ def _gpt2_params(V, T, d, L, *, tied=True, positions=True, final_norm=True, bloc
     return V * d + (T * d if positions else 0) + L * block + (2 * d if final_norm else 0) + (0 if tied else V * d)
 
 
-@_check(components=())
+@exercise_check(components=())
 def check_gpt2_small_params(n_params) -> str:
     """``gpt2_small_params``: GPT-2 small's parameter count (V = 50,257, 1,024 positions, d = 768, 12 layers,
     output layer tied to the token embedding)."""
@@ -208,6 +208,6 @@ def check_gpt2_small_params(n_params) -> str:
         ("only the 12 blocks were counted: add the token and position embeddings and the final LayerNorm.",
          L * _block_params(d, 4 * d)),
     ]
-    _judge_int(name, n_params, want, cands, "gpt2_small_params",
-               hint="V·d + T·d + 12·(12d² + 13d) + 2d, the head tied to the embedding.")
+    judge_int(name, n_params, want, cands, "gpt2_small_params",
+              hint="V·d + T·d + 12·(12d² + 13d) + 2d, the head tied to the embedding.")
     return "124,439,808"

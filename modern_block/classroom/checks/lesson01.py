@@ -6,16 +6,16 @@ import torch
 import torch.nn as nn
 
 from .core import (
-    _call,
-    _check,
-    _dt,
-    _fail,
-    _gen,
-    _judge,
-    _require_dtype,
-    _shape,
+    call_student,
+    dtype_name,
+    exercise_check,
+    fail,
+    generator,
+    judge,
+    require_dtype,
+    shape_of,
 )
-from .reference import _rms_norm64
+from .reference import rms_norm64
 
 _RMS_HINT = "RMS(x) = sqrt(mean(x², last dim) + eps), computed in float32."
 
@@ -49,46 +49,46 @@ def _rms_candidates(x, eps, weight=None):
     w = weight.double()
     cands = [
         ("the mean was subtracted: that is LayerNorm. RMSNorm divides x itself by sqrt(mean(x²) + eps), "
-         "with no centering.", lambda: _rms_norm64(x, w, eps, center=True)),
+         "with no centering.", lambda: rms_norm64(x, w, eps, center=True)),
         ("the mean was subtracted (torch.std / var, the unbiased version): that is LayerNorm-like. RMSNorm "
-         "uses mean(x²) of the raw x.", lambda: _rms_norm64(x, w, eps, center=True, unbiased=True)),
+         "uses mean(x²) of the raw x.", lambda: rms_norm64(x, w, eps, center=True, unbiased=True)),
         ("x was divided by its standard deviation (x.std()): the mean is subtracted inside std. RMSNorm divides "
          "by sqrt(mean(x²) + eps).", lambda: x.double() / x.double().std(-1, keepdim=True) * w),
         ("eps was added outside the square root: x / (sqrt(mean(x²)) + eps). It belongs inside: "
-         "x / sqrt(mean(x²) + eps).", lambda: _rms_norm64(x, w, eps, eps_outside=True)),
+         "x / sqrt(mean(x²) + eps).", lambda: rms_norm64(x, w, eps, eps_outside=True)),
         ("eps is missing: with tiny vectors x / sqrt(mean(x²)) blows them up to unit size; add eps under the "
-         "square root.", lambda: _rms_norm64(x, w, 0.0)),
+         "square root.", lambda: rms_norm64(x, w, 0.0)),
         ("the square root is missing: x was divided by the mean square, not by its root.",
-         lambda: _rms_norm64(x, w, eps, no_sqrt=True)),
+         lambda: rms_norm64(x, w, eps, no_sqrt=True)),
         ("the sum of squares was used instead of the mean: divide by the number of features (mean, not sum).",
-         lambda: _rms_norm64(x, w, eps, use_sum=True)),
+         lambda: rms_norm64(x, w, eps, use_sum=True)),
         ("x was multiplied by the RMS instead of divided by it (use torch.rsqrt, or divide by the sqrt).",
-         lambda: _rms_norm64(x, w, eps, multiply=True)),
+         lambda: rms_norm64(x, w, eps, multiply=True)),
         ("the learned scale self.weight is not applied: multiply the normalised x by self.weight.",
-         lambda: _rms_norm64(x, None, eps)),
+         lambda: rms_norm64(x, None, eps)),
         ("the scale was applied before normalising: weight·x was normalised, so the scale cancels out. "
-         "Normalise x first, then multiply by self.weight.", lambda: _rms_norm64(x * w, None, eps)),
+         "Normalise x first, then multiply by self.weight.", lambda: rms_norm64(x * w, None, eps)),
         ("the mean was taken over the wrong dimension: normalise over the last (feature) dimension.",
-         lambda: _rms_norm64(x, w, eps, dim=0) if x.dim() > 1 and x.shape[0] > 1 else None),
+         lambda: rms_norm64(x, w, eps, dim=0) if x.dim() > 1 and x.shape[0] > 1 else None),
         ("the mean was taken over the wrong dimension: normalise over the last (feature) dimension.",
-         lambda: _rms_norm64(x, w, eps, dim=-2) if x.dim() > 2 else None),
+         lambda: rms_norm64(x, w, eps, dim=-2) if x.dim() > 2 else None),
     ]
     if eps != 1e-6:
         cands.append((f"the eps argument is ignored: this RMSNorm was built with eps={eps:g} but you used 1e-6. "
                       "Store eps in __init__ (self.eps) and use it in forward.",
-                      lambda: _rms_norm64(x, w, 1e-6)))
+                      lambda: rms_norm64(x, w, 1e-6)))
     if eps != 1e-5:
         cands.append(("eps is 1e-5 whatever was passed: use the eps given to __init__ (default 1e-6).",
-                      lambda: _rms_norm64(x, w, 1e-5)))
+                      lambda: rms_norm64(x, w, 1e-5)))
     return cands
 
 
-@_check(components=("RMSNorm",))
+@exercise_check(components=("RMSNorm",))
 def check_rms(rms) -> str:
     """``rms(x, eps=1e-6)``: sqrt(mean(x², last dim, keepdim) + eps), computed and returned in float32."""
     __tracebackhide__ = True
     name = "check_rms"
-    g = _gen(0)
+    g = generator(0)
     cases = [  # (description, x, eps or None for the default)
         ("x of shape [2, 3, 16]", torch.randn(2, 3, 16, generator=g) * 2, None),
         ("x of shape [5, 8] with tiny magnitudes (|x| ≈ 1e-3, where eps matters)",
@@ -98,7 +98,7 @@ def check_rms(rms) -> str:
     ]
     for desc, x, eps in cases:
         e = 1e-6 if eps is None else eps
-        got = _call(name, f"rms on {desc}", rms, x.clone(), *(() if eps is None else (eps,)))
+        got = call_student(name, f"rms on {desc}", rms, x.clone(), *(() if eps is None else (eps,)))
         want = (x.double().pow(2).mean(-1, keepdim=True) + e).sqrt()
         cands = _rms_candidates(x, e)
         if eps is not None:
@@ -106,42 +106,43 @@ def check_rms(rms) -> str:
                           (x.double().pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()))
         cands.append(("the reduced dimension was dropped: keep it (keepdim=True) so the result broadcasts "
                       "against x.", want.squeeze(-1)))
-        _judge(name, got, want, cands, f"on {desc}", hint=_RMS_HINT)
-        _require_dtype(name, got, torch.float32, f"on {desc}", "the dtype", "return float32.")
+        judge(name, got, want, cands, f"on {desc}", hint=_RMS_HINT)
+        require_dtype(name, got, torch.float32, f"on {desc}", "the dtype", "return float32.")
     # half precision: the statistic must be computed in float32
     for dtype, scale, why in ((torch.float16, 400.0, "x² overflows float16 above 65,504, i.e. for |x| > 256"),
                               (torch.float16, 1e-3, "x² underflows float16 (below 6e-8) for |x| < 2.4e-4"),
                               (torch.bfloat16, 1.0, "bfloat16 keeps only 8 bits of mantissa")):
         x = (torch.randn(4, 64, generator=g) * scale).to(dtype)
-        desc = f"{_dt(x)} x of shape [4, 64] with |x| ≈ {scale:g}"
-        got = _call(name, f"rms on {desc}", rms, x.clone())
+        desc = f"{dtype_name(x)} x of shape [4, 64] with |x| ≈ {scale:g}"
+        got = call_student(name, f"rms on {desc}", rms, x.clone())
         want = (x.double().pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
         native = (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
-        upcast = (f"no float32 upcast: the squares were computed in {_dt(x)}, where {why}. Convert with "
+        upcast = (f"no float32 upcast: the squares were computed in {dtype_name(x)}, where {why}. Convert with "
                   "x.float() before squaring.")
-        _judge(name, got, want, [(upcast, native)] + _rms_candidates(x, 1e-6), f"on {desc}",
-               rtol=4e-3, atol=1e-4 * want.abs().max().item(), hint=upcast if dtype == torch.float16 else "")
-        _require_dtype(name, got, torch.float32, f"on {desc}", "the dtype",
-                       "return the float32 statistic (x.float()...), as the exercise asks.")
+        judge(name, got, want, [(upcast, native)] + _rms_candidates(x, 1e-6), f"on {desc}",
+              rtol=4e-3, atol=1e-4 * want.abs().max().item(), hint=upcast if dtype == torch.float16 else "")
+        require_dtype(name, got, torch.float32, f"on {desc}", "the dtype",
+                      "return the float32 statistic (x.float()...), as the exercise asks.")
     return "7 cases: float32 / float16 / bfloat16, tiny magnitudes, custom eps"
 
 
-@_check(components=("RMSNorm",))
+@exercise_check(components=("RMSNorm",))
 def check_rmsnorm(RMSNormClass) -> str:
     """``RMSNorm(d, eps=1e-6)`` with ``.weight`` (ones at init) and ``.eps``; float32 statistics, output in
     the input's dtype."""
     __tracebackhide__ = True
     name = "check_rmsnorm"
-    g = _gen(1)
+    g = generator(1)
     d = 16
-    m = _call(name, "RMSNorm(16)", RMSNormClass, d)
+    m = call_student(name, "RMSNorm(16)", RMSNormClass, d)
     if not isinstance(getattr(m, "weight", None), nn.Parameter) or tuple(m.weight.shape) != (d,):
-        _fail(name, "RMSNorm(16) needs a learned scale self.weight = nn.Parameter(torch.ones(16)) "
-                    f"(got {type(getattr(m, 'weight', None)).__name__} of shape {_shape(getattr(m, 'weight', None))}).")
+        weight = getattr(m, "weight", None)
+        fail(name, "RMSNorm(16) needs a learned scale self.weight = nn.Parameter(torch.ones(16)) "
+                   f"(got {type(weight).__name__} of shape {shape_of(weight)}).")
     extra = [k for k, _ in m.named_parameters() if k != "weight"]
     if extra:
-        _fail(name, f"RMSNorm has only one parameter, weight; yours also has {extra} (no bias: "
-                    "that would be LayerNorm's shift).")
+        fail(name, f"RMSNorm has only one parameter, weight; yours also has {extra} (no bias: "
+                   "that would be LayerNorm's shift).")
     init_ok = bool(torch.all(m.weight == 1))
     cases = [
         ("x of shape [2, 5, 16]", torch.randn(2, 5, d, generator=g) * 2, 1e-6),
@@ -152,36 +153,36 @@ def check_rmsnorm(RMSNormClass) -> str:
     ]
     weight = 1.0 + 0.5 * torch.randn(d, generator=g)
     for desc, x, eps in cases:
-        m = _call(name, f"RMSNorm({d}, eps={eps:g})", RMSNormClass, d, eps) if eps != 1e-6 else \
-            _call(name, f"RMSNorm({d})", RMSNormClass, d)
+        m = call_student(name, f"RMSNorm({d}, eps={eps:g})", RMSNormClass, d, eps) if eps != 1e-6 else \
+            call_student(name, f"RMSNorm({d})", RMSNormClass, d)
         m.weight.copy_(weight)
-        got = _call(name, f"forward on {desc}", m, x.clone())
-        want = _rms_norm64(x, weight, eps)
-        _judge(name, got, want, _rms_candidates(x, eps, weight), f"on {desc} (random weight)",
-               hint="RMSNorm(x) = x / sqrt(mean(x², last dim) + eps) · weight.")
+        got = call_student(name, f"forward on {desc}", m, x.clone())
+        want = rms_norm64(x, weight, eps)
+        judge(name, got, want, _rms_candidates(x, eps, weight), f"on {desc} (random weight)",
+              hint="RMSNorm(x) = x / sqrt(mean(x², last dim) + eps) · weight.")
     for dtype, scale, why in ((torch.float16, 400.0, "x² overflows float16 above 65,504 (|x| > 256): "
                                "the statistic becomes inf and the output 0"),
                               (torch.float16, 1e-3, "the squares of |x| ≈ 1e-3 fall into float16's subnormal "
                                "range and lose most of their digits"),
                               (torch.bfloat16, 1.0, "bfloat16 keeps only 8 bits of mantissa")):
         x = (torch.randn(4, 64, generator=g) * scale).to(dtype)
-        desc = f"{_dt(x)} x of shape [4, 64] with |x| ≈ {scale:g}, module converted with .to({_dt(x)})"
-        m = _call(name, "RMSNorm(64)", RMSNormClass, 64)
+        desc = f"{dtype_name(x)} x of shape [4, 64] with |x| ≈ {scale:g}, module converted with .to({dtype_name(x)})"
+        m = call_student(name, "RMSNorm(64)", RMSNormClass, 64)
         w = (1.0 + 0.5 * torch.randn(64, generator=g)).to(dtype)
         m.weight.copy_(w)
-        m = _call(name, f"RMSNorm(64).to({_dt(x)})", m.to, dtype)
-        got = _call(name, f"forward on {desc}", m, x.clone())
-        want = _rms_norm64(x, w, 1e-6)
+        m = call_student(name, f"RMSNorm(64).to({dtype_name(x)})", m.to, dtype)
+        got = call_student(name, f"forward on {desc}", m, x.clone())
+        want = rms_norm64(x, w, 1e-6)
         native = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-        upcast = (f"no float32 upcast: the statistics were computed in {_dt(x)}, where {why}. Compute "
+        upcast = (f"no float32 upcast: the statistics were computed in {dtype_name(x)}, where {why}. Compute "
                   "mean(x²) and the rsqrt in float32 (x.float()), then cast back with .type_as(x).")
-        _judge(name, got, want, [(upcast, native)] + _rms_candidates(x, 1e-6, w), f"on {desc}",
-               rtol=1e-2, atol=4e-3 * want.abs().max().item(), hint=upcast if dtype == torch.float16 else "")
-        _require_dtype(name, got, dtype, f"on {desc}", "the output dtype", "RMSNorm returns the input's dtype "
-                       "(cast back with .type_as(x) before applying the scale).")
+        judge(name, got, want, [(upcast, native)] + _rms_candidates(x, 1e-6, w), f"on {desc}",
+              rtol=1e-2, atol=4e-3 * want.abs().max().item(), hint=upcast if dtype == torch.float16 else "")
+        require_dtype(name, got, dtype, f"on {desc}", "the output dtype", "RMSNorm returns the input's dtype "
+                      "(cast back with .type_as(x) before applying the scale).")
     if not init_ok:
-        _fail(name, "the formula is right, but self.weight should start as ones (torch.ones(d)) so a fresh "
-                    "RMSNorm only normalises.")
-    if getattr(_call(name, "RMSNorm(16)", RMSNormClass, d), "eps", None) != 1e-6:
-        _fail(name, "the formula is right, but the default eps should be 1e-6 and be stored as self.eps.")
+        fail(name, "the formula is right, but self.weight should start as ones (torch.ones(d)) so a fresh "
+                   "RMSNorm only normalises.")
+    if getattr(call_student(name, "RMSNorm(16)", RMSNormClass, d), "eps", None) != 1e-6:
+        fail(name, "the formula is right, but the default eps should be 1e-6 and be stored as self.eps.")
     return "7 cases: float32 / float16 / bfloat16, tiny magnitudes, custom eps, random scale"

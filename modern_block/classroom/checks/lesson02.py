@@ -10,17 +10,17 @@ import torch.nn.functional as F
 
 from ...ffn import SwiGLU, swiglu_hidden_dim
 from .core import (
-    _call,
-    _check,
-    _dt,
-    _fail,
-    _gen,
-    _graded,
-    _judge,
-    _judge_int,
-    _load,
-    _pick,
-    _randomize,
+    call_student,
+    dtype_name,
+    exercise_check,
+    fail,
+    generator,
+    is_graded,
+    judge,
+    judge_int,
+    load_weights,
+    pick,
+    randomize,
 )
 
 
@@ -57,25 +57,25 @@ def _hidden_candidates(d, multiple_of, mult):
     return c
 
 
-@_check(components=("swiglu_hidden_dim",))
+@exercise_check(components=("swiglu_hidden_dim",))
 def check_swiglu_hidden_dim(swiglu_hidden_dim_fn) -> str:
     """``swiglu_hidden_dim(d, multiple_of=256, ffn_dim_multiplier=None)``: Llama's rule."""
     __tracebackhide__ = True
     name = "check_swiglu_hidden_dim"
     cases = [(4096, None, None), (5120, None, None), (4096, 1024, 1.3), (256, 16, None), (1000, None, None),
              (4096, 1, None), (768, 64, None), (100, 8, 1.5), (7, 1, None)]
-    if _graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
-        g = _gen(20)
-        cases += [(64 * int(torch.randint(2, 256, (1,), generator=g)), _pick(g, [16, 64, 128, 256, 1024]),
-                   _pick(g, [None, 1.3, 1.5])) for _ in range(3)]
+    if is_graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
+        g = generator(20)
+        cases += [(64 * int(torch.randint(2, 256, (1,), generator=g)), pick(g, [16, 64, 128, 256, 1024]),
+                   pick(g, [None, 1.3, 1.5])) for _ in range(3)]
     for d, m, mult in cases:
         args = (d,) if m is None else (d, m) if mult is None else (d, m, mult)
         call = f"swiglu_hidden_dim({', '.join(map(str, args))})"
-        got = _call(name, call, swiglu_hidden_dim_fn, *args)
+        got = call_student(name, call, swiglu_hidden_dim_fn, *args)
         want = swiglu_hidden_dim(d, m or 256, mult)
-        _judge_int(name, got, want, _hidden_candidates(d, m or 256, mult), call,
-                   hint="int(2·4d/3), times ffn_dim_multiplier if given (then int), rounded up to a multiple "
-                        "of multiple_of.")
+        judge_int(name, got, want, _hidden_candidates(d, m or 256, mult), call,
+                  hint="int(2·4d/3), times ffn_dim_multiplier if given (then int), rounded up to a multiple "
+                       "of multiple_of.")
     return "9 cases incl. Llama 11,008, d=5120 → 13,824, Llama 3 8B 14,336, exact multiples"
 
 
@@ -90,23 +90,23 @@ def _swiglu64(x, wg, wu, wd, act="silu", mode="gate"):
     return hidden @ wd.double().T
 
 
-@_check(components=("SwiGLU",))
+@exercise_check(components=("SwiGLU",))
 def check_swiglu(SwiGLUClass) -> str:
     """``SwiGLU(d, d_ff)`` with bias-free ``w_gate``, ``w_up`` (d → d_ff) and ``w_down`` (d_ff → d)."""
     __tracebackhide__ = True
     name = "check_swiglu"
     d, d_ff = 16, 40
-    ref = _randomize(SwiGLU(d, d_ff), 2)
-    student = _call(name, f"SwiGLU({d}, {d_ff})", SwiGLUClass, d, d_ff)
-    _load(name, student, ref, {"w_gate": "Name the layers w_gate, w_up (d → d_ff) and w_down (d_ff → d).",
-                               "w_down": "w_down maps d_ff back to d: nn.Linear(d_ff, d, bias=False)."})
+    ref = randomize(SwiGLU(d, d_ff), 2)
+    student = call_student(name, f"SwiGLU({d}, {d_ff})", SwiGLUClass, d, d_ff)
+    load_weights(name, student, ref, {"w_gate": "Name the layers w_gate, w_up (d → d_ff) and w_down (d_ff → d).",
+                                      "w_down": "w_down maps d_ff back to d: nn.Linear(d_ff, d, bias=False)."})
     wg, wu, wd = ref.w_gate.weight, ref.w_up.weight, ref.w_down.weight
-    g = _gen(3)
+    g = generator(3)
     cases = [("x of shape [2, 5, 16]", torch.randn(2, 5, d, generator=g)),
              ("x of shape [1, 1, 16]", torch.randn(1, 1, d, generator=g)),
              ("x of shape [3, 16] (no batch dimension)", torch.randn(3, d, generator=g) * 3)]
     for desc, x in cases:
-        got = _call(name, f"forward on {desc}", student, x.clone())
+        got = call_student(name, f"forward on {desc}", student, x.clone())
         want = _swiglu64(x, wg, wu, wd)
         mk = partial(_swiglu64, x, wg, wu, wd)
         cands = [
@@ -127,32 +127,32 @@ def check_swiglu(SwiGLUClass) -> str:
              partial(mk, mode="after")),
             ("no activation at all (a bilinear layer): apply silu to w_gate(x).", partial(mk, act="none")),
         ]
-        _judge(name, got, want, cands, f"on {desc}", hint="SwiGLU(x) = w_down(silu(w_gate(x)) * w_up(x)).")
+        judge(name, got, want, cands, f"on {desc}", hint="SwiGLU(x) = w_down(silu(w_gate(x)) * w_up(x)).")
     x = torch.randn(2, 4, d, generator=g).to(torch.bfloat16)
-    m = _call(name, "module.to(torch.bfloat16)", student.to, torch.bfloat16)
-    got = _call(name, "forward on a bfloat16 x of shape [2, 4, 16]", m, x)
+    m = call_student(name, "module.to(torch.bfloat16)", student.to, torch.bfloat16)
+    got = call_student(name, "forward on a bfloat16 x of shape [2, 4, 16]", m, x)
     ref_bf = ref.to(torch.bfloat16)
-    _judge(name, got, _swiglu64(x, ref_bf.w_gate.weight, ref_bf.w_up.weight, ref_bf.w_down.weight), [],
-           "on a bfloat16 x of shape [2, 4, 16]", rtol=3e-2, atol=3e-2)
+    judge(name, got, _swiglu64(x, ref_bf.w_gate.weight, ref_bf.w_up.weight, ref_bf.w_down.weight), [],
+          "on a bfloat16 x of shape [2, 4, 16]", rtol=3e-2, atol=3e-2)
     if got.dtype != torch.bfloat16:
-        _fail(name, f"a bfloat16 input gave a {_dt(got)} output; keep the input's dtype.")
+        fail(name, f"a bfloat16 input gave a {dtype_name(got)} output; keep the input's dtype.")
     return "4 cases: 3-D and 2-D inputs, batch 1, bfloat16"
 
 
-@_check(components=("SwiGLU", "GeluMLP", "count_parameters", "parameter_breakdown"))
+@exercise_check(components=("SwiGLU", "GeluMLP", "count_parameters", "parameter_breakdown"))
 def check_ffn_weight_count(ffn_weight_count) -> str:
     """``ffn_weight_count(d, d_ff, gated)``: weights of a bias-free FFN: 2·d·d_ff (GELU MLP) or
     3·d·d_ff (SwiGLU)."""
     __tracebackhide__ = True
     name = "check_ffn_weight_count"
     cases = [(4096, 16384, False), (4096, 11008, True), (5120, 13824, True), (64, 256, False), (64, 170, True)]
-    if _graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
-        g = _gen(21)
+    if is_graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
+        g = generator(21)
         cases += [(int(torch.randint(8, 9000, (1,), generator=g)), int(torch.randint(8, 30000, (1,), generator=g)),
-                   _pick(g, [False, True])) for _ in range(3)]
+                   pick(g, [False, True])) for _ in range(3)]
     for d, d_ff, gated in cases:
         call = f"ffn_weight_count({d}, {d_ff}, gated={gated})"
-        got = _call(name, call, ffn_weight_count, d, d_ff, gated)
+        got = call_student(name, call, ffn_weight_count, d, d_ff, gated)
         want = (3 if gated else 2) * d * d_ff
         cands = [
             ("a SwiGLU FFN has three matrices (w_gate, w_up, w_down): 3·d·d_ff." if gated else
@@ -164,11 +164,11 @@ def check_ffn_weight_count(ffn_weight_count) -> str:
             ("the sizes are squared: each matrix is d × d_ff, not d_ff × d_ff or d × d.",
              (3 if gated else 2) * d_ff * d_ff),
         ]
-        _judge_int(name, got, want, cands, call, hint="GELU MLP: 2·d·d_ff; SwiGLU: 3·d·d_ff (no biases).")
+        judge_int(name, got, want, cands, call, hint="GELU MLP: 2·d·d_ff; SwiGLU: 3·d·d_ff (no biases).")
     return "5 cases incl. 8d² = 134,217,728 and Llama's 135,266,304"
 
 
-@_check(components=())
+@exercise_check(components=())
 def check_llama3_70b_d_ff(d_ff) -> str:
     """``llama3_70b_d_ff``: Llama 3 70B's SwiGLU width by Llama's rule (d = 8192, multiple_of = 4096,
     ffn_dim_multiplier = 1.3)."""
@@ -185,6 +185,6 @@ def check_llama3_70b_d_ff(d_ff) -> str:
         ("not rounded up to a multiple of multiple_of.", int(1.3 * int(8 * d / 3))),
         ("8/3·d alone: no multiplier, no rounding.", int(8 * d / 3)),
     ]
-    _judge_int("check_llama3_70b_d_ff", d_ff, swiglu_hidden_dim(d, 4096, 1.3), cands, "llama3_70b_d_ff",
-               hint="swiglu_hidden_dim(8192, multiple_of=4096, ffn_dim_multiplier=1.3).")
+    judge_int("check_llama3_70b_d_ff", d_ff, swiglu_hidden_dim(d, 4096, 1.3), cands, "llama3_70b_d_ff",
+              hint="swiglu_hidden_dim(8192, multiple_of=4096, ffn_dim_multiplier=1.3).")
     return "28,672 = 3.5·d"

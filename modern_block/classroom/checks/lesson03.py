@@ -8,15 +8,16 @@ import torch
 
 from ...rope import rope_cache
 from .core import (
-    _call,
-    _check,
-    _fail,
-    _gen,
-    _judge,
-    _require_dtype,
-    _shape,
+    Output,
+    call_student,
+    exercise_check,
+    fail,
+    generator,
+    judge,
+    require_dtype,
+    shape_of,
 )
-from .reference import _rope64
+from .reference import rope64
 
 
 def _rope_tables64(T, dh, base, *, exponent="2i/dh", positions_from=0, full=None):
@@ -41,7 +42,7 @@ def _rope_tables64(T, dh, base, *, exponent="2i/dh", positions_from=0, full=None
     return ang.cos(), ang.sin()
 
 
-@_check(components=("rope_cache", "rope_frequencies"))
+@exercise_check(components=("rope_cache", "rope_frequencies"))
 def check_rope_cache(rope_cache_fn) -> str:
     """``rope_cache(T, dh, base=10000.0)`` → ``(cos, sin)``, each float32 of shape [T, dh/2], angle
     m·θ_i with θ_i = base^(-2i/dh)."""
@@ -51,9 +52,9 @@ def check_rope_cache(rope_cache_fn) -> str:
     for T, dh, base in cases:
         b = 10000.0 if base is None else base
         call = f"rope_cache({T}, {dh}" + ("" if base is None else f", base={base:g}") + ")"
-        out = _call(name, call, rope_cache_fn, T, dh, *(() if base is None else (base,)))
+        out = call_student(name, call, rope_cache_fn, T, dh, *(() if base is None else (base,)))
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            _fail(name, f"{call} must return a pair (cos, sin), got {type(out).__name__}.")
+            fail(name, f"{call} must return a pair (cos, sin), got {type(out).__name__}.")
         cos, sin = out
         want_cos, want_sin = _rope_tables64(T, dh, b)
         # float32 angles near position 4096 carry ~2.4e-4 rad of rounding: allow for it there
@@ -86,12 +87,12 @@ def check_rope_cache(rope_cache_fn) -> str:
                 bb = kw.pop("base", b)
                 cands.append((diag, _rope_tables64(T, dh, bb, **kw)[k]))
             if isinstance(got, torch.Tensor) and got.shape == want.shape[::-1] and T > 1:
-                _fail(name, f"{call}: {which} has shape {_shape(got)}; it should be [T, dh/2] = {list(want.shape)} "
-                            "(positions along the rows).")
-            _judge(name, got, want, cands, f"{call}, {which}", atol=atol, rtol=0,
-                   hint="angle[m, i] = m·base^(-2i/dh), m = 0 .. T-1, i = 0 .. dh/2-1.")
+                fail(name, f"{call}: {which} has shape {shape_of(got)}; it should be [T, dh/2] = {list(want.shape)} "
+                           "(positions along the rows).")
+            judge(name, got, want, cands, f"{call}, {which}", atol=atol, rtol=0,
+                  hint="angle[m, i] = m·base^(-2i/dh), m = 0 .. T-1, i = 0 .. dh/2-1.")
         for which, got in (("cos", cos), ("sin", sin)):
-            _require_dtype(name, got, torch.float32, call, which, "return float32 tables.")
+            require_dtype(name, got, torch.float32, call, which, "return float32 tables.")
     return "5 cases incl. base 500,000 and positions up to 4,095"
 
 
@@ -112,16 +113,16 @@ def _rope_cases(g):
 def _check_rope_fn(name, fn, layout) -> str:
     __tracebackhide__ = True
     other = "interleaved" if layout == "half" else "half"
-    g = _gen(4)
+    g = generator(4)
     layouts = {"half": "half-split (pair i with i + dh/2: x1, x2 = x.chunk(2, -1))",
                "interleaved": "interleaved (pair 2i with 2i+1: x[..., 0::2], x[..., 1::2])"}
     for desc, x, cos, sin in _rope_cases(g):
-        x_before = x.clone()
-        got = _call(name, f"{name[6:]} on {desc}", fn, x, cos, sin)
-        if not torch.equal(x, x_before):
-            _fail(name, f"on {desc}: your function changed x in place; return a new tensor.")
-        want = _rope64(x, cos, sin, layout)
-        mk = partial(_rope64, x, cos, sin)
+        after = Output(x)  # what the function leaves in its copy of x
+        got = call_student(name, f"{name[6:]} on {desc}", fn, after, cos, sin)
+        if not (isinstance(after.value, torch.Tensor) and torch.equal(after.value, x)):
+            fail(name, f"on {desc}: your function changed x in place; return a new tensor.")
+        want = rope64(x, cos, sin, layout)
+        mk = partial(rope64, x, cos, sin)
         cands = [
             (f"the other RoPE layout: you rotated {layouts[other]}; this function uses {layouts[layout]}.",
              partial(mk, other)),
@@ -137,26 +138,26 @@ def _check_rope_fn(name, fn, layout) -> str:
             ("only x·cos: the rotate-half term (sin) is missing.", partial(mk, "cos_only")),
             ("x is returned unrotated.", partial(mk, "none")),
         ]
-        _judge(name, got, want, cands, f"on {desc}", hint=f"layout: {layouts[layout]}.")
+        judge(name, got, want, cands, f"on {desc}", hint=f"layout: {layouts[layout]}.")
     x = torch.randn(2, 2, 5, 8, generator=g).to(torch.bfloat16)
     cos, sin = rope_cache(5, 8)
     desc = "a bfloat16 x of shape [2, 2, 5, 8] with float32 tables"
-    got = _call(name, f"{name[6:]} on {desc}", fn, x, cos, sin)
-    _judge(name, got, _rope64(x, cos.to(torch.bfloat16), sin.to(torch.bfloat16), layout), [], f"on {desc}",
-           rtol=2e-2, atol=2e-2)
-    _require_dtype(name, got, x.dtype, f"on {desc}", "the output",
-                   "keep x's dtype (cast cos and sin to x.dtype first).")
+    got = call_student(name, f"{name[6:]} on {desc}", fn, x, cos, sin)
+    judge(name, got, rope64(x, cos.to(torch.bfloat16), sin.to(torch.bfloat16), layout), [], f"on {desc}",
+          rtol=2e-2, atol=2e-2)
+    require_dtype(name, got, x.dtype, f"on {desc}", "the output",
+                  "keep x's dtype (cast cos and sin to x.dtype first).")
     return "4 cases: batch 1 and 2, positions up to 4,093, one pair, bfloat16"
 
 
-@_check(components=("apply_rope", "_broadcast_tables"))
+@exercise_check(components=("apply_rope", "_broadcast_tables"))
 def check_apply_rope(apply_rope_fn) -> str:
     """``apply_rope(x, cos, sin)``: half-split layout; x [B, heads, T, dh], tables [T, dh/2]."""
     __tracebackhide__ = True
     return _check_rope_fn("check_apply_rope", apply_rope_fn, "half")
 
 
-@_check(components=("apply_rope_interleaved", "interleaved_to_half_split", "permute_qk_weight"))
+@exercise_check(components=("apply_rope_interleaved", "interleaved_to_half_split", "permute_qk_weight"))
 def check_apply_rope_interleaved(apply_rope_interleaved_fn) -> str:
     """``apply_rope_interleaved(x, cos, sin)``: pairs (2i, 2i+1); same shapes as apply_rope."""
     __tracebackhide__ = True

@@ -12,32 +12,33 @@ from ...rmsnorm import RMSNorm
 from ...rope import rope_cache
 from .core import (
     CheckFailed,
-    _call,
-    _check,
-    _close,
-    _dt,
-    _fail,
-    _gen,
-    _judge,
-    _load,
-    _randomize,
-    _shape,
+    Output,
+    call_student,
+    dtype_name,
+    exercise_check,
+    fail,
+    generator,
+    judge,
+    load_weights,
+    matches,
+    randomize,
+    shape_of,
 )
-from .reference import _rms_norm64, _rope64
+from .reference import rms_norm64, rope64
 
 
-@_check(components=("GQAttention", "causal_attention"))
+@exercise_check(components=("GQAttention", "causal_attention"))
 def check_repeat_kv(repeat_kv) -> str:
     """``repeat_kv(k, n_rep)``: [B, n_kv, T, dh] → [B, n_kv·n_rep, T, dh], query head j reading KV head
     j // n_rep (grouped)."""
     __tracebackhide__ = True
     name = "check_repeat_kv"
-    g = _gen(5)
+    g = generator(5)
     cases = [(torch.randn(2, 2, 3, 4, generator=g), 3), (torch.randn(1, 1, 5, 4, generator=g), 4),
              (torch.randn(2, 3, 2, 4, generator=g), 1), (torch.randn(1, 4, 1, 2, generator=g), 2)]
     for k, n_rep in cases:
-        desc = f"k of shape {_shape(k)}, n_rep={n_rep}"
-        got = _call(name, f"repeat_kv on {desc}", repeat_kv, k.clone(), n_rep)
+        desc = f"k of shape {shape_of(k)}, n_rep={n_rep}"
+        got = call_student(name, f"repeat_kv on {desc}", repeat_kv, k.clone(), n_rep)
         want = k.repeat_interleave(n_rep, dim=1)
         cands = [
             ("KV heads tiled (k.repeat) instead of grouped (repeat_interleave): query head j must read KV head "
@@ -48,8 +49,8 @@ def check_repeat_kv(repeat_kv) -> str:
             ("repeated along the head size (last dim) instead of the head dimension (dim 1).",
              k.repeat_interleave(n_rep, dim=-1)),
         ]
-        _judge(name, got, want, cands, f"on {desc}", rtol=0, atol=0,
-               hint="k.repeat_interleave(n_rep, dim=1), or k[:, :, None].expand(...).reshape(...).")
+        judge(name, got, want, cands, f"on {desc}", rtol=0, atol=0,
+              hint="k.repeat_interleave(n_rep, dim=1), or k[:, :, None].expand(...).reshape(...).")
     return "4 cases: GQA, MQA (one KV head), n_rep = 1"
 
 
@@ -67,9 +68,9 @@ def _attention64(p, x, cos, sin, *, h, kv, dh, eps, qk_norm, group="grouped", ma
     q, k, v = heads(x @ p["wq"].T, h), heads(x @ p["wk"].T, kv), heads(x @ p["wv"].T, kv)
 
     def rms(t, w):
-        return _rms_norm64(t, w, eps)
+        return rms_norm64(t, w, eps)
 
-    rot = partial(_rope64, cos=cos, sin=sin, layout=layout, sign=sign)
+    rot = partial(rope64, cos=cos, sin=sin, layout=layout, sign=sign)
     if qk_norm and norm == "swap":
         q, k = rms(q, p["k_norm"]), rms(k, p["q_norm"])
     elif qk_norm and norm == "before":
@@ -163,19 +164,19 @@ def _judge_attention(name, got, ref, x, cos, sin, qk_norm, desc, extra=()):
     mistakes = [(diag, knobs) for diag, knobs, ok in _ATTENTION_MISTAKES if ok(h, kv, qk_norm)]
     cands = list(extra) + [(diag, partial(run, **knobs)) for diag, knobs in mistakes]
     try:
-        _judge(name, got, want, cands, desc, atol=2e-5, rtol=1e-4)
+        judge(name, got, want, cands, desc, atol=2e-5, rtol=1e-4)
     except CheckFailed as first:
         if "Likely mistake" in str(first) or not isinstance(got, torch.Tensor) or got.shape != want.shape:
             raise
         for (d1, k1), (d2, k2) in itertools.combinations(mistakes, 2):
             if set(k1) & set(k2):
                 continue
-            if _close(got, run(**k1, **k2), 1e-4, 2e-5):
-                _fail(name, f"{desc}.\nLikely mistakes (two at once): {d1}\nand: {d2}")
-        first_ok = _close(got[:, :1], want[:, :1], 1e-4, 2e-5)
+            if matches(got, run(**k1, **k2), 1e-4, 2e-5):
+                fail(name, f"{desc}.\nLikely mistakes (two at once): {d1}\nand: {d2}")
+        first_ok = matches(got[:, :1], want[:, :1], 1e-4, 2e-5)
         if first_ok and got.shape[1] > 1:
-            _fail(name, f"{str(first).split(': ', 1)[1]}\nThe first token's output is right, the later ones are "
-                        "not: look at what later tokens see (mask, grouping of KV heads, positions).")
+            fail(name, f"{str(first).split(': ', 1)[1]}\nThe first token's output is right, the later ones are "
+                       "not: look at what later tokens see (mask, grouping of KV heads, positions).")
         raise
 
 
@@ -190,22 +191,22 @@ def _attention_cases(g):
     ]
 
 
-def _check_attention_module(name, make_student, qk_norm_cases=None, load_hints=None):
+def grade_attention_module(name, make_student, qk_norm_cases=None, load_hints=None):
     __tracebackhide__ = True
-    g = _gen(6)
+    g = generator(6)
     n = 0
     for desc, d, h, kv, qk_norm, B, T, offset in _attention_cases(g):
         if qk_norm_cases is not None:
             qk_norm = qk_norm_cases
         else:
             desc += f", qk_norm={qk_norm}"
-        ref = _randomize(GQAttention(d, h, kv, qk_norm=qk_norm), 10 + n)
+        ref = randomize(GQAttention(d, h, kv, qk_norm=qk_norm), 10 + n)
         student = make_student(d, h, kv, qk_norm)
-        _load(name, student, ref, load_hints)
+        load_weights(name, student, ref, load_hints)
         x = torch.randn(B, T, d, generator=g)
         cos, sin = rope_cache(offset + T, d // h)
         cos, sin = cos[offset:], sin[offset:]
-        got = _call(name, f"forward(x, cos, sin) with {desc}", student, x.clone(), cos, sin)
+        got = call_student(name, f"forward(x, cos, sin) with {desc}", student, x.clone(), cos, sin)
         extra = []
         if offset:
             c0, s0 = rope_cache(T, d // h)
@@ -217,25 +218,25 @@ def _check_attention_module(name, make_student, qk_norm_cases=None, load_hints=N
         _judge_attention(name, got, ref, x, cos, sin, qk_norm, f"with {desc}", extra)
         n += 1
     # bfloat16 weights and inputs
-    ref = _randomize(GQAttention(32, 4, 2, qk_norm=qk_norm_cases if qk_norm_cases is not None else True), 30)
+    ref = randomize(GQAttention(32, 4, 2, qk_norm=qk_norm_cases if qk_norm_cases is not None else True), 30)
     student = make_student(32, 4, 2, qk_norm_cases if qk_norm_cases is not None else True)
-    _load(name, student, ref, load_hints)
-    student = _call(name, "module.to(torch.bfloat16)", student.to, torch.bfloat16)
+    load_weights(name, student, ref, load_hints)
+    student = call_student(name, "module.to(torch.bfloat16)", student.to, torch.bfloat16)
     ref = ref.to(torch.bfloat16)
     x = torch.randn(2, 5, 32, generator=g).to(torch.bfloat16)
     cos, sin = rope_cache(5, 8)
-    got = _call(name, "forward on a bfloat16 x of shape [2, 5, 32]", student, x, cos, sin)
+    got = call_student(name, "forward on a bfloat16 x of shape [2, 5, 32]", student, x, cos, sin)
     want = ref(x, cos, sin)
-    _judge(name, got, want, [], "on a bfloat16 x of shape [2, 5, 32] (module in bfloat16)", rtol=5e-2,
-           atol=5e-2 * want.abs().max().item())
+    judge(name, got, want, [], "on a bfloat16 x of shape [2, 5, 32] (module in bfloat16)", rtol=5e-2,
+          atol=5e-2 * want.abs().max().item())
     if got.dtype != torch.bfloat16:
-        _fail(name, f"a bfloat16 module and input gave a {_dt(got)} output; keep the input's dtype "
-                    "(cast the RoPE tables to x.dtype).")
+        fail(name, f"a bfloat16 module and input gave a {dtype_name(got)} output; keep the input's dtype "
+                   "(cast the RoPE tables to x.dtype).")
     qk = "QK-norm on/off" if qk_norm_cases is None else "random QK-norm scales"
     return f"{n + 1} cases: GQA, MQA, MHA, {qk}, batch 1 and 2, T = 1, positions from 100, bfloat16"
 
 
-_GQA_LOAD_HINTS = {
+GQA_LOAD_HINTS = {
     "wk.weight": "wk and wv project to n_kv_heads·head_dim features (fewer K/V heads than query heads).",
     "wv.weight": "wk and wv project to n_kv_heads·head_dim features (fewer K/V heads than query heads).",
     "q_norm": "With qk_norm=True: self.q_norm = RMSNorm(head_dim) and self.k_norm = RMSNorm(head_dim) (per head, "
@@ -244,7 +245,7 @@ _GQA_LOAD_HINTS = {
 }
 
 
-@_check(components=("GQAttention", "causal_attention"))
+@exercise_check(components=("GQAttention", "causal_attention"), uses=("RMSNorm", "apply_rope"))
 def check_gqattention(GQAttentionClass) -> str:
     """``GQAttention(d, n_heads, n_kv_heads, qk_norm=True)`` with wq/wk/wv/wo/q_norm/k_norm and
     ``forward(x, cos, sin)``, causal."""
@@ -252,10 +253,10 @@ def check_gqattention(GQAttentionClass) -> str:
     name = "check_gqattention"
 
     def make(d, h, kv, qk_norm):
-        return _call(name, f"GQAttention({d}, {h}, {kv}, qk_norm={qk_norm})", GQAttentionClass, d, h, kv,
-                     qk_norm=qk_norm)
+        return call_student(name, f"GQAttention({d}, {h}, {kv}, qk_norm={qk_norm})", GQAttentionClass, d, h, kv,
+                            qk_norm=qk_norm)
 
-    return _check_attention_module(name, make, load_hints=_GQA_LOAD_HINTS)
+    return grade_attention_module(name, make, load_hints=GQA_LOAD_HINTS)
 
 
 def _decode64(ref: GQAttention, x, cos, sin, schedule, *, positions="offset", cache="rotated",
@@ -276,7 +277,7 @@ def _decode64(ref: GQAttention, x, cos, sin, schedule, *, positions="offset", ca
         k = (xt @ p["wk"].T).view(B, T, kv, dh).transpose(1, 2)
         v = (xt @ p["wv"].T).view(B, T, kv, dh).transpose(1, 2)
         if p["q_norm"] is not None:
-            q, k = _rms_norm64(q, p["q_norm"], eps), _rms_norm64(k, p["k_norm"], eps)
+            q, k = rms_norm64(q, p["q_norm"], eps), rms_norm64(k, p["k_norm"], eps)
         cached = sum(t.shape[2] for t in keys)
         if positions != "offset":
             pos = 0
@@ -285,8 +286,8 @@ def _decode64(ref: GQAttention, x, cos, sin, schedule, *, positions="offset", ca
         else:
             pos = cached
         c, s = cos[pos:pos + T], sin[pos:pos + T]
-        q = _rope64(q, c, s)
-        k_rot = _rope64(k, c, s)
+        q = rope64(q, c, s)
+        k_rot = rope64(k, c, s)
         if not use_cache:
             K, V = k_rot, v
         else:
@@ -295,8 +296,8 @@ def _decode64(ref: GQAttention, x, cos, sin, schedule, *, positions="offset", ca
             else:  # cache holds raw keys, rotated all together at the current positions
                 Kraw = torch.cat(raw_keys + [k], dim=2)
                 S = Kraw.shape[2]
-                K = _rope64(Kraw, cos[pos:pos + 1].expand(S, -1), sin[pos:pos + 1].expand(S, -1)) \
-                    if T == 1 else _rope64(Kraw, cos[:S], sin[:S])
+                K = rope64(Kraw, cos[pos:pos + 1].expand(S, -1), sin[pos:pos + 1].expand(S, -1)) \
+                    if T == 1 else rope64(Kraw, cos[:S], sin[:S])
             V = torch.cat(vals + [v], dim=2)
             if update:
                 keys.append(k_rot)
@@ -331,14 +332,15 @@ def _decode64(ref: GQAttention, x, cos, sin, schedule, *, positions="offset", ca
     return torch.cat(outs, dim=1)
 
 
-@_check(components=("GQAttention.forward", "causal_attention", "LayerCache", "KVCache"))
+@exercise_check(components=("GQAttention.forward", "causal_attention", "LayerCache", "KVCache"),
+                uses=("RMSNorm", "apply_rope"))
 def check_kv_cache(attend_cached) -> str:
     """``attend_cached(attn, x, cos, sin, cache)``: attention of the new tokens x [B, T, d] (which follow
     the cached ones) through the package's GQAttention ``attn``; ``cache`` is a dict with "k" and "v"
     (None when empty, else [B, n_kv, past, dh]) that the function extends; cos/sin are the full tables."""
     __tracebackhide__ = True
     name = "check_kv_cache"
-    g = _gen(7)
+    g = generator(7)
     configs = [  # (description, d, h, kv, qk_norm, B, schedule)
         ("GQA 4 over 2 heads, batch 2, prefill 3 tokens then 1, 1, a chunk of 2, then 1", 32, 4, 2, False, 2,
          [3, 1, 1, 2, 1]),
@@ -346,18 +348,18 @@ def check_kv_cache(attend_cached) -> str:
         ("MHA (2 over 2), batch 2, prefill 4, then a chunk of 3", 16, 2, 2, False, 2, [4, 3]),
     ]
     for desc, d, h, kv, qk_norm, B, schedule in configs:
-        ref = _randomize(GQAttention(d, h, kv, qk_norm=qk_norm), 40 + d + h + kv)
+        ref = randomize(GQAttention(d, h, kv, qk_norm=qk_norm), 40 + d + h + kv)
         total = sum(schedule)
         x = torch.randn(B, total, d, generator=g)
         cos, sin = rope_cache(total + 4, d // h)
-        cache = {"k": None, "v": None}
+        cache = Output({"k": None, "v": None})  # the function extends it in place: a declared output
         outs = []
         start = 0
         for step, T in enumerate(schedule):
-            out = _call(name, f"attend_cached (step {step}, {T} new token{'s' * (T > 1)}) with {desc}",
-                        attend_cached, ref, x[:, start:start + T].clone(), cos, sin, cache)
+            out = call_student(name, f"attend_cached (step {step}, {T} new token{'s' * (T > 1)}) with {desc}",
+                               attend_cached, ref, x[:, start:start + T].clone(), cos, sin, cache)
             if not isinstance(out, torch.Tensor) or out.shape != (B, T, d):
-                _fail(name, f"step {step} with {desc}: the output has shape {_shape(out)}, expected {[B, T, d]}.")
+                fail(name, f"step {step} with {desc}: the output has shape {shape_of(out)}, expected {[B, T, d]}.")
             outs.append(out)
             start += T
         got = torch.cat(outs, dim=1)
@@ -382,32 +384,33 @@ def check_kv_cache(attend_cached) -> str:
             ("KV heads tiled instead of grouped: repeat_interleave(n_heads // n_kv_heads, dim=1), not repeat.",
              partial(run, group="tiled")),
         ]
-        _judge(name, got, want, cands, f"with {desc}, the outputs of all steps", atol=2e-5, rtol=1e-4,
-               hint="Each step's output must equal the matching rows of attn(all tokens so far).")
+        judge(name, got, want, cands, f"with {desc}, the outputs of all steps", atol=2e-5, rtol=1e-4,
+              hint="Each step's output must equal the matching rows of attn(all tokens so far).")
         # what is cached: the n_kv rotated keys and the values, for every token so far
-        k, v = cache.get("k"), cache.get("v")
+        held = cache.value if isinstance(cache.value, dict) else {}
+        k, v = held.get("k"), held.get("v")
         if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
-            _fail(name, f"with {desc}: after the last step cache['k'] and cache['v'] must be tensors, got "
-                        f"{type(k).__name__} and {type(v).__name__}.")
+            fail(name, f"with {desc}: after the last step cache['k'] and cache['v'] must be tensors, got "
+                       f"{type(k).__name__} and {type(v).__name__}.")
         if k.shape == (B, h, total, d // h) and kv < h:
-            _fail(name, f"with {desc}: your outputs are right, but the cache holds {h} heads: it stores K/V after "
-                        f"repeating them for every query head, {h // kv}× the memory. Cache the {kv} KV heads and "
-                        "share them at attention time.")
+            fail(name, f"with {desc}: your outputs are right, but the cache holds {h} heads: it stores K/V after "
+                       f"repeating them for every query head, {h // kv}× the memory. Cache the {kv} KV heads and "
+                       "share them at attention time.")
         if k.shape != (B, kv, total, d // h) or v.shape != (B, kv, total, d // h):
-            _fail(name, f"with {desc}: after {total} tokens the cache should hold k and v of shape "
-                        f"{[B, kv, total, d // h]}, got {_shape(k)} and {_shape(v)}.")
+            fail(name, f"with {desc}: after {total} tokens the cache should hold k and v of shape "
+                       f"{[B, kv, total, d // h]}, got {shape_of(k)} and {shape_of(v)}.")
         p = _attention_params(ref)
         kk = (x.double() @ p["wk"].T).view(B, total, kv, d // h).transpose(1, 2)
         if p["k_norm"] is not None:
-            kk = _rms_norm64(kk, p["k_norm"], ref.k_norm.eps)
-        k_rot = _rope64(kk, cos[:total], sin[:total])
-        if not _close(k, k_rot, 1e-4, 2e-5):
-            if _close(k, kk, 1e-4, 2e-5):
-                _fail(name, f"with {desc}: your outputs are right, but cache['k'] holds the keys before RoPE, so "
-                            "every step has to rotate the whole cache again. Store the rotated keys.")
-            _fail(name, f"with {desc}: cache['k'] does not hold the keys (after k_norm and RoPE) of the tokens so "
-                        "far, in order.")
+            kk = rms_norm64(kk, p["k_norm"], ref.k_norm.eps)
+        k_rot = rope64(kk, cos[:total], sin[:total])
+        if not matches(k, k_rot, 1e-4, 2e-5):
+            if matches(k, kk, 1e-4, 2e-5):
+                fail(name, f"with {desc}: your outputs are right, but cache['k'] holds the keys before RoPE, so "
+                           "every step has to rotate the whole cache again. Store the rotated keys.")
+            fail(name, f"with {desc}: cache['k'] does not hold the keys (after k_norm and RoPE) of the tokens so "
+                       "far, in order.")
         vv = (x.double() @ p["wv"].T).view(B, total, kv, d // h).transpose(1, 2)
-        if not _close(v, vv, 1e-4, 2e-5):
-            _fail(name, f"with {desc}: cache['v'] does not hold the values of the tokens so far, in order.")
+        if not matches(v, vv, 1e-4, 2e-5):
+            fail(name, f"with {desc}: cache['v'] does not hold the values of the tokens so far, in order.")
     return "3 decoding schedules: GQA, MQA, MHA; prefill, single tokens and chunks; cache contents"

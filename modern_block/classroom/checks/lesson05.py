@@ -9,30 +9,30 @@ import torch
 
 from ...kv_cache import mla_cache_bytes_per_token
 from .core import (
-    _call,
-    _check,
-    _fail,
-    _gen,
-    _graded,
-    _judge,
-    _judge_int,
-    _pick,
+    call_student,
+    exercise_check,
+    fail,
+    generator,
+    is_graded,
+    judge,
+    judge_int,
+    pick,
 )
 
 
-@_check(components=("mla_cache_bytes_per_token", "ModelPreset", "cache_size"))
+@exercise_check(components=("mla_cache_bytes_per_token", "ModelPreset", "cache_size"))
 def check_mla_cache_bytes(mla_cache_bytes) -> str:
     """``mla_cache_bytes(n_layers, kv_latent_dim, rope_dim, bytes_per_elem=2)``: bytes per token."""
     __tracebackhide__ = True
     name = "check_mla_cache_bytes"
     cases = [(61, 512, 64, 2), (61, 512, 64, 1), (4, 32, 8, 4), (1, 16, 2, 2)]
-    if _graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
-        g = _gen(22)
-        cases += [(int(torch.randint(2, 128, (1,), generator=g)), _pick(g, [96, 128, 256, 384, 512, 768]),
-                   _pick(g, [16, 32, 48, 64]), _pick(g, [1, 2, 4])) for _ in range(3)]
+    if is_graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
+        g = generator(22)
+        cases += [(int(torch.randint(2, 128, (1,), generator=g)), pick(g, [96, 128, 256, 384, 512, 768]),
+                   pick(g, [16, 32, 48, 64]), pick(g, [1, 2, 4])) for _ in range(3)]
     for L, dc, dr, b in cases:
         call = f"mla_cache_bytes({L}, {dc}, {dr}, {b})"
-        got = _call(name, call, mla_cache_bytes, L, dc, dr, b)
+        got = call_student(name, call, mla_cache_bytes, L, dc, dr, b)
         want = mla_cache_bytes_per_token(L, dc, dr, b)
         cands = [
             ("counted two tensors (like K and V): MLA caches one latent c (d_c) and one shared RoPE key (d_R) "
@@ -43,7 +43,7 @@ def check_mla_cache_bytes(mla_cache_bytes) -> str:
             ("bytes_per_elem was ignored: multiply the number of elements by it.", L * (dc + dr)),
             ("bits instead of bytes: multiply by bytes_per_elem, not by 8·bytes.", 8 * want),
         ]
-        _judge_int(name, got, want, cands, call, hint="n_layers · (kv_latent_dim + rope_dim) · bytes_per_elem.")
+        judge_int(name, got, want, cands, call, hint="n_layers · (kv_latent_dim + rope_dim) · bytes_per_elem.")
     return "4 cases incl. DeepSeek-V3's 70,272 bytes per token"
 
 
@@ -99,16 +99,16 @@ def _mla_out64(s, v, keep, softmax_dim):
     return s.softmax(softmax_dim).nan_to_num(0.0) @ v
 
 
-@_check(components=("MLAttention",))
+@exercise_check(components=("MLAttention",))
 def check_absorb_query(absorb_query) -> str:
     """``absorb_query(q_nope, w_uk)``: q_nope [B, h, T, d_nope], w_uk [h, d_nope, d_c] (head m's W_UK,m) →
     [B, h, T, d_c] = W_UK,mᵀ q per head, so that (W_UK,mᵀ q)·c = q·(W_UK,m c)."""
     __tracebackhide__ = True
     name = "check_absorb_query"
-    g = _gen(8)
+    g = generator(8)
     for desc, B, h, T, S, dn, dc, dr, dv in _MLA_CASES:
         i = _mla_inputs(g, B, h, T, S, dn, dc, dr, dv)
-        got = _call(name, f"absorb_query with {desc}", absorb_query, i["q_nope"].clone(), i["w_uk"].clone())
+        got = call_student(name, f"absorb_query with {desc}", absorb_query, i["q_nope"].clone(), i["w_uk"].clone())
         qn, w = i["q_nope"].double(), i["w_uk"].double()
         want = torch.einsum("bhtn,hnc->bhtc", qn, w)
         cands = [
@@ -119,27 +119,27 @@ def check_absorb_query(absorb_query) -> str:
             ("the heads were summed: keep one latent query per head, [B, h, T, d_c].",
              torch.einsum("bhtn,hnc->btc", qn, w).unsqueeze(1).expand(-1, h, -1, -1)),
         ]
-        _judge(name, got, want, cands, f"with {desc}", hint="q_latent[b, m, t] = w_uk[m]ᵀ @ q_nope[b, m, t].")
+        judge(name, got, want, cands, f"with {desc}", hint="q_latent[b, m, t] = w_uk[m]ᵀ @ q_nope[b, m, t].")
         # the property the absorption rests on, stated in the learner's terms
         lhs = got.double() @ i["latent"].double().transpose(-1, -2).unsqueeze(1)
         rhs = qn @ torch.einsum("bsc,hnc->bhsn", i["latent"].double(), w).transpose(-1, -2)
         if not torch.allclose(lhs, rhs, atol=1e-5, rtol=1e-4):
-            _fail(name, f"with {desc}: (absorbed q)·c differs from q·(W_UK c).")
+            fail(name, f"with {desc}: (absorbed q)·c differs from q·(W_UK c).")
     return "3 cases: square and rectangular W_UK, batch 1 and 2, one head"
 
 
-@_check(components=("MLAttention",))
+@exercise_check(components=("MLAttention",))
 def check_absorbed_scores(absorbed_scores) -> str:
     """``absorbed_scores(q_nope, q_rope, latent, k_rope, w_uk, scale)`` → [B, h, T, S]: the pre-softmax
     scores (W_UK,mᵀ q_nope)·c_s + q_rope·k_R,s, times scale, computed from the latents without keys."""
     __tracebackhide__ = True
     name = "check_absorbed_scores"
-    g = _gen(9)
+    g = generator(9)
     for desc, B, h, T, S, dn, dc, dr, dv in _MLA_CASES:
         i = _mla_inputs(g, B, h, T, S, dn, dc, dr, dv)
         scale = (dn + dr) ** -0.5
         args = [i[k].clone() for k in ("q_nope", "q_rope", "latent", "k_rope", "w_uk")]
-        got = _call(name, f"absorbed_scores with {desc}", absorbed_scores, *args, scale)
+        got = call_student(name, f"absorbed_scores with {desc}", absorbed_scores, *args, scale)
         want = _mla_naive64(i, scale)[0]
         def mk(i=i, scale=scale, **kw):
             return _mla_naive64(i, scale, **kw)[0]
@@ -156,25 +156,25 @@ def check_absorbed_scores(absorbed_scores) -> str:
             ("multiplied by W_UK,m instead of its transpose (absorb with W_UK,mᵀ q).", partial(mk, w_uk_t=True)
              if dn == dc else None),
         ]
-        _judge(name, got, want, cands, f"with {desc}",
-               hint="scores = (einsum('bhtn,hnc->bhtc', q_nope, w_uk) @ latentᵀ + q_rope @ k_ropeᵀ) · scale.")
+        judge(name, got, want, cands, f"with {desc}",
+              hint="scores = (einsum('bhtn,hnc->bhtc', q_nope, w_uk) @ latentᵀ + q_rope @ k_ropeᵀ) · scale.")
     return "3 cases: square and rectangular W_UK, T < S, one head"
 
 
-@_check(components=("MLAttention",))
+@exercise_check(components=("MLAttention",))
 def check_mla_absorption(absorbed_attention) -> str:
     """``absorbed_attention(q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale)`` → [B, h, T, d_v]: causal
     attention of the T newest positions over all S latents, absorbed, equal to the naive computation."""
     __tracebackhide__ = True
     name = "check_mla_absorption"
-    g = _gen(10)
+    g = generator(10)
     cases = _MLA_CASES + [("a chunk of 3 new tokens over 7 latents (T < S, causal with an offset)",
                            2, 2, 3, 7, 6, 6, 4, 6)]
     for desc, B, h, T, S, dn, dc, dr, dv in cases:
         i = _mla_inputs(g, B, h, T, S, dn, dc, dr, dv)
         scale = (dn + dr) ** -0.5
         args = [i[k].clone() for k in ("q_nope", "q_rope", "latent", "k_rope", "w_uk", "w_uv")]
-        got = _call(name, f"absorbed_attention with {desc}", absorbed_attention, *args, scale)
+        got = call_student(name, f"absorbed_attention with {desc}", absorbed_attention, *args, scale)
         want = _mla_out64(*_mla_naive64(i, scale))
 
         def mk(i=i, scale=scale, **kw):
@@ -200,11 +200,11 @@ def check_mla_absorption(absorbed_attention) -> str:
         if isinstance(got, torch.Tensor) and got.shape[:-1] == want.shape[:-1] and got.shape[-1] == dc and dc != dv:
             hint = ("The last dimension is d_c: that is the weighted sum of latents; map it to the head's value "
                     "space with W_UV,m (w_uv[m] @ mixed).")
-        _judge(name, got, want, cands, f"with {desc}", hint=hint)
+        judge(name, got, want, cands, f"with {desc}", hint=hint)
     return "4 cases: prefill, one new token, a chunk with offset mask, square and rectangular weights"
 
 
-@_check(components=())
+@exercise_check(components=())
 def check_kimi_k2_cache_bytes(n_bytes) -> str:
     """``kimi_k2_cache_bytes``: Kimi K2's MLA cache per token in bf16 (61 layers, latent 512, RoPE key 64, 64
     heads)."""
@@ -221,6 +221,6 @@ def check_kimi_k2_cache_bytes(n_bytes) -> str:
         ("the RoPE key (64 numbers per layer) was left out.", L * d_c * 2),
         ("one layer only: every one of the 61 layers caches its own latent.", (d_c + d_r) * 2),
     ]
-    _judge_int("check_kimi_k2_cache_bytes", n_bytes, want, cands, "kimi_k2_cache_bytes",
-               hint="n_layers · (kv_latent_dim + rope_dim) · 2 bytes.")
+    judge_int("check_kimi_k2_cache_bytes", n_bytes, want, cands, "kimi_k2_cache_bytes",
+              hint="n_layers · (kv_latent_dim + rope_dim) · 2 bytes.")
     return "70,272 bytes per token, the same as DeepSeek-V3"

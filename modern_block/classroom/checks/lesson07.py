@@ -10,16 +10,16 @@ from ...llama import Block, LlamaStyleLM
 from ...params import count_parameters
 from ...rope import rope_cache
 from .core import (
-    _call,
-    _check,
-    _fail,
-    _gen,
-    _graded,
-    _judge,
-    _judge_int,
-    _load,
-    _pick,
-    _randomize,
+    call_student,
+    exercise_check,
+    fail,
+    generator,
+    is_graded,
+    judge,
+    judge_int,
+    load_weights,
+    pick,
+    randomize,
 )
 
 
@@ -62,13 +62,13 @@ def _block_candidates(ref: Block, x, cos, sin):
     ]
 
 
-@_check(components=("Block",))
+@exercise_check(components=("Block",), uses=("RMSNorm", "GQAttention", "SwiGLU"))
 def check_block(BlockClass) -> str:
     """``Block(d, n_heads, n_kv_heads, d_ff)``: pre-norm residual block with attn_norm, attn (GQAttention),
     ffn_norm, ffn (SwiGLU); ``forward(x, cos, sin)``."""
     __tracebackhide__ = True
     name = "check_block"
-    g = _gen(12)
+    g = generator(12)
     hints = {"attn_norm": "Name the parts attn_norm, attn, ffn_norm and ffn (RMSNorm, GQAttention, RMSNorm, "
                           "SwiGLU).",
              "ffn.": "self.ffn = SwiGLU(d, d_ff)."}
@@ -76,29 +76,29 @@ def check_block(BlockClass) -> str:
              ("d=16, MQA (2 heads over 1), d_ff=40, batch 1, one token", 16, 2, 1, 40, 1, 1),
              ("d=24, 3 heads, MHA, d_ff=64, x of shape [1, 7, 24]", 24, 3, 3, 64, 1, 7)]
     for k, (desc, d, h, kv, d_ff, B, T) in enumerate(cases):
-        ref = _randomize(Block(d, h, kv, d_ff), 60 + k)
-        student = _call(name, f"Block({d}, {h}, {kv}, {d_ff})", BlockClass, d, h, kv, d_ff)
-        _load(name, student, ref, hints)
+        ref = randomize(Block(d, h, kv, d_ff), 60 + k)
+        student = call_student(name, f"Block({d}, {h}, {kv}, {d_ff})", BlockClass, d, h, kv, d_ff)
+        load_weights(name, student, ref, hints)
         x = torch.randn(B, T, d, generator=g) * 2
         cos, sin = rope_cache(T, d // h)
-        got = _call(name, f"forward(x, cos, sin) with {desc}", student, x.clone(), cos, sin)
+        got = call_student(name, f"forward(x, cos, sin) with {desc}", student, x.clone(), cos, sin)
         want = ref(x, cos, sin)
-        _judge(name, got, want, _block_candidates(ref, x, cos, sin), f"with {desc}", atol=5e-5, rtol=1e-4,
-               hint="x = x + attn(attn_norm(x), cos, sin); return x + ffn(ffn_norm(x)).")
+        judge(name, got, want, _block_candidates(ref, x, cos, sin), f"with {desc}", atol=5e-5, rtol=1e-4,
+              hint="x = x + attn(attn_norm(x), cos, sin); return x + ffn(ffn_norm(x)).")
     return "3 cases: GQA, MQA with one token, MHA"
 
 
 _CHAPTER_PARAMS = 3_283_456
 
 
-@_check(components=("LlamaStyleLM",))
+@exercise_check(components=("LlamaStyleLM",), uses=("Block", "RMSNorm", "rope_cache"))
 def check_llama_lm(LlamaStyleLMClass) -> str:
     """``LlamaStyleLM(V, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, max_len=1024,
     rope_base=10000.0, tie=False)``: emb, blocks, norm, head, non-persistent cos/sin buffers;
     ``forward(idx)`` → logits [B, T, V]."""
     __tracebackhide__ = True
     name = "check_llama_lm"
-    model = _call(name, "LlamaStyleLM(V=1000)", LlamaStyleLMClass, 1000)
+    model = call_student(name, "LlamaStyleLM(V=1000)", LlamaStyleLMClass, 1000)
     n = count_parameters(model)
     if n != _CHAPTER_PARAMS:
         deltas = {
@@ -109,48 +109,49 @@ def check_llama_lm(LlamaStyleLMClass) -> str:
             256_000: "an extra V × d matrix: emb and head only (and tie=False means two of them, not three).",
         }
         diag = deltas.get(n - _CHAPTER_PARAMS, "compare your modules with the chapter's: emb, 4 blocks, norm, head.")
-        _fail(name, f"LlamaStyleLM(V=1000) has {n:,} parameters; the chapter's model has {_CHAPTER_PARAMS:,}.\n"
-                    f"Likely mistake: {diag}")
-    tied = _call(name, "LlamaStyleLM(V=1000, tie=True)", LlamaStyleLMClass, 1000, tie=True)
+        fail(name, f"LlamaStyleLM(V=1000) has {n:,} parameters; the chapter's model has {_CHAPTER_PARAMS:,}.\n"
+                   f"Likely mistake: {diag}")
+    tied = call_student(name, "LlamaStyleLM(V=1000, tie=True)", LlamaStyleLMClass, 1000, tie=True)
     head, emb = getattr(tied, "head", None), getattr(tied, "emb", None)
     if head is None or emb is None or head.weight is not emb.weight:
-        _fail(name, "with tie=True, head.weight must be the same Parameter as emb.weight (self.head.weight = "
-                    "self.emb.weight), not a copy: one matrix, two uses.")
+        fail(name, "with tie=True, head.weight must be the same Parameter as emb.weight (self.head.weight = "
+                   "self.emb.weight), not a copy: one matrix, two uses.")
     if count_parameters(tied) != _CHAPTER_PARAMS - 256_000:
-        _fail(name, f"with tie=True the model has {count_parameters(tied):,} parameters; expected "
-                    f"{_CHAPTER_PARAMS - 256_000:,} (V·d = 256,000 fewer).")
-    g = _gen(13)
+        fail(name, f"with tie=True the model has {count_parameters(tied):,} parameters; expected "
+                   f"{_CHAPTER_PARAMS - 256_000:,} (V·d = 256,000 fewer).")
+    g = generator(13)
     cases = [("V=50, d=32, 2 layers, 4 heads over 2 KV heads, idx of shape [2, 7]", dict(), 2, 7),
              ("the same model with tie=True, batch 1, one token", dict(tie=True), 1, 1),
              ("rope_base=500000, idx of shape [1, 16] (= max_len)", dict(rope_base=500000.0), 1, 16)]
     for k, (desc, kw, B, T) in enumerate(cases):
         cfg = dict(V=50, d=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_len=16, **kw)
-        ref = _randomize(LlamaStyleLM(**cfg), 70 + k)
+        ref = randomize(LlamaStyleLM(**cfg), 70 + k)
         if cfg.get("tie"):
             ref.head.weight = ref.emb.weight
-        student = _call(name, f"LlamaStyleLM({', '.join(f'{a}={b}' for a, b in cfg.items())})",
-                        LlamaStyleLMClass, **cfg)
+        student = call_student(name, f"LlamaStyleLM({', '.join(f'{a}={b}' for a, b in cfg.items())})",
+                               LlamaStyleLMClass, **cfg)
         extra = {key for key, _ in student.named_buffers()} & {"cos", "sin"}
         persistent = extra & set(student.state_dict())
         if persistent:
-            _fail(name, "the RoPE tables are saved with the weights: register them with "
-                        "self.register_buffer('cos', cos, persistent=False) (they are recomputed, not learned).")
-        _load(name, student, ref, {"emb": "Name the parts emb, blocks, norm and head.",
-                                   "blocks.": "self.blocks = nn.ModuleList(Block(...) for _ in range(n_layers)).",
-                                   "unexpected cos": "The RoPE tables are computed, not learned: register them "
-                                                     "with persistent=False so they are not saved as weights.",
-                                   "unexpected sin": "The RoPE tables are computed, not learned: register them "
-                                                     "with persistent=False so they are not saved as weights."})
+            fail(name, "the RoPE tables are saved with the weights: register them with "
+                       "self.register_buffer('cos', cos, persistent=False) (they are recomputed, not learned).")
+        load_weights(name, student, ref, {"emb": "Name the parts emb, blocks, norm and head.",
+                                          "blocks.": "self.blocks = nn.ModuleList(Block(...) for _ in "
+                                                     "range(n_layers)).",
+                                          "unexpected cos": "The RoPE tables are computed, not learned: register them "
+                                                            "with persistent=False so they are not saved as weights.",
+                                          "unexpected sin": "The RoPE tables are computed, not learned: register them "
+                                                            "with persistent=False so they are not saved as weights."})
         if cfg.get("tie") and student.head.weight is not student.emb.weight:
-            _fail(name, "after loading weights the head is no longer tied to the embedding.")
+            fail(name, "after loading weights the head is no longer tied to the embedding.")
         idx = torch.randint(0, 50, (B, T), generator=g)
-        got = _call(name, f"forward(idx) with {desc}", student, idx.clone())
+        got = call_student(name, f"forward(idx) with {desc}", student, idx.clone())
         want = ref(idx)
 
         def no_final_norm(ref=ref, idx=idx):
             x = ref.emb(idx)
             for blk in ref.blocks:
-                x = blk(x, ref.cos[:idx.shape[1]], ref.sin[:idx.shape[1]])
+                x = blk(x, *ref.rope(torch.arange(idx.shape[1])))
             return ref.head(x)
 
         def base_10k(ref=ref, idx=idx):
@@ -166,8 +167,8 @@ def check_llama_lm(LlamaStyleLMClass) -> str:
         if cfg.get("rope_base", 10000.0) != 10000.0:
             cands.append(("rope_base is ignored: build the tables with rope_cache(max_len, head_dim, rope_base).",
                           base_10k))
-        _judge(name, got, want, cands, f"with {desc}", atol=5e-5, rtol=1e-4,
-               hint="x = emb(idx); each block gets cos[:T], sin[:T]; logits = head(norm(x)).")
+        judge(name, got, want, cands, f"with {desc}", atol=5e-5, rtol=1e-4,
+              hint="x = emb(idx); each block gets cos[:T], sin[:T]; logits = head(norm(x)).")
     return "3,283,456 parameters, tying, 3 forward cases incl. rope_base and T = max_len"
 
 
@@ -183,7 +184,7 @@ def _param_count(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie, qk_norm, *, kv_
     return total
 
 
-@_check(components=("LlamaStyleLM", "count_parameters", "parameter_breakdown"))
+@exercise_check(components=("LlamaStyleLM", "count_parameters", "parameter_breakdown"))
 def check_llama_param_count(llama_param_count) -> str:
     """``llama_param_count(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie=False, qk_norm=True)``: the
     parameters of LlamaStyleLM, by formula."""
@@ -192,19 +193,19 @@ def check_llama_param_count(llama_param_count) -> str:
     cases = [((1000, 256, 4, 8, 2, 688), {}), ((1000, 256, 4, 8, 2, 688), dict(tie=True)),
              ((1000, 256, 4, 8, 2, 688), dict(qk_norm=False)), ((500, 64, 3, 4, 1, 160), {}),
              ((32000, 4096, 32, 32, 32, 11008), dict(qk_norm=False)), ((300, 48, 2, 6, 3, 128), dict(tie=True))]
-    if _graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
-        g = _gen(23)
+    if is_graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
+        g = generator(23)
         for _ in range(3):
-            kv = _pick(g, [1, 2, 4])
-            h = kv * _pick(g, [1, 2, 4])
-            d = h * _pick(g, [8, 16, 32, 64])
+            kv = pick(g, [1, 2, 4])
+            h = kv * pick(g, [1, 2, 4])
+            d = h * pick(g, [8, 16, 32, 64])
             args = (int(torch.randint(50, 60000, (1,), generator=g)), d, int(torch.randint(1, 40, (1,), generator=g)),
                     h, kv, int(torch.randint(8, 4 * d, (1,), generator=g)))
-            cases.append((args, dict(tie=_pick(g, [False, True]), qk_norm=_pick(g, [False, True]))))
+            cases.append((args, dict(tie=pick(g, [False, True]), qk_norm=pick(g, [False, True]))))
     for args, kw in cases:
         tie, qk_norm = kw.get("tie", False), kw.get("qk_norm", True)
         call = f"llama_param_count{args}" + "".join(f", {k}={v}" for k, v in kw.items())
-        got = _call(name, call, llama_param_count, *args, **kw)
+        got = call_student(name, call, llama_param_count, *args, **kw)
         want = _param_count(*args, tie, qk_norm)
         pc = partial(_param_count, *args, tie, qk_norm)
         cands = [
@@ -222,7 +223,7 @@ def check_llama_param_count(llama_param_count) -> str:
             ("the output head (V·d) was not counted.", pc(head=False) if not tie else None),
             ("the final norm (d) was not counted.", pc(final=False)),
         ]
-        _judge_int(name, got, want, cands, call,
-                   hint="emb V·d; per block: wq d·h·dh, wk and wv d·n_kv·dh each, wo h·dh·d, 2·dh QK-norm, "
-                        "3·d·d_ff, 2·d norms; final norm d; head V·d unless tied.")
+        judge_int(name, got, want, cands, call,
+                  hint="emb V·d; per block: wq d·h·dh, wk and wv d·n_kv·dh each, wo h·dh·d, 2·dh QK-norm, "
+                       "3·d·d_ff, 2·d norms; final norm d; head V·d unless tied.")
     return "6 cases incl. the chapter's 3,283,456, tied, no QK-norm, MQA and Llama 2 7B's 6,738,415,616"

@@ -7,7 +7,7 @@ from functools import partial
 
 import torch
 
-from .core import _call, _check, _fail, _gen, _graded, _judge, _judge_int, _judge_number, _pick
+from .core import call_student, exercise_check, fail, generator, is_graded, judge, judge_int, judge_number, pick
 
 # ---- exercise 1: the learning-rate schedule ---------------------------------------------------------------
 
@@ -27,7 +27,7 @@ def _lr64(step, lr, min_lr, warmup, total, *, warm="plus_one", decay="cosine", f
     return low + shape * (lr - low)
 
 
-@_check(components=("lr_at",))
+@exercise_check(components=("lr_at",))
 def check_lr_schedule(lr_at) -> str:
     """``lr_at(step, lr, min_lr, warmup_steps, max_steps)``: lr·(step+1)/(warmup_steps+1) during the warmup,
     then min_lr + ½(1 + cos(π·(step - warmup_steps)/(max_steps - warmup_steps)))·(lr - min_lr), and min_lr
@@ -35,10 +35,10 @@ def check_lr_schedule(lr_at) -> str:
     __tracebackhide__ = True
     name = "check_lr_schedule"
     schedules = [(3e-3, 3e-4, 20, 300), (1e-3, 1e-4, 100, 5000), (6e-4, 0.0, 0, 50), (1.0, 0.25, 10, 12)]
-    if _graded():
-        g = _gen(27)
+    if is_graded():
+        g = generator(27)
         warmup = int(torch.randint(1, 50, (1,), generator=g))
-        schedules.append((_pick(g, [1e-3, 2e-3, 5e-4]), _pick(g, [0.0, 1e-5, 1e-4]), warmup,
+        schedules.append((pick(g, [1e-3, 2e-3, 5e-4]), pick(g, [0.0, 1e-5, 1e-4]), warmup,
                           warmup + int(torch.randint(5, 500, (1,), generator=g))))
     for lr, min_lr, warmup, total in schedules:
         steps = sorted({0, 1, warmup - 1, warmup, warmup + 1, (warmup + total) // 2, total - 1, total, total + 7}
@@ -46,11 +46,11 @@ def check_lr_schedule(lr_at) -> str:
         case = f"lr_at(step, lr={lr:g}, min_lr={min_lr:g}, warmup_steps={warmup}, max_steps={total}) at steps {steps}"
         values = []
         for step in steps:
-            got = _call(name, f"lr_at({step}, {lr:g}, {min_lr:g}, {warmup}, {total})", lr_at, step, lr, min_lr,
-                        warmup, total)
+            got = call_student(name, f"lr_at({step}, {lr:g}, {min_lr:g}, {warmup}, {total})", lr_at, step, lr, min_lr,
+                               warmup, total)
             got = got.item() if isinstance(got, torch.Tensor) and got.numel() == 1 else got
             if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isfinite(got):
-                _fail(name, f"lr_at({step}, ...) returned {type(got).__name__} {got!r}; expected a float.")
+                fail(name, f"lr_at({step}, ...) returned {type(got).__name__} {got!r}; expected a float.")
             values.append(float(got))
         got = torch.tensor(values, dtype=torch.float64)
 
@@ -71,15 +71,15 @@ def check_lr_schedule(lr_at) -> str:
             ("after max_steps the cosine climbs back up: from max_steps on the rate stays at min_lr.",
              partial(curve, clamp=False)),
         ]
-        _judge(name, got, curve(), cands, case, rtol=1e-9, atol=1e-12,
-               hint="warmup: lr·(step+1)/(warmup_steps+1); then the half cosine from lr to min_lr; min_lr after.")
+        judge(name, got, curve(), cands, case, rtol=1e-9, atol=1e-12,
+              hint="warmup: lr·(step+1)/(warmup_steps+1); then the half cosine from lr to min_lr; min_lr after.")
     return "4 schedules incl. no warmup, the ends of both phases and steps past max_steps"
 
 
 # ---- exercise 2: FLOPs per token -------------------------------------------------------------------------
 
 
-@_check(components=("flops_per_token", "model_flops_per_token", "matmul_parameters"))
+@exercise_check(components=("flops_per_token", "model_flops_per_token", "matmul_parameters"))
 def check_flops_per_token(flops_per_token) -> str:
     """``flops_per_token(n_matmul_params, n_layers, n_heads, head_dim, seq_len)``: training FLOPs per token,
     6·N + 12·L·H·Q·T."""
@@ -87,13 +87,13 @@ def check_flops_per_token(flops_per_token) -> str:
     name = "check_flops_per_token"
     cases = [(10_616_832, 6, 6, 64, 256), (124_000_000, 12, 12, 64, 1024), (1_000, 1, 1, 1, 1),
              (5_000_000, 4, 8, 32, 64)]
-    if _graded():
-        g = _gen(28)
-        cases += [(int(torch.randint(10_000, 10**9, (1,), generator=g)), _pick(g, [2, 6, 12, 24]), _pick(g, [4, 8, 16]),
-                   _pick(g, [32, 64, 128]), _pick(g, [128, 512, 2048])) for _ in range(3)]
+    if is_graded():
+        g = generator(28)
+        cases += [(int(torch.randint(10_000, 10**9, (1,), generator=g)), pick(g, [2, 6, 12, 24]), pick(g, [4, 8, 16]),
+                   pick(g, [32, 64, 128]), pick(g, [128, 512, 2048])) for _ in range(3)]
     for N, L, H, Q, T in cases:
         call = f"flops_per_token({N:_}, {L}, {H}, {Q}, {T})".replace("_", ",")
-        got = _call(name, call, flops_per_token, N, L, H, Q, T)
+        got = call_student(name, call, flops_per_token, N, L, H, Q, T)
         attention = 12 * L * H * Q * T
         cands = [
             ("the forward pass only (2·N and 4·L·H·Q·T): training adds the backward pass, twice the forward: 6·N + "
@@ -107,7 +107,7 @@ def check_flops_per_token(flops_per_token) -> str:
             ("the attention term misses the number of heads: 12·L·H·Q·T.", 6 * N + 12 * L * Q * T),
             ("the attention term misses the head size: 12·L·H·Q·T.", 6 * N + 12 * L * H * T),
         ]
-        _judge_int(name, got, 6 * N + attention, cands, call, hint="6·N + 12·L·H·Q·T.")
+        judge_int(name, got, 6 * N + attention, cands, call, hint="6·N + 12·L·H·Q·T.")
     return "4 cases incl. the GPU-scale model's size"
 
 
@@ -154,7 +154,7 @@ def _fair_cases():
     ]
 
 
-@_check(components=())
+@exercise_check(components=())
 def check_fair_comparison(unfair_differences) -> str:
     """``unfair_differences(a, b, compared=("arch",), size_tolerance=0.02)``: the sorted keys of two runs'
     settings that make comparing them unfair: every key not in ``compared`` whose value differs or that only one
@@ -163,12 +163,12 @@ def check_fair_comparison(unfair_differences) -> str:
     name = "check_fair_comparison"
     for desc, a, b, compared, tolerance in _fair_cases():
         call = f"unfair_differences(a, b, compared={compared}, size_tolerance={tolerance:g}) for {desc}"
-        got = _call(name, call, unfair_differences, dict(a), dict(b), compared, tolerance)
+        got = call_student(name, call, unfair_differences, dict(a), dict(b), compared, tolerance)
         want = _unfair(a, b, compared, tolerance)
         if not isinstance(got, list) or not all(isinstance(k, str) for k in got):
             if isinstance(got, (set, tuple)) and sorted(got) == want:
-                _fail(name, f"{call}: the keys are right; return them as a sorted list.")
-            _fail(name, f"{call}: expected a list of setting names, got {type(got).__name__} {got!r}.")
+                fail(name, f"{call}: the keys are right; return them as a sorted list.")
+            fail(name, f"{call}: expected a list of setting names, got {type(got).__name__} {got!r}.")
         if got == want:
             continue
         run = partial(_unfair, a, b, compared, tolerance)
@@ -185,10 +185,10 @@ def check_fair_comparison(unfair_differences) -> str:
         ]
         for diagnosis, wrong in cands:
             if wrong != want and got == wrong:
-                _fail(name, f"{call}: got {got}, expected {want}.\nLikely mistake: {diagnosis}")
+                fail(name, f"{call}: got {got}, expected {want}.\nLikely mistake: {diagnosis}")
         if sorted(got) == want:
-            _fail(name, f"{call}: the keys are right but not sorted: return sorted(...).")
-        _fail(name, f"{call}: got {got}, expected {want}.")
+            fail(name, f"{call}: the keys are right but not sorted: return sorted(...).")
+        fail(name, f"{call}: got {got}, expected {want}.")
     return "7 cases: one architecture apart, tuned learning rates, seeds, sizes, one-sided settings"
 
 
@@ -197,7 +197,7 @@ def check_fair_comparison(unfair_differences) -> str:
 _LLAMA3_8B = dict(N=8.03e9, D=15e12)
 
 
-@_check(components=())
+@exercise_check(components=())
 def check_llama3_8b_train_flops(flops) -> str:
     """``llama3_8b_train_flops``: the compute of training Llama 3 8B (8.03 billion parameters) on 15 trillion
     tokens, by the 6·N·D rule (within 3%)."""
@@ -207,6 +207,6 @@ def check_llama3_8b_train_flops(flops) -> str:
              ("N·D: each token costs 6 FLOPs per parameter in training (2 forward, 4 backward).", N * D),
              ("15 billion tokens: Llama 3 was trained on 15 trillion (15e12).", 6 * N * 15e9),
              ("8.03 million parameters: the model has 8.03 billion (8.03e9).", 6 * 8.03e6 * D)]
-    _judge_number("check_llama3_8b_train_flops", flops, 6 * N * D, cands, "llama3_8b_train_flops", rel=0.03,
-                  hint="6 · N · D with N = 8.03e9 and D = 15e12.")
+    judge_number("check_llama3_8b_train_flops", flops, 6 * N * D, cands, "llama3_8b_train_flops", rel=0.03,
+                 hint="6 · N · D with N = 8.03e9 and D = 15e12.")
     return f"{6 * N * D:.3g} FLOPs"

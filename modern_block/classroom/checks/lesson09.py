@@ -1,4 +1,5 @@
-"""Lesson 09: RoPE scaling for a longer context (Llama 3's rule, the NTK-aware base) and a real model's cache."""
+"""Lesson 09: a real checkpoint's bytes (Q4_1 blocks, llama.cpp's query/key rows), RoPE scaling for a longer
+context (Llama 3's rule, the NTK-aware base) and a real model's cache."""
 
 from __future__ import annotations
 
@@ -8,8 +9,144 @@ from functools import partial
 import torch
 
 from ...kv_cache import kv_cache_bytes_per_token
-from ...rope import rope_frequencies
-from .core import _call, _check, _fail, _gen, _graded, _judge, _judge_int, _judge_number, _pick, _require_dtype
+from ...rope import permute_qk_weight, rope_frequencies
+from .core import (
+    Output,
+    call_student,
+    exercise_check,
+    fail,
+    generator,
+    is_graded,
+    judge,
+    judge_int,
+    judge_number,
+    pick,
+    require_dtype,
+)
+
+# ---- Q4_1 blocks ----------------------------------------------------------------------------------------
+
+
+def _q4_1_bytes(g: torch.Generator, rows: int, blocks_per_row: int) -> torch.Tensor:
+    """Random Q4_1 data, uint8 [rows, 20 · blocks_per_row]: fp16 step d > 0, fp16 minimum m < 0, 32 random codes."""
+    n = rows * blocks_per_row
+    d = (0.002 + 0.1 * torch.rand(n, 1, generator=g)).half()  # [n, 1]
+    m = (-0.05 - torch.rand(n, 1, generator=g)).half()
+    codes = torch.randint(0, 16, (n, 32), generator=g, dtype=torch.uint8)  # q_0 .. q_31
+    packed = codes[:, :16] | (codes[:, 16:] << 4)  # byte k: q_k low, q_{k+16} high
+    blocks = torch.cat([d.view(torch.uint8), m.view(torch.uint8), packed], dim=1)  # [n, 20]
+    return blocks.reshape(rows, blocks_per_row * 20)
+
+
+def _q4_1_64(raw: torch.Tensor, *, mistake=None) -> torch.Tensor:
+    """Q4_1 bytes -> weights in float64, with one knob per common mistake."""
+    blocks = raw.reshape(-1, 20)
+    d = blocks[:, 0:2].contiguous().view(torch.float16).double()
+    m = blocks[:, 2:4].contiguous().view(torch.float16).double()
+    lo, hi = (blocks[:, 4:] & 0x0F).double(), (blocks[:, 4:] >> 4).double()
+    if mistake == "nibbles_swapped":
+        q = torch.cat([hi, lo], 1)  # [blocks, 32]
+    elif mistake == "nibbles_interleaved":
+        q = torch.stack([lo, hi], 2).reshape(-1, 32)
+    else:
+        q = torch.cat([lo, hi], 1)
+    if mistake == "signed_codes":
+        q = q - 8
+    if mistake == "scale_minimum_swapped":
+        d, m = m, d
+    w = {"no_minimum": lambda: d * q, "minimum_subtracted": lambda: d * q - m,
+         "minimum_scaled": lambda: d * (q + m)}.get(mistake, lambda: d * q + m)()
+    return w.reshape(raw.shape[0], -1)
+
+
+_Q4_1_MISTAKES = [
+    ("nibbles_swapped", "the two codes of each byte are swapped: the LOW 4 bits (byte & 0x0F) hold q_k, the HIGH 4 "
+                        "bits (byte >> 4) hold q_(k+16)."),
+    ("nibbles_interleaved", "the codes are interleaved (low, high, low, high, ...): byte k holds q_k and q_(k+16), so "
+                            "the 16 low nibbles are weights 0-15 and the 16 high nibbles weights 16-31."),
+    ("scale_minimum_swapped", "the scale and the minimum are swapped: bytes 0-1 are the step d, bytes 2-3 the "
+                              "minimum m, and w = d·q + m."),
+    ("no_minimum", "the minimum is missing: Q4_1 is w = d·q + m (Q4_0 has no minimum; Q4_1 does)."),
+    ("minimum_subtracted", "the minimum is subtracted: w = d·q + m, with m stored as it is (usually negative)."),
+    ("minimum_scaled", "the minimum was multiplied by the step: w = d·q + m, not d·(q + m)."),
+    ("signed_codes", "the codes were centred (q - 8) as in Q4_0: Q4_1's codes run 0..15 upwards from the minimum."),
+]
+
+
+@exercise_check(components=("dequantize_q4_1", "dequantize"))
+def check_dequantize_q4_1(dequantize_q4_1_fn) -> str:
+    """``dequantize_q4_1(raw)``: Q4_1 bytes uint8 [rows, 20·n] -> float32 weights [rows, 32·n]."""
+    __tracebackhide__ = True
+    name = "check_dequantize_q4_1"
+    g = generator(91)
+    cases = [("one block", 1, 1), ("a row of 18 blocks (576 weights, one row of SmolLM2's W_q)", 1, 18),
+             ("6 rows of 4 blocks", 6, 4)]
+    for what, rows, n in cases:
+        raw = _q4_1_bytes(g, rows, n)
+        after = Output(raw)  # what the function leaves in its copy of raw
+        call = f"dequantize_q4_1(raw) on {what}: raw uint8 {list(raw.shape)}"
+        got = call_student(name, call, dequantize_q4_1_fn, after)
+        if not (isinstance(after.value, torch.Tensor) and torch.equal(after.value, raw)):
+            fail(name, f"{call}: your function changed raw in place; read the bytes, do not write them.")
+        want = _q4_1_64(raw)
+        cands = [(diag, partial(_q4_1_64, raw, mistake=m)) for m, diag in _Q4_1_MISTAKES]
+        judge(name, got.double() if isinstance(got, torch.Tensor) else got, want, cands, call, rtol=1e-6, atol=1e-6,
+              hint="per block of 20 bytes: d = bytes 0-1 as fp16, m = bytes 2-3 as fp16, then 16 bytes of codes "
+                   "(low nibbles are q_0..q_15, high nibbles q_16..q_31); w = d·q + m.")
+        require_dtype(name, got, torch.float32, call, "the output", "return float32 weights (.float()).")
+    return f"{len(cases)} inputs, up to {max(r * n for _, r, n in cases)} blocks; nibble order, scale and minimum right"
+
+
+# ---- llama.cpp's query/key rows -----------------------------------------------------------------------------
+
+
+def _twice(w, heads):
+    return permute_qk_weight(permute_qk_weight(w, heads, "half_split"), heads, "half_split")
+
+
+@exercise_check(components=("permute_qk_weight",))
+def check_unpermute_qk(unpermute_fn) -> str:
+    """``unpermute_qk(wq, wk, wv, n_heads, n_kv_heads)`` -> (wq, wk, wv) in the half-split RoPE layout: llama.cpp's
+    interleaved rows of each query and key head put back, the values untouched."""
+    __tracebackhide__ = True
+    name = "check_unpermute_qk"
+    g = generator(92)
+    cases = [("GQA: 4 query heads, 2 K/V heads of 12", 4, 2, 12, 16),  # d_h = 12: twice != the inverse (as at 8)
+             ("SmolLM2-135M's shapes: 9 / 3 heads of 64", 9, 3, 64, 576),
+             ("MHA: 3 heads of 12", 3, 3, 12, 20),
+             ("MQA: 4 query heads, 1 K/V head of 16", 4, 1, 16, 24)]
+    for what, h, kv, dh, d in cases:
+        wq, wk, wv = (torch.randn(n * dh, d, generator=g) for n in (h, kv, kv))  # as stored in the file
+        call = f"unpermute_qk(wq {list(wq.shape)}, wk {list(wk.shape)}, wv {list(wv.shape)}, {h}, {kv}) ({what})"
+        got = call_student(name, call, unpermute_fn, wq, wk, wv, h, kv)  # fresh copies: the check's stay intact
+        if not (isinstance(got, (tuple, list)) and len(got) == 3):
+            fail(name, f"{call}: return the three matrices (wq, wk, wv), got {type(got).__name__}.")
+        common = lambda w, n: [  # noqa: E731 - the mistakes a query or key matrix can show
+            ("the permutation was not applied: llama.cpp stores each head's rows interleaved (2i, 2i+1); the "
+             "course's RoPE needs them half-split (i, i + d_h/2).", w),
+            ("the permutation went the wrong way (half-split -> interleaved, what llama.cpp's converter did): row "
+             "2i + s of a head moves to s·d_h/2 + i.", permute_qk_weight(w, n, "interleaved")),
+            ("the permutation was applied twice: once puts the rows back, a second time scrambles them again.",
+             _twice(w, n)),
+            ("the matrix was permuted as one head: the reordering happens inside each head's block of d_h rows.",
+             permute_qk_weight(w, 1, "half_split")),
+        ]
+        parts = [
+            ("the query weight wq", got[0], permute_qk_weight(wq, h, "half_split"), common(wq, h)),
+            ("the key weight wk", got[1], permute_qk_weight(wk, kv, "half_split"), common(wk, kv) + [
+                ("wk was split into n_heads heads: the key matrix has n_kv_heads heads (its rows are n_kv_heads·d_h).",
+                 permute_qk_weight(wk, h, "half_split") if (kv * dh) % h == 0 and h != kv else None)]),
+            ("the value weight wv", got[2], wv, [
+                ("the values were permuted too: RoPE rotates only q and k, so llama.cpp left W_v as it was; return "
+                 "it unchanged.", permute_qk_weight(wv, kv, "half_split")),
+                ("the values were permuted (the wrong way): RoPE never touches values; return W_v unchanged.",
+                 permute_qk_weight(wv, kv, "interleaved"))]),
+        ]
+        for part, value, want, cands in parts:
+            judge(name, value, want, cands, f"{call}: {part}", rtol=0, atol=0,
+                  hint="per head: rows (2i, 2i+1) of the file are rows (i, i + d_h/2) of the course's layout.")
+    return f"{len(cases)} layouts (GQA, SmolLM2's 9/3 heads of 64, MHA, MQA): q and k un-permuted per head, v untouched"
+
 
 
 def _llama3_64(theta, s, low, high, L0, *, mistake=None):
@@ -62,48 +199,48 @@ _LLAMA3_MISTAKES = [
 ]
 
 
-@_check(components=("llama3_frequencies", "scaled_frequencies", "rope_cache"))
+@exercise_check(components=("llama3_frequencies", "scaled_frequencies", "rope_cache"))
 def check_llama3_rope_scaling(llama3_frequencies_fn) -> str:
     """``llama3_frequencies(theta, factor, low_freq_factor, high_freq_factor, original_len)`` → the scaled
     frequencies, same shape and dtype as ``theta`` [dh/2]: Llama 3.1's piecewise rule by wavelength."""
     __tracebackhide__ = True
     name = "check_llama3_rope_scaling"
     cases = list(_LLAMA3_CASES)
-    if _graded():  # a hidden context length, factor and band
-        g = _gen(9)
-        low, high = _pick(g, [(1.0, 4.0), (1.0, 2.0), (2.0, 8.0)])
-        cases.append(("a hidden configuration", 64, _pick(g, [10000.0, 500000.0]), _pick(g, [4.0, 8.0, 16.0]),
-                      low, high, _pick(g, [2048, 4096, 16384])))
+    if is_graded():  # a hidden context length, factor and band
+        g = generator(9)
+        low, high = pick(g, [(1.0, 4.0), (1.0, 2.0), (2.0, 8.0)])
+        cases.append(("a hidden configuration", 64, pick(g, [10000.0, 500000.0]), pick(g, [4.0, 8.0, 16.0]),
+                      low, high, pick(g, [2048, 4096, 16384])))
     for what, dh, base, s, low, high, L0 in cases:
         theta = rope_frequencies(dh, base)  # [dh/2], float32
-        before = theta.clone()
+        after = Output(theta)  # what the function leaves in its copy of theta
         call = (f"llama3_frequencies(theta of {what} (d_h {dh}, base {base:,.0f}), factor={s:g}, "
                 f"low_freq_factor={low:g}, high_freq_factor={high:g}, original_len={L0})")
-        got = _call(name, call, llama3_frequencies_fn, theta, s, low, high, L0)
-        if not torch.equal(theta, before):
-            _fail(name, f"{call}: your function changed theta in place; return a new tensor.")
+        got = call_student(name, call, llama3_frequencies_fn, after, s, low, high, L0)
+        if not (isinstance(after.value, torch.Tensor) and torch.equal(after.value, theta)):
+            fail(name, f"{call}: your function changed theta in place; return a new tensor.")
         want = _llama3_64(theta, s, low, high, L0)
         cands = [(diag, partial(_llama3_64, theta, s, low, high, L0, mistake=m)) for m, diag in _LLAMA3_MISTAKES]
-        _judge(name, got, want, cands, call, rtol=1e-5, atol=0,
-               hint="wavelength = 2π/θ; keep θ below original_len/high_freq_factor, divide it by the factor above "
-                    "original_len/low_freq_factor, blend in between.")
-        _require_dtype(name, got, theta.dtype, call, "the output", "return theta's dtype (float32).")
+        judge(name, got, want, cands, call, rtol=1e-5, atol=0,
+              hint="wavelength = 2π/θ; keep θ below original_len/high_freq_factor, divide it by the factor above "
+                   "original_len/low_freq_factor, blend in between.")
+        require_dtype(name, got, theta.dtype, call, "the output", "return theta's dtype (float32).")
     return f"{len(cases)} configurations incl. Llama 3.1 8B and Llama 3.2 1B, every band populated"
 
 
-@_check(components=("dynamic_ntk_frequencies",))
+@exercise_check(components=("dynamic_ntk_frequencies",))
 def check_ntk_scaled_base(ntk_scaled_base_fn) -> str:
     """``ntk_scaled_base(base, dh, kappa)`` → b' = base · kappa^(dh/(dh-2)), the NTK-aware base that keeps the
     fastest pair and divides the slowest one's frequency by exactly kappa."""
     __tracebackhide__ = True
     name = "check_ntk_scaled_base"
     cases = [(10000.0, 128, 4.0), (500000.0, 64, 2.0), (10000.0, 16, 8.0)]
-    if _graded():
-        g = _gen(10)
-        cases.append((_pick(g, [10000.0, 100000.0, 1000000.0]), _pick(g, [32, 64, 96]), _pick(g, [1.5, 3.0, 16.0])))
+    if is_graded():
+        g = generator(10)
+        cases.append((pick(g, [10000.0, 100000.0, 1000000.0]), pick(g, [32, 64, 96]), pick(g, [1.5, 3.0, 16.0])))
     for base, dh, kappa in cases:
         call = f"ntk_scaled_base({base:g}, {dh}, {kappa:g})"
-        got = _call(name, call, ntk_scaled_base_fn, base, dh, kappa)
+        got = call_student(name, call, ntk_scaled_base_fn, base, dh, kappa)
         want = base * kappa ** (dh / (dh - 2))
         cands = [
             ("the exponent d_h/(d_h - 2) is missing: with base·kappa the slowest pair is divided by only "
@@ -113,13 +250,13 @@ def check_ntk_scaled_base(ntk_scaled_base_fn) -> str:
              base / kappa ** (dh / (dh - 2))),
             ("kappa was raised to d_h/2: the exponent is d_h/(d_h - 2).", base * kappa ** (dh / 2)),
         ]
-        _judge_number(name, got, want, cands, call, rel=1e-6,
-                      hint="the slowest pair's frequency is b^(-(d_h-2)/d_h); solve for the base that divides it "
-                           "by kappa.")
+        judge_number(name, got, want, cands, call, rel=1e-6,
+                     hint="the slowest pair's frequency is b^(-(d_h-2)/d_h); solve for the base that divides it "
+                          "by kappa.")
     return f"{len(cases)} cases: Llama 2-style, Llama 3-style and a 16-dimensional head"
 
 
-@_check(components=())
+@exercise_check(components=())
 def check_smollm2_cache_bytes(n_bytes) -> str:
     """``smollm2_cache_bytes``: SmolLM2-135M's KV cache per token in bf16 (30 layers, 9 query heads over 3 K/V
     heads of 64)."""
@@ -133,6 +270,6 @@ def check_smollm2_cache_bytes(n_bytes) -> str:
         ("4 bytes per number: bf16 takes 2.", kv_cache_bytes_per_token(L, kv, dh, 4)),
         ("one layer only: each of the 30 layers caches its own K and V.", kv_cache_bytes_per_token(1, kv, dh, 2)),
     ]
-    _judge_int("check_smollm2_cache_bytes", n_bytes, want, cands, "smollm2_cache_bytes",
-               hint="2 (K and V) · n_layers · n_kv_heads · head_dim · 2 bytes.")
+    judge_int("check_smollm2_cache_bytes", n_bytes, want, cands, "smollm2_cache_bytes",
+              hint="2 (K and V) · n_layers · n_kv_heads · head_dim · 2 bytes.")
     return f"{want:,} bytes per token, a third of MHA's"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 
-def _rms_norm64(x, weight, eps, *, center=False, eps_outside=False, use_sum=False, no_sqrt=False,
-                multiply=False, dim=-1, unbiased=False):
+def rms_norm64(x, weight, eps, *, center=False, eps_outside=False, use_sum=False, no_sqrt=False,
+               multiply=False, dim=-1, unbiased=False):
     x = x.double()
     if center:
         x = x - x.mean(dim, keepdim=True)
@@ -24,7 +24,7 @@ def _rms_norm64(x, weight, eps, *, center=False, eps_outside=False, use_sum=Fals
     return y if weight is None else y * weight.double()
 
 
-def _rope64(x, cos, sin, layout="half", sign=1.0, swap_halves=False, swap_tables=False):
+def rope64(x, cos, sin, layout="half", sign=1.0, swap_halves=False, swap_tables=False):
     """RoPE in float64 with knobs: layout half/interleaved, rotation sign, output halves swapped,
     cos and sin swapped."""
     x, cos, sin = x.double(), cos.double(), sin.double()

@@ -19,9 +19,50 @@ import re
 from dataclasses import dataclass, field
 
 MAX_NOTEBOOK_BYTES = 20 << 20
-EXERCISE_HEADING = re.compile(r"^(#{1,6})\s*Exercise\s+(\d+)\s*[:.·—–-]?\s*(.*?)\s*$", re.IGNORECASE)
-ANY_HEADING = re.compile(r"^(#{1,6})\s")
+MAX_HEADING = 500  # characters: a longer line is never taken for a heading
+MAX_LITERAL = 1 << 64  # a number a check cell may pass (a larger one is no exercise's argument)
+SEPARATORS = ":.·—–-"
 CHECK_CALL = re.compile(r"\bcheck_\w+\s*\(")
+
+
+def heading(line: str) -> tuple[int, str] | None:
+    """(level, text) of a markdown heading line ``# text`` (levels 1-6), else None. Plain string scanning, in
+    time linear in the line: no regular expression meets a student's text."""
+    line = line.strip()
+    if len(line) > MAX_HEADING or not line.startswith("#"):
+        return None
+    level = len(line) - len(line.lstrip("#"))
+    rest = line[level:]
+    if level > 6 or (rest and not rest[0].isspace()):
+        return None
+    return level, rest.strip()
+
+
+def exercise_heading(line: str) -> tuple[int, int, str] | None:
+    """(level, number, title) of a heading ``## Exercise N: title`` (any case; ``:``, ``.``, a dash or
+    nothing after the number), else None."""
+    line = line.strip()
+    level = len(line) - len(line.lstrip("#"))
+    if len(line) > MAX_HEADING or not 1 <= level <= 6:
+        return None
+    text = line[level:].lstrip()
+    if text[:8].lower() != "exercise" or not text[8:9].isspace():
+        return None
+    rest = text[9:].lstrip()
+    digits = len(rest) - len(rest.lstrip("0123456789"))
+    if not 1 <= digits <= 6:
+        return None
+    title = rest[digits:].strip()
+    if title[:1] and title[0] in SEPARATORS:
+        title = title[1:].strip()
+    return level, int(rest[:digits]), title
+
+
+def calls_a_check(source: str) -> bool:
+    """Whether ``source`` calls something named ``check_...(``. The pattern's parts match disjoint
+    character classes (word characters, then white space, then a parenthesis), so the search backtracks at
+    most one step per character: linear time on any text (``tests/test_grade.py`` times it)."""
+    return CHECK_CALL.search(source) is not None
 
 
 class NotebookError(ValueError):
@@ -123,13 +164,12 @@ def sections(cells: list[Cell]) -> list[tuple[int, str, list[Cell]]]:
     for cell in cells:
         if cell.kind == "markdown":
             for line in cell.source.splitlines():
-                line = line.strip()
-                m = EXERCISE_HEADING.match(line)
-                if m:
-                    current = (int(m.group(2)), m.group(3) or f"Exercise {m.group(2)}", [])
-                    level = len(m.group(1))
+                exercise = exercise_heading(line)
+                if exercise:
+                    level, number, title = exercise
+                    current = (number, title or f"Exercise {number}", [])
                     found.append(current)
-                elif current is not None and ANY_HEADING.match(line) and len(ANY_HEADING.match(line).group(1)) <= level:
+                elif current is not None and (other := heading(line)) and other[0] <= level:
                     current = None
         elif current is not None:
             current[2].append(cell)
@@ -142,8 +182,8 @@ def parse_check_cell(cell: Cell) -> list[CheckCall]:
 
     try:
         tree = ast.parse(cell.source)
-    except SyntaxError as err:
-        raise BadReference(f"cell {cell.index}: not valid Python ({err.msg})") from None
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
+        raise BadReference(f"cell {cell.index}: not valid Python ({getattr(err, 'msg', None) or err})") from None
     calls = []
     for stmt in tree.body:
         call = stmt.value if isinstance(stmt, ast.Expr) else None
@@ -151,7 +191,7 @@ def parse_check_cell(cell: Cell) -> list[CheckCall]:
         name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
         if name not in checks.__all__ or not name.startswith("check_"):
             raise BadReference(f"cell {cell.index}: a check cell must only call modern_block.classroom.checks "
-                               f"functions, as in `checks.check_rms(rms)`; found {ast.unparse(stmt)[:80]!r}")
+                               f"functions, as in `checks.check_rms(rms)`; found {_shown(stmt)}")
 
         calls.append(CheckCall(name, [_argument(cell, a) for a in call.args],
                                {k.arg: _argument(cell, k.value) for k in call.keywords}))
@@ -161,9 +201,19 @@ def parse_check_cell(cell: Cell) -> list[CheckCall]:
 def _argument(cell: Cell, node: ast.AST) -> tuple:
     if isinstance(node, ast.Name):
         return ("name", node.id)
-    if isinstance(node, ast.Constant):
+    if isinstance(node, ast.Constant) and not (isinstance(node.value, int) and abs(node.value) >= MAX_LITERAL) and \
+            not (isinstance(node.value, (str, bytes)) and len(node.value) > 1000):
         return ("value", node.value)
-    raise BadReference(f"cell {cell.index}: pass names or literals to a check, not {ast.unparse(node)!r}")
+    raise BadReference(f"cell {cell.index}: pass names or short literals to a check, not "
+                       f"{_shown(node)}")
+
+
+def _shown(node: ast.AST) -> str:
+    """A node's source for a message, short (a huge number literal has no decimal text)."""
+    try:
+        return repr(ast.unparse(node)[:80])
+    except (ValueError, RecursionError):
+        return "an expression that cannot be shown"
 
 
 def reference_from(cells: list[Cell], name: str) -> Reference:
@@ -172,11 +222,11 @@ def reference_from(cells: list[Cell], name: str) -> Reference:
     found = sections(cells)
     if not found:  # no headings: each check cell closes an exercise
         found = [(n, "", [c]) for n, c in enumerate(
-            (c for c in cells if c.kind == "code" and CHECK_CALL.search(c.source)), start=1)]
+            (c for c in cells if c.kind == "code" and calls_a_check(c.source)), start=1)]
     for number, title, section in found:
         ex = RefExercise(number, title)
         for cell in section:
-            if cell.kind == "code" and CHECK_CALL.search(cell.source):
+            if cell.kind == "code" and calls_a_check(cell.source):
                 ex.calls += parse_check_cell(cell)
                 ex.check_sources.add(_normal(cell.source))
                 if cell.id:

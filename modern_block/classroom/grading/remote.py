@@ -7,10 +7,13 @@ forwards each call to the student's process and brings back plain data:
 * ``RemoteModule``: an ``nn.Module`` built from the description of the student's module (the same
   parameter names, shapes, tying, buffers and their persistence, simple attributes), so a check reads,
   loads and compares weights locally; ``forward`` and ``to`` run in the student's process, after the
-  stand-in's current parameter values have been sent there.
+  stand-in's current parameter values have been sent there (a tied parameter once, under its first name:
+  a module that only claims to be tied never gets the other copy, and its outputs show it).
 
-Arguments go by value: tensors, numbers, the package's own ``GQAttention``/``RMSNorm`` (rebuilt from
-their weights), and dicts, lists and tensors the student's code changes in place come back changed.
+Trust flows one way. Arguments travel by value (tensors, numbers, containers, and the grader's own modules,
+rebuilt there from their weights), so the student's code only ever changes its copies; nothing comes back
+but the call's value and the arguments the check declared as outputs (``checks.core.Output``). Every string
+from the student's process that reaches a report is put on one line, its control characters escaped.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import keyword
 import torch
 import torch.nn as nn
 
-from ...attention import GQAttention
-from ...rmsnorm import RMSNorm
+from .report import one_line
 from .sandbox import Sandbox, SandboxLost
 from .wire import Unsupported
+
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))  # what nn.Module.__init__ sets up: rebuilt there, not sent
 
 
 class StudentError(Exception):
@@ -34,6 +38,7 @@ _ERROR_CLASSES: dict[str, type] = {}
 
 
 def student_error(name, message) -> Exception:
+    message = one_line(str(message))
     if name == "NotImplementedError":
         return NotImplementedError(message)
     name = name if isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name) else "Error"
@@ -41,13 +46,32 @@ def student_error(name, message) -> Exception:
     return cls(message)
 
 
+def _plain(value) -> bool:
+    if isinstance(value, tuple):
+        return all(_plain(v) for v in value)
+    return value is None or type(value) in (bool, int, float, str)
+
+
+def module_spec(module: nn.Module) -> dict:
+    """A module of the grader's, by value: its class (``module:qualname``), simple attributes, parameters,
+    buffers and submodules. The student's process rebuilds a fresh one for every call."""
+    cls = type(module)
+    model_file = cls.__module__.startswith("modern_block.") and cls.__module__.count(".") == 1
+    if not (cls.__module__.startswith("torch.nn.modules.") or model_file) or "." in cls.__qualname__:
+        raise TypeError(f"the grader cannot send a {cls.__name__} to the student's process")
+    return {"class": f"{cls.__module__}:{cls.__qualname__}",
+            "attrs": {k: v for k, v in vars(module).items() if k not in _MODULE_INTERNALS and _plain(v)},
+            "params": {k: None if p is None else p.detach().clone() for k, p in module._parameters.items()},
+            "buffers": {k: [b.detach().clone(), k not in module._non_persistent_buffers_set]
+                        for k, b in module._buffers.items() if b is not None},
+            "children": {k: module_spec(c) for k, c in module._modules.items() if c is not None}}
+
+
 class Link:
-    """The grader's side of one submission's process: requests under a deadline, and the names of the
-    package's functions the student's code entered while the checks called it."""
+    """The grader's side of one submission's process: requests under a deadline."""
 
     def __init__(self, sandbox: Sandbox, deadline: float):
         self.sandbox, self.deadline = sandbox, deadline
-        self.entered: set[str] = set()
         self.proxies: dict[int, object] = {}
 
     def request(self, message: dict) -> dict:
@@ -60,30 +84,29 @@ class Link:
             raise SandboxLost("garbled", "a malformed reply to 'get'")
         return {n: MISSING if values.get(n) == {"__missing__": True} else self.decode(values.get(n)) for n in names}
 
-    def call(self, number: int, method: str | None, args: tuple, kwargs: dict, push: dict | None = None):
+    def call(self, number: int, method: str | None, args: list, kwargs: dict, push: dict | None = None,
+             outputs: list[int] = ()) -> tuple[object, dict[int, object]]:
+        """Call object ``number`` (or its ``method``) there; its value, and the arguments ``outputs`` as the
+        call left them."""
         reply = self.request({"op": "call", "target": number, "method": method, "args": self.encode(list(args)),
-                              "kwargs": self.encode(kwargs), "push": push})
-        entered, error, back = reply.get("entered"), reply.get("error"), reply.get("writeback")
-        if not (isinstance(entered, list) and all(isinstance(e, str) for e in entered)) or not (
-                error is None or (isinstance(error, list) and len(error) == 2)) or not isinstance(back, dict):
+                              "kwargs": self.encode(kwargs), "push": push, "outputs": list(outputs)})
+        error, back = reply.get("error"), reply.get("outputs")
+        if not (error is None or (isinstance(error, list) and len(error) == 2)) or not isinstance(back, dict):
             raise SandboxLost("garbled", "a malformed reply to a call")
-        self.entered.update(entered[:200])
-        _write_back(list(args), back.get("args"), self.decode)
-        _write_back_kwargs(kwargs, back.get("kwargs"), self.decode)
         if error is not None:
             raise student_error(*(str(e) for e in error))
-        return self.decode(reply.get("value"))
+        if any(str(i) not in back for i in outputs):
+            raise SandboxLost("garbled", "a reply without the declared outputs")
+        return self.decode(reply.get("value")), {i: self.decode(back[str(i)]) for i in outputs}
 
     # ---- values -----------------------------------------------------------------------------------------
 
     def encode(self, value):
-        """What the grader sends: data, a reference to a student's object, or a package module's recipe."""
+        """What the grader sends: data, a reference to a student's object, or one of its own modules."""
         if isinstance(value, (RemoteObject, RemoteModule)):
             return {"__ref__": value._number}
-        if isinstance(value, (GQAttention, RMSNorm)):
-            return _package_module(value)
         if isinstance(value, nn.Module):
-            raise TypeError(f"the grader cannot send a {type(value).__name__} to the student's process")
+            return {"__module__": module_spec(value)}
         if isinstance(value, dict):
             return {k: self.encode(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
@@ -113,7 +136,7 @@ class Link:
             elif proxy is None or isinstance(proxy, RemoteModule) != is_module:
                 proxy = RemoteModule(self, number, desc) if is_module else _remote_object(self, number, desc)
         except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as err:
-            raise SandboxLost("garbled", f"an unusable description of an object ({err})") from None
+            raise SandboxLost("garbled", f"an unusable description of an object ({one_line(str(err))})") from None
         self.proxies[number] = proxy
         return proxy
 
@@ -126,59 +149,21 @@ class _Missing:
 MISSING = _Missing()
 
 
-def _package_module(module: nn.Module) -> dict:
-    """The recipe the student's process rebuilds a package module from (same key: the same module)."""
-    if isinstance(module, RMSNorm):
-        args, kwargs = [module.weight.shape[0]], {"eps": module.eps}
-    else:
-        args, kwargs = [module.wq.in_features, module.h, module.kv], {"qk_norm": isinstance(module.q_norm, RMSNorm)}
-    state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-    dtype = next(module.parameters()).dtype
-    return {"__package_module__": type(module).__name__, "key": id(module), "args": args, "kwargs": kwargs,
-            "state": state, "dtype": str(dtype).removeprefix("torch.")}
-
-
-def _write_back(args: list, back, decode) -> None:
-    """Bring in-place changes the student's code made to dicts, lists and tensors into the grader's objects."""
-    if not isinstance(back, list):
-        return
-    for original, new in zip(args, back, strict=False):
-        _update(original, new, decode)
-
-
-def _write_back_kwargs(kwargs: dict, back, decode) -> None:
-    if isinstance(back, dict):
-        for key, new in back.items():
-            if key in kwargs:
-                _update(kwargs[key], new, decode)
-
-
-def _update(original, new, decode) -> None:
-    if new is None:
-        return
-    if isinstance(original, dict) and isinstance(new, dict):
-        original.clear()
-        original.update(decode(new))
-    elif isinstance(original, list) and isinstance(new, list):
-        original[:] = decode(new)
-    elif isinstance(original, torch.Tensor) and isinstance(new, torch.Tensor):
-        if new.shape == original.shape and new.dtype == original.dtype and not torch.equal(new, original):
-            with torch.no_grad():
-                original.copy_(new)
-
-
 class RemoteObject:
     """A student's object that stays in the student's process; calling it calls it there."""
 
     def __init__(self, link: Link, number: int, desc: dict):
-        self.__dict__.update(_link=link, _number=number, _origin=_strings(desc.get("origin")))
+        self.__dict__.update(_link=link, _number=number)
         attrs = desc.get("attrs")
         for key, value in (attrs.items() if isinstance(attrs, dict) else ()):
             if isinstance(key, str) and key.isidentifier() and not key.startswith("_"):
                 self.__dict__[key] = value
 
     def __call__(self, *args, **kwargs):
-        return self._link.call(self._number, None, args, kwargs)
+        return self._link.call(self._number, None, list(args), kwargs)[0]
+
+    def call_with_outputs(self, args: list, kwargs: dict, outputs: list[int]):
+        return self._link.call(self._number, None, args, kwargs, outputs=outputs)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} in the student's process>"
@@ -195,10 +180,6 @@ def _remote_object(link: Link, number: int, desc: dict) -> RemoteObject:
     return cls(link, number, desc)
 
 
-def _strings(value) -> list[str]:
-    return [v for v in value if isinstance(v, str)][:50] if isinstance(value, list) else []
-
-
 class RemoteModule(nn.Module):
     """An ``nn.Module`` stand-in with the student's module's parameters, buffers and attributes."""
 
@@ -208,7 +189,6 @@ class RemoteModule(nn.Module):
         self._rebuild(desc)
 
     def _rebuild(self, desc: dict) -> None:
-        self.__dict__["_origin"] = _strings(desc.get("origin"))
         module = desc["module"]
         self._parameters.clear()
         self._buffers.clear()
@@ -240,24 +220,29 @@ class RemoteModule(nn.Module):
         *path, leaf = dotted.split(".")
         owner: nn.Module = self
         for part in path:
-            if not part or part.startswith("_") or hasattr(nn.Module, part):
+            if not (part.isidentifier() or part.isdigit()) or part.startswith("_") or hasattr(nn.Module, part):
                 raise ValueError(f"an unusable submodule name {dotted!r}")
             if part not in owner._modules:
                 owner._modules[part] = nn.Module()
             owner = owner._modules[part]
-        if not leaf or leaf.startswith("_") or "." in leaf or hasattr(nn.Module, leaf):
+        if not (leaf.isidentifier() or leaf.isdigit()) or leaf.startswith("_") or hasattr(nn.Module, leaf):
             raise ValueError(f"an unusable attribute name {dotted!r}")
         return owner, leaf
 
     def _state(self) -> dict:
-        return {"params": {n: p.detach() for n, p in self.named_parameters(remove_duplicate=False)},
-                "buffers": {n: b.detach() for n, b in self.named_buffers(remove_duplicate=False)}}
+        """The values to send before a call: each parameter once (a tied one under its first name)."""
+        return {"params": {n: p.detach() for n, p in self.named_parameters()},
+                "buffers": {n: b.detach() for n, b in self.named_buffers()}}
 
     def forward(self, *args, **kwargs):
-        return self._link.call(self._number, None, args, kwargs, push=self._state())
+        return self._link.call(self._number, None, list(args), kwargs, push=self._state())[0]
+
+    def call_with_outputs(self, args: list, kwargs: dict, outputs: list[int]):
+        return self._link.call(self._number, None, args, kwargs, push=self._state(), outputs=outputs)
 
     def to(self, *args, **kwargs):
-        return self._link.call(self._number, "to", args, kwargs, push=self._state())
+        return self._link.call(self._number, "to", list(args), kwargs, push=self._state())[0]
 
 
-__all__ = ["Link", "MISSING", "RemoteModule", "RemoteObject", "StudentError", "Unsupported", "student_error"]
+__all__ = ["Link", "MISSING", "RemoteModule", "RemoteObject", "StudentError", "Unsupported", "module_spec",
+           "student_error"]

@@ -1,13 +1,69 @@
-"""What the grader reports: per submission, per exercise; as text, JSON or a CSV gradebook."""
+"""What the grader reports: per submission, per exercise; as text, JSON or a CSV gradebook.
+
+Much of what a report holds comes from students (file and folder names, error messages, notebook metadata),
+so every output makes it harmless: control characters and terminal escape sequences are shown as escapes,
+never sent to the terminal; a student's text never starts a line of its own in the text report; characters
+that cannot be encoded (lone surrogates, undecodable file names) are escaped; and a CSV cell that a
+spreadsheet would run as a formula (``=``, ``+``, ``-``, ``@``, a tab or a carriage return first) starts with
+a quote instead.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
+import unicodedata
 from dataclasses import asdict, dataclass, field
 
 PASSED, FAILED, NOT_ATTEMPTED, NOT_GRADED = "passed", "failed", "not attempted", "not graded"
 STATUSES = (PASSED, FAILED, NOT_ATTEMPTED)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_SEPARATORS = {"\u2028", "\u2029", "\x85"}  # line breaks a terminal or an editor may honour
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str, newlines: bool = True) -> str:
+    """``text`` with control and format characters (escape sequences, bidirectional overrides), line
+    separators and lone surrogates escaped; ``newlines=False`` escapes line feeds too."""
+    out = []
+    for ch in str(text):
+        if ch == "\n" and newlines:
+            out.append(ch)
+        elif ch in _SEPARATORS or "\ud800" <= ch <= "\udfff" or \
+                (unicodedata.category(ch) in ("Cc", "Cf") and ch != "\t"):
+            out.append("\\n" if ch == "\n" else _escape(ch))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def one_line(text: str) -> str:
+    """A student's text inside a message: one line, nothing a terminal would act on."""
+    return printable(text, newlines=False)
+
+
+def spreadsheet_safe(value):
+    """A CSV cell: text escaped as in ``printable`` (newlines kept), and a leading quote where a spreadsheet
+    would read a formula."""
+    if not isinstance(value, str):
+        return value
+    value = printable(value)
+    return "'" + value if value.startswith(FORMULA_STARTS) else value
+
+
+def clean_strings(value):
+    """``value`` (a report's dict) with every string's lone surrogates escaped, for JSON in any encoding."""
+    if isinstance(value, str):
+        return "".join(_escape(ch) if "\ud800" <= ch <= "\udfff" else ch for ch in value)
+    if isinstance(value, dict):
+        return {clean_strings(k): clean_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean_strings(v) for v in value]
+    return value
 
 
 @dataclass
@@ -50,26 +106,26 @@ class Report:
         d = asdict(self)
         d["status"] = self.status
         d["summary"] = {**self.counts(), "total": len(self.exercises), "all_passed": self.all_passed}
-        return d
+        return clean_strings(d)
 
 
 _MARK = {PASSED: "✓", FAILED: "✗", NOT_ATTEMPTED: "·", NOT_GRADED: "-"}
 
 
 def format_report(report: Report) -> str:
-    head = report.notebook + (f" (student {report.student})" if report.student not in report.notebook else "")
-    lines = [head]
+    notebook, student = one_line(report.notebook), one_line(report.student)
+    lines = [notebook + (f" (student {student})" if student not in notebook else "")]
     for note in report.notes:
-        lines.append(f"  note: {note}")
+        lines.append(f"  note: {one_line(note)}")
     if report.error:
-        lines.append(f"  error: {report.error}")
+        lines.append(f"  error: {one_line(report.error)}")
     for cell in report.cells:
-        lines.append(f"  ! cell {cell['cell']}: {cell['error']}")
+        lines.append(f"  ! cell {cell['cell']}: {one_line(cell['error'])}")
     for e in report.exercises:
-        label = f"  {_MARK[e.status]} Exercise {e.number}: {e.title}"
+        label = f"  {_MARK[e.status]} Exercise {e.number}: {one_line(e.title)}"
         lines.append(f"{label} {'.' * max(2, 60 - len(label))} {e.status} ({e.seconds:.1f} s)")
-        for line in e.detail.splitlines() if e.status in (FAILED, NOT_GRADED) else []:
-            lines.append(f"      {line}")
+        for line in printable(e.detail).splitlines() if e.status in (FAILED, NOT_GRADED) else []:
+            lines.append(f"      | {line}")
     if report.error and not report.exercises:
         return "\n".join(lines)
     c = report.counts()
@@ -89,7 +145,8 @@ def gradebook(reports: list[Report]) -> str:
     for r in reports:
         c = r.counts()
         by_number = {e.number: e.status for e in r.exercises}
-        writer.writerow([r.student, r.notebook, r.reference, r.status, c[PASSED], c[FAILED], c[NOT_ATTEMPTED],
-                         len(r.exercises), *[by_number.get(n, "") for n in numbers],
-                         f"error: {r.error}" if r.error else ""])
+        row = [r.student, r.notebook, r.reference, r.status, c[PASSED], c[FAILED], c[NOT_ATTEMPTED],
+               len(r.exercises), *[by_number.get(n, "") for n in numbers], f"error: {one_line(r.error)}" if r.error
+               else ""]
+        writer.writerow([spreadsheet_safe(cell) for cell in row])
     return out.getvalue()

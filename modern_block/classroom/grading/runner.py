@@ -1,19 +1,21 @@
-"""What runs in the student's process: execute the submission's cells, answer the grader's calls.
+"""What runs inside the sandbox: execute the submission's cells, answer the grader's calls.
 
-It holds the student's objects and hands the grader only data: values (numbers, strings, tensors, lists,
-dicts) or a description of an object it keeps (type, the package classes it derives from, and for a
-module its parameters, buffers and simple attributes). Every call into student code runs with its
-output captured (bounded) and with a profiler noting which functions of the course package it entered,
-so the grader can report a submission that hands in the package's own implementation. Nothing here is
-trusted by the grader: the student's code can change any of it, and only ever changes its own answers.
+``boot`` is the sandboxed interpreter's first code: it imports what every submission needs, sets the
+per-process limits (inherited by every process the submission starts), says "ready" and serves. It holds the
+student's objects and hands the grader only data: values (numbers, strings, tensors, lists, dicts) or a
+description of an object it keeps (its type name; for a module its parameters, buffers and simple
+attributes). Nothing here is trusted by the grader: the student's code can change any of it, and only ever
+changes its own answers.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
+import importlib
 import os
+import resource
+import signal
+import socket
 import sys
 
 import torch
@@ -22,10 +24,7 @@ import torch.nn as nn
 from . import wire
 
 OUTPUT_LIMIT = 4000  # characters kept per cell: the first and the last half
-CLASSROOM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # modern_block/classroom
-PACKAGE_DIR = os.path.dirname(CLASSROOM_DIR) + os.sep
-NOT_TRACED = (os.path.join(CLASSROOM_DIR, "grading") + os.sep, os.path.join(CLASSROOM_DIR, "checks") + os.sep)
-PACKAGE_MODULES = ("GQAttention", "RMSNorm")  # package modules the grader may pass as arguments
+FILE_LIMIT = 16 << 20  # bytes a submission may write into one file
 
 
 class BoundedText:
@@ -71,23 +70,6 @@ def captured(stream: BoundedText):
         sys.stdout, sys.stderr = saved
 
 
-@contextlib.contextmanager
-def tracing(entered: set):
-    """Note the qualified name of every course-package function called (the grader's parts excepted)."""
-
-    def profile(frame, event, arg):
-        if event == "call":
-            path = frame.f_code.co_filename
-            if path.startswith(PACKAGE_DIR) and not path.startswith(NOT_TRACED) and len(entered) < 200:
-                entered.add(getattr(frame.f_code, "co_qualname", frame.f_code.co_name))
-
-    sys.setprofile(profile)
-    try:
-        yield
-    finally:
-        sys.setprofile(None)
-
-
 def error_of(err: BaseException) -> list[str]:
     try:
         text = str(err)
@@ -96,28 +78,33 @@ def error_of(err: BaseException) -> list[str]:
     return [type(err).__name__[:80], text[:3000]]
 
 
-def origin(obj) -> list[str]:
-    """Names of the course package's classes and functions that ``obj`` is, wraps or derives from."""
-    names = []
-    try:
-        target = obj.func if isinstance(obj, functools.partial) else obj
-        target = inspect.unwrap(target)
-        target = getattr(target, "__func__", target)
-        classes = target.__mro__ if isinstance(target, type) else type(target).__mro__
-        candidates = list(classes) + ([target] if callable(target) and not isinstance(target, type) else [])
-        for item in candidates:
-            module = getattr(item, "__module__", "") or ""
-            if module.startswith("modern_block.") and not module.startswith(("modern_block.classroom.grading",
-                                                                            "modern_block.classroom.checks")):
-                names.append(str(getattr(item, "__qualname__", getattr(item, "__name__", "?"))))
-    except Exception:  # an object that resists inspection: nothing to report
-        pass
-    return names[:20]
-
-
 def _simple(value) -> bool:
     return value is None or type(value) in (bool, int, float) or (type(value) is str and len(value) < 200) or \
         type(value) in (torch.Tensor, nn.Parameter)
+
+
+def build_module(spec: dict) -> nn.Module:
+    """A module the grader passes by value (the package's GQAttention whose weights an exercise uses, say): an
+    instance of its class made without running ``__init__`` (which may be hidden in this copy of the package),
+    with the grader's parameters, buffers, submodules and simple attributes. A fresh one for every call."""
+    module_name, _, qualname = str(spec["class"]).rpartition(":")
+    model_file = module_name.startswith("modern_block.") and module_name.count(".") == 1
+    if not (module_name.startswith("torch.nn.modules.") or model_file) or not qualname.isidentifier():
+        raise ValueError(f"the grader does not pass modules of class {spec['class']!r}")
+    cls = getattr(importlib.import_module(module_name), qualname)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ValueError(f"{spec['class']!r} is not a module class")
+    module = cls.__new__(cls)
+    nn.Module.__init__(module)
+    for key, value in spec["attrs"].items():
+        module.__dict__[key] = value
+    for key, value in spec["params"].items():
+        module.register_parameter(key, None if value is None else nn.Parameter(value, requires_grad=False))
+    for key, (value, persistent) in spec["buffers"].items():
+        module.register_buffer(key, value, persistent=persistent)
+    for key, child in spec["children"].items():
+        module.add_module(key, build_module(child))
+    return module
 
 
 class Runner:
@@ -132,8 +119,7 @@ class Runner:
         config.InteractiveShell.colors = "nocolor"  # tracebacks in the report without terminal escapes
         self.shell = InteractiveShell.instance(config=config)
         self.objects: dict[int, object] = {}
-        self.numbers: dict[int, int] = {}  # id(object) -> its number
-        self.package_modules: dict[int, nn.Module] = {}  # the grader's key -> the module built from it
+        self.numbers: dict[int, int] = {}  # id(object) -> its number (the object is kept, so the id stays its own)
 
     # ---- from the grader -------------------------------------------------------------------------------
 
@@ -156,54 +142,36 @@ class Runner:
         return {"error": error_of(err) if err is not None else None, "output": out.text()}
 
     def call(self, msg: dict) -> dict:
+        """Call one of the student's objects on the arguments sent (fresh copies); send back its value and, for
+        the arguments the check declared as outputs (a cache the function fills), their contents afterwards."""
         target = self.objects[msg["target"]]
         if msg.get("push"):
             self.load_state(target, msg["push"])
         fn = getattr(target, msg["method"]) if msg.get("method") else target
         args, kwargs = self.decode(msg["args"]), self.decode(msg["kwargs"])
-        entered: set = set()
         out = BoundedText()
         value, error = None, None
         with captured(out):
             try:
-                with tracing(entered):
-                    value = fn(*args, **kwargs)
+                value = fn(*args, **kwargs)
             except BaseException as err:  # SystemExit and KeyboardInterrupt too: the grader decides
                 error = error_of(err)
-        mutable = (dict, list, torch.Tensor)
-        return {
-            "value": None if error else self.encode(value), "error": error, "entered": sorted(entered),
-            "writeback": {"args": [self.encode(a) if isinstance(a, mutable) else None for a in args],
-                          "kwargs": {k: self.encode(a) for k, a in kwargs.items() if isinstance(a, mutable)}},
-        }
+        outputs = {str(i): self.encode(args[i]) for i in msg.get("outputs", []) if isinstance(i, int) and
+                   0 <= i < len(args)} if error is None else {}
+        return {"value": None if error else self.encode(value), "error": error, "outputs": outputs}
 
     def decode(self, value):
         if isinstance(value, dict):
             if "__ref__" in value:
                 return self.objects[value["__ref__"]]
-            if "__package_module__" in value:
-                return self.package_module(value)
+            if "__module__" in value:
+                with torch.no_grad():
+                    return build_module(value["__module__"])
             return {k: self.decode(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             items = [self.decode(v) for v in value]
             return items if isinstance(value, list) else tuple(items)
         return value
-
-    def package_module(self, spec: dict) -> nn.Module:
-        """A module of the course package the grader passes as an argument (the same one for the same key,
-        so attributes a student's function keeps on it between calls stay)."""
-        import modern_block
-
-        name = spec["__package_module__"]
-        if name not in PACKAGE_MODULES:
-            raise ValueError(f"the grader does not pass {name!r} modules")
-        module = self.package_modules.get(spec["key"])
-        if module is None:
-            with torch.no_grad():
-                module = getattr(modern_block, name)(*spec["args"], **spec["kwargs"])
-            self.package_modules[spec["key"]] = module
-        module.load_state_dict(spec["state"])
-        return module.to(getattr(torch, spec["dtype"])).eval()
 
     @staticmethod
     def load_state(module, state: dict) -> None:
@@ -242,8 +210,7 @@ class Runner:
         if number is None:
             number = self.numbers[id(obj)] = len(self.objects) + 1
             self.objects[number] = obj
-        desc = {"__remote__": number, "type": type(obj).__name__[:80], "callable": callable(obj),
-                "origin": origin(obj)}
+        desc = {"__remote__": number, "type": type(obj).__name__[:80], "callable": callable(obj)}
         if isinstance(obj, nn.Module):
             desc["module"] = self.describe_module(obj)
         else:
@@ -280,6 +247,7 @@ class Runner:
 def serve(sock) -> None:
     """Answer the grader's requests until it closes the connection."""
     runner = Runner()
+    wire.send(sock, {"ready": True})
     while True:
         try:
             msg = wire.receive(sock)
@@ -290,3 +258,41 @@ def serve(sock) -> None:
             wire.send(sock, reply)
         except BaseException as err:  # an answer that cannot be sent (say, an odd tensor type)
             wire.send(sock, {"error": ["GraderError", "the answer could not be sent: " + " ".join(error_of(err))]})
+
+
+def _vm_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+
+
+def set_limits(memory_mb: int, cpu_seconds: int, processes: int | None) -> None:
+    """Limits on this process, inherited by every process it starts: address space (what it has loaded plus
+    ``memory_mb``), CPU time, file size, no core dumps and, without a cgroup, a number of processes."""
+    memory = _vm_bytes() + memory_mb * (1 << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if processes is not None:
+        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file limit fails, it does not kill
+
+
+def boot(config: dict) -> None:
+    """The sandboxed process: import, limit, serve the grader on the inherited socket. Never returns."""
+    try:
+        import IPython.core.interactiveshell  # noqa: F401
+
+        import modern_block  # noqa: F401  (the sandbox's copy)
+
+        os.environ.update(config.get("env", {}))
+        torch.set_num_threads(1)
+        set_limits(config["memory_mb"], config["cpu_seconds"], config.get("processes"))
+        os.chdir(config.get("workdir", "/tmp"))
+        serve(socket.socket(fileno=config["fd"]))
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(0)

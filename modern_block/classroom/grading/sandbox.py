@@ -1,45 +1,69 @@
-"""The student's process, and the two processes that make it cheap and contained.
+"""Each submission runs in a sandbox of its own, built by bubblewrap (``bwrap``), the sandbox Flatpak uses.
 
-    grader ──control──▶ zygote (imported torch, IPython and the course package once; runs no student code)
-       │                  └─ fork ─▶ shield (child subreaper: everything the student starts ends up here)
-       └──socket────────────────────────└─ fork ─▶ runner: the student's code (``runner.serve``)
+    bwrap --unshare-all --unshare-user --disable-userns --cap-drop ALL --uid 1000 --gid 1000
+          --die-with-parent --new-session --clearenv --setenv HOME /tmp ...
+          --ro-bind /usr /usr --symlink usr/lib /lib ...   the system's libraries, as on the host
+          --ro-bind PREFIX PREFIX ...                        the interpreter and its virtual environment
+          --tmpfs PACKAGE --tmpfs CHECKOUT ...               inside those: the installed package, the checkout
+          --ro-bind COPY /opt/modern-block                   the package as the submission sees it
+          --ro-bind NOTEBOOK /submission/notebook.ipynb      this submission's copy
+          --proc /proc --dev /dev --size 268435456 --tmpfs /tmp --chdir /tmp
+          --info-fd N -- /bin/sh -c 'printf x > /proc/self/fd/M && exec sleep 2147483647'
 
-The runner starts in a session of its own, in a private working folder, with stdin from /dev/null and
-stdout/stderr going to a file there (never to the grader), with limits on address space (memory), file
-size, CPU time and core dumps, no new privileges, and, when the grader runs as root, as a user of
-its own (a uid above 2,000,000,000, group nogroup) that can signal no other process. It sees a copy of the
-course package without the repository around it (no solutions next to it). The grader closes the
-shield's control socket to end a submission: the shield then kills the runner and every process it
-started (also those that left with ``setsid``) and exits. Linux only.
+New user, mount, pid, network, IPC and UTS namespaces: the submission sees only what is listed (no solutions,
+no reference, no other submission, no home folder), reaches no network, signals and traces only its own
+processes, and everything it starts ends with it: killing bwrap (or the grader dying: ``--die-with-parent``)
+ends the namespace's init, and the kernel ends every process in it. Its files live in a tmpfs that goes with
+it. Memory, processes and CPU are bounded for the whole sandbox by a cgroup where the grader may make one
+(``cgroups``), else by limits on every process (set before any submission code, inherited by every process it
+starts) plus the pid namespace.
+
+The process that runs the student's code is not a fresh interpreter (importing torch costs about two
+CPU-seconds, most of a class's grading time): the zygote (``zygote.py``), which has imported torch and
+IPython but no part of the course package, forks a process that enters the namespaces bubblewrap made, the
+way ``nsenter(1)`` does, drops the capabilities entering gave it, and imports the sandbox's copy of the package.
+
+Where bubblewrap cannot start (not installed, no user namespaces) the grader refuses, unless the instructor
+passes ``--no-sandbox-i-trust-these-notebooks``: the submissions then run as plain processes of the grader's
+user. The grader talks to the student's process over a socket pair (``wire``); its stdin is /dev/null and its
+stdout and stderr go to a file in its own tmpfs (never the grader's stdout).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import pwd
-import resource
-import secrets
 import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import wire
+from . import package_copy, wire
+from .bwrap import (
+    COPY_MOUNT,
+    ENV,
+    TMPFS_BYTES,
+    Interpreter,
+    InterpreterError,
+    bwrap_command,
+    bwrap_features,
+    installed_packages,
+)
+from .cgroups import Cgroups, Group
 
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 8, 36, 38
-FILE_LIMIT = 16 << 20  # bytes a submission may write into one file (its output log included)
-STARTUP_TIMEOUT = 180.0  # seconds for the zygote to import torch on a busy machine
-FIRST_UID = 2_000_000_000  # as root, each submission runs as a user of its own above this (none can signal another)
+STARTUP_TIMEOUT = 180.0  # seconds for the zygote to import torch, or a sandbox to start, on a busy machine
+INTERPRETER_BYTES = 1 << 30  # memory of the loaded interpreter (torch, IPython), on top of --memory-mb
+PROCESSES = 128  # processes and threads of one sandbox (with a cgroup)
+EXTRA_PROCESSES = 64  # without a cgroup: processes a submission may add to its user's count
+UNSAFE_FLAG = "--no-sandbox-i-trust-these-notebooks"
+_PROBE = "import sys; sys.exit(0 if sys.path else 1)"
 
 
 class SandboxLost(BaseException):
@@ -52,238 +76,39 @@ class SandboxLost(BaseException):
 
 
 class SandboxError(Exception):
-    """The grader cannot start student processes at all (exit status 2)."""
+    """The grader cannot start sandboxes at all (exit status 2)."""
 
 
 @dataclass(frozen=True)
 class Limits:
-    memory_mb: int = 2048  # address space a submission may add to the pre-loaded interpreter
-    cpu_seconds: int = 630  # CPU time of the student's process (a backstop; the grader's clocks act first)
-    same_user: bool = False  # when root: run submissions as root, not as users of their own (weaker)
+    memory_mb: int = 2048  # memory a submission may use on top of the loaded interpreter
+    cpu_seconds: int = 630  # CPU time of each of its processes (a backstop: the grader's clocks act first)
+    sandbox: bool = True  # False: plain processes, no isolation (--no-sandbox-i-trust-these-notebooks)
 
 
-def _prctl(option: int, value: int) -> None:
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-
-def _only_read_capability() -> None:
-    """Keep CAP_DAC_READ_SEARCH and nothing else (after ``setuid`` with PR_SET_KEEPCAPS): the process can
-    read the Python installation even where only root may (``/root/.pyenv``), and can still signal or
-    write nothing of another user."""
-    data = (_CapData * 2)()
-    data[0].effective = data[0].permitted = 1 << 2  # CAP_DAC_READ_SEARCH
-    if ctypes.CDLL(None, use_errno=True).capset(ctypes.byref(_CapHeader(0x20080522, 0)), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
-
-
-def readable_by_all(path: str) -> bool:
-    """Whether any user can read ``path`` (a folder): every folder above it lets others through."""
-    p = Path(path).resolve()
-    if not p.is_dir() or p.stat().st_mode & 0o005 != 0o005:
-        return False
-    return all(parent.stat().st_mode & 0o001 for parent in p.parents)
-
-
-# ---- in the zygote, the shield and the runner ----------------------------------------------------------
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
+def _user_processes() -> int:
+    uid = os.getuid()
+    count = 0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    return children
-
-
-def _descendants(root: int) -> list[int]:
-    children, found, stack = _children_map(), [], [root]
-    while stack:
-        for pid in children.get(stack.pop(), []):
-            found.append(pid)
-            stack.append(pid)
-    return found
-
-
-def _reap() -> list[tuple[int, int]]:
-    done = []
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return done
-        if pid == 0:
-            return done
-        done.append((pid, status))
-
-
-def kill_tree() -> None:
-    """Kill every descendant of this process (it is a subreaper, so orphans come back to it) and reap them."""
-    for _ in range(200):
-        found = _descendants(os.getpid())
-        if not found:
-            return
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
+                count += os.stat(f"/proc/{entry}").st_uid == uid
             except OSError:
                 pass
-        _reap()
-        time.sleep(0.01)
-
-
-def _runner_child(sock_fd: int, spec: dict) -> None:
-    """Become the student's process: contain it, then serve the grader. Never returns."""
-    try:
-        os.setsid()
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        _prctl(PR_SET_NO_NEW_PRIVS, 1)
-        workdir = spec["workdir"]
-        os.chdir(workdir)
-        os.umask(0o077)
-        with open("/proc/self/status") as f:
-            vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-        memory = vm + spec["memory_mb"] * (1 << 20)
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu_seconds"], spec["cpu_seconds"] + 5))
-        if spec.get("uid") is not None:
-            _prctl(PR_SET_KEEPCAPS, int(spec["keep_read"]))
-            os.setgroups([])
-            os.setgid(spec["gid"])
-            os.setuid(spec["uid"])
-            if spec["keep_read"]:
-                _only_read_capability()
-            resource.setrlimit(resource.RLIMIT_NPROC, (2048, 2048))
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file limit fails, it does not kill
-        null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(os.path.join(workdir, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.environ.update(HOME=workdir, TMPDIR=workdir, PWD=workdir, MPLCONFIGDIR=workdir,
-                          IPYTHONDIR=os.path.join(workdir, ".ipython"))
-        import torch
-
-        torch.set_num_threads(1)
-        from .runner import serve
-
-        serve(socket.socket(fileno=sock_fd))
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        os._exit(0)
-
-
-def _shield(sock_fd: int, ctl_fd: int, spec: dict) -> None:
-    """Start the runner, wait for the grader to close ``ctl_fd`` or the runner to end, report how it
-    ended, then kill everything the runner left behind. Never returns."""
-    try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        pid = os.fork()
-        if pid == 0:
-            os.close(ctl_fd)
-            _runner_child(sock_fd, spec)
-        os.close(sock_fd)
-        status = None
-        while True:
-            ready = select.select([ctl_fd], [], [], 0.1)[0]
-            for child, code in _reap():
-                if child == pid:
-                    status = code
-            if ready or status is not None:
-                break
-        kill_tree()
-        if status is not None:
-            try:
-                os.write(ctl_fd, json.dumps({"status": status}).encode() + b"\n")
-            except OSError:
-                pass
-    finally:
-        os._exit(0)
-
-
-def zygote_main(config: dict) -> None:
-    """Import what every submission needs, then fork a shield for each request on the control socket."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _prctl(PR_SET_DUMPABLE, 0)  # no same-user process may ptrace the zygote
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a killed shield come back here, and are killed
-    import IPython.core.interactiveshell  # noqa: F401
-    import torch  # noqa: F401
-
-    import modern_block  # noqa: F401
-    import modern_block.classroom.checks  # noqa: F401
-    from modern_block.classroom.grading import runner  # noqa: F401
-
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot  # noqa: F401
-    except Exception:  # matplotlib is optional for the exercises
-        pass
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # shields are reaped by the kernel
-    control = socket.socket(fileno=config["control_fd"])
-    control.sendall(b"ready\n")
-    shields: set[int] = set()
-    while True:
-        if not select.select([control], [], [], 1.0)[0]:
-            shields = {pid for pid in shields if os.path.exists(f"/proc/{pid}")}
-            for stray in set(_children_map().get(os.getpid(), [])) - shields:  # orphans of a killed shield
-                _kill(stray)
-            continue
-        try:
-            data, fds, _, _ = socket.recv_fds(control, 1 << 16, 2)
-        except OSError:
-            data, fds = b"", []
-        if not data or len(fds) != 2:
-            kill_tree()
-            os._exit(0)
-        pid = os.fork()
-        if pid == 0:
-            control.close()
-            _shield(fds[0], fds[1], json.loads(data))
-        shields.add(pid)
-        for fd in fds:
-            os.close(fd)
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-# ---- in the grader ---------------------------------------------------------------------------------------
-
-_BOOT = ("import json, sys; cfg = json.loads(sys.argv[1]); sys.path[:0] = [cfg['site']]; "
-         "sys.path.extend(cfg['paths']); "
-         "from modern_block.classroom.grading.sandbox import zygote_main; zygote_main(cfg)")
+    return count
 
 
 class Sandbox:
     """One submission's process, reached through a socket; ``close`` ends it and all it started."""
 
-    def __init__(self, sock: socket.socket, ctl: socket.socket):
-        self.sock, self.ctl, self.closed = sock, ctl, False
+    def __init__(self, sock: socket.socket, status: socket.socket, holder: subprocess.Popen | None,
+                 group: Group | None, files: list[Path]):
+        self.sock, self.status, self.holder, self.group, self.files = sock, status, holder, group, files
+        self.pid: int | None = None  # the student's process, as the joiner reports it
+        self.ended: int | None = None  # its wait status, once reported
+        self.closed = False
+        self.error: str | None = None  # the joiner's, when it could not start the student's process
+        self._lines = b""
 
     def request(self, message: dict, deadline: float) -> dict:
         """Send one request and return the checked reply. Raises SandboxLost."""
@@ -307,149 +132,306 @@ class Sandbox:
             raise SandboxLost("garbled", "a reply that is not a dict")
         return reply
 
+    def read_status(self, timeout: float) -> None:
+        """Read the joiner's reports (the student's pid, then its wait status) that arrive within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while self.ended is None and not self.closed:
+            if not select.select([self.status], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return
+            try:
+                chunk = self.status.recv(4096)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                return
+            self._lines += chunk
+            while b"\n" in self._lines:
+                line, self._lines = self._lines.split(b"\n", 1)
+                try:
+                    report = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(report.get("pid"), int):
+                    self.pid = report["pid"]
+                if isinstance(report.get("status"), int):
+                    self.ended = report["status"]
+                if isinstance(report.get("error"), str):
+                    self.ended, self.error = -1, report["error"]
+
     def how_it_ended(self) -> str:
-        """The shield's report of the runner's exit, if it comes within a second."""
-        try:
-            if select.select([self.ctl], [], [], 1.0)[0]:
-                status = json.loads(self.ctl.recv(1000).decode().strip() or "{}").get("status")
-                if status is not None:
-                    if os.WIFSIGNALED(status):
-                        sig = os.WTERMSIG(status)
-                        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-                        why = {"SIGKILL": " (killed: out of memory, or by the submission)",
-                               "SIGXCPU": " (its CPU-time limit)", "SIGSEGV": " (a crash)"}.get(name, "")
-                        return f"the process was ended by signal {name}{why}"
-                    return f"the process exited with status {os.WEXITSTATUS(status)} (exit() or os._exit in the code?)"
-        except (OSError, ValueError):
-            pass
-        return "the process ended (or closed its connection to the grader)"
+        """How the student's process ended, if that is known within a second."""
+        self.read_status(1.0)
+        if self.group is not None and self.group.out_of_memory():
+            return "the process was killed: it ran out of memory (the sandbox's limit)"
+        status = self.ended
+        if status is None or status < 0:
+            return "the process closed its connection to the grader"
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            why = {"SIGKILL": " (killed: out of memory, or by the submission)", "SIGXCPU": " (its CPU-time limit)",
+                   "SIGSEGV": " (a crash)"}.get(name, "")
+            return f"the process was ended by signal {name}{why}"
+        return f"the process exited with status {os.WEXITSTATUS(status)} (exit() or os._exit in the code?)"
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            for s in (self.sock, self.ctl):
-                try:
-                    s.close()
-                except OSError:
-                    pass
+        """End the student's process and everything it started: with a sandbox, bubblewrap's pid namespace
+        (its init dies with the bwrap process, and the kernel kills every process in it)."""
+        if self.closed:
+            return
+        if self.holder is None:
+            self.read_status(0.5)
+        self.closed = True
+        for s in (self.sock, self.status):
+            try:
+                s.close()
+            except OSError:
+                pass
+        if self.holder is not None:
+            _kill_group(self.holder.pid)
+            self.holder.wait()
+        elif self.pid is not None:
+                _kill_group(self.pid)  # no sandbox: its session (a process that left it survives)
+        if self.group is not None:
+            self.group.remove()
+        for path in self.files:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
 
-class Zygote:
-    """The pre-loaded process that forks one contained process per submission."""
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _read_until(fd: int, deadline: float, done) -> bytes:
+    """Bytes from ``fd`` until ``done(data)`` or end of file; raises TimeoutError at ``deadline``."""
+    data = b""
+    while not done(data):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError("no answer in time")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _json_complete(data: bytes) -> bool:
+    try:
+        json.loads(data)
+        return True
+    except ValueError:
+        return False
+
+
+class Launcher:
+    """Starts sandboxes: bubblewrap builds each one, the zygote's pre-loaded interpreter enters it."""
 
     def __init__(self, python: str | None = None, limits: Limits = Limits()):
-        self.python, self.limits = python or sys.executable, limits
-        self.lock = threading.Lock()
-        self.proc: subprocess.Popen | None = None
-        self.control: socket.socket | None = None
-        self.count = 0
-        self.first_uid = FIRST_UID + secrets.randbelow(100_000) * 10_000  # two runs at once share no user
         if not sys.platform.startswith("linux"):
-            raise SandboxError("the grader runs the submissions in Linux processes (fork, /proc, prctl): run it on "
-                               "Linux or in the container of docs/instructors.md; in a notebook the checks work "
-                               "everywhere")
-        self.nogroup = None
-        if os.geteuid() == 0 and not limits.same_user:
-            try:
-                self.nogroup = pwd.getpwnam("nobody").pw_gid
-            except KeyError:
-                self.nogroup = 65534
-        self.keep_read = False  # set in start() when other users cannot read the Python installation
-        self.run_dir = Path(tempfile.mkdtemp(prefix="modern-block-grade-"))
-        os.chmod(self.run_dir, 0o711)
-        self._copy_package()
-
-    def _copy_package(self) -> None:
-        """A copy of the course package alone: the repository around the installed package (solutions/ in a
-        checkout) is not on the submissions' path."""
-        package = Path(__file__).resolve().parents[2]  # modern_block/classroom/grading/sandbox.py -> modern_block
-        site = self.run_dir / "site"
-        shutil.copytree(package, site / package.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        for path in [site, *site.rglob("*")]:
-            os.chmod(path, 0o755 if path.is_dir() else 0o644)
-        (self.run_dir / "ipython").mkdir(mode=0o700)
-
-    def _paths(self) -> list[str]:
-        checkout = str(Path(__file__).resolve().parents[3])
-        return [p for p in sys.path if p and os.path.isdir(p) and os.path.abspath(p) != checkout
-                and not os.path.isdir(os.path.join(p, "modern_block")) and os.path.abspath(p) != os.getcwd()]
-
-    def start(self) -> None:
-        """Start (or restart) the zygote and wait until it has imported everything."""
-        self.stop()
-        mine, theirs = socket.socketpair()
-        same_python = os.path.realpath(self.python) == os.path.realpath(sys.executable)
-        config = {"site": str(self.run_dir / "site"), "paths": self._paths() if same_python else [],
-                  "control_fd": theirs.fileno()}
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-               "IPYTHONDIR": str(self.run_dir / "ipython"), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
-        for name in ("HOME", "XDG_CACHE_HOME", "MPLCONFIGDIR"):  # the zygote finds matplotlib's font cache
-            if name in os.environ:
-                env[name] = os.environ[name]
-        flags = ["-I", "-S"] if same_python else ["-I"]
-        self.keep_read = not all(readable_by_all(p) for p in [sysconfig.get_paths()["stdlib"], *config["paths"]])
-        log = open(self.run_dir / "zygote.log", "wb")
+            raise SandboxError("the grader runs each submission in a Linux sandbox (bubblewrap): run it on Linux "
+                               "or in the container of docs/instructors.md; in a notebook the checks work everywhere")
+        self.limits = limits
         try:
-            self.proc = subprocess.Popen([self.python, *flags, "-c", _BOOT, json.dumps(config)], env=env,
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=[theirs.fileno()],
-                                         start_new_session=True, cwd=self.run_dir)
+            self.interpreter = Interpreter.of(python)
+        except InterpreterError as err:
+            raise SandboxError(str(err)) from None
+        self.lock = threading.Lock()
+        self.count = 0
+        self.started = False  # a sandbox has started: later failures are the submission's, not the setup's
+        self.run_dir = Path(tempfile.mkdtemp(prefix="modern-block-grade-"))
+        self.hidden = [*installed_packages(self.interpreter.path), str(self.run_dir)]
+        self.cgroups: Cgroups | None = None
+        self.bwrap: str | None = None
+        self.features: frozenset[str] = frozenset()
+        self.zygote: subprocess.Popen | None = None
+        self.control: socket.socket | None = None
+        try:
+            if limits.sandbox:
+                self.bwrap = shutil.which("bwrap")
+                if self.bwrap is None:
+                    raise SandboxError(self._refusal("bubblewrap is not installed"))
+                self.features = bwrap_features(self.bwrap)
+                self._probe()
+                self.cgroups = Cgroups.open()
+            self._start_zygote()
+        except BaseException:
+            self.close()
+            raise
+
+    def hide(self, paths) -> None:
+        """Also hide these folders (the class's, the reference's) from every sandbox started from now on,
+        should they lie inside a folder the sandbox shows."""
+        with self.lock:
+            self.hidden.extend(os.path.realpath(p) for p in paths if os.path.realpath(p) not in self.hidden)
+
+    @property
+    def whole_sandbox_limits(self) -> str:
+        """How memory, processes and CPU are bounded, in words."""
+        if not self.limits.sandbox:
+            return "no sandbox: limits on each process only"
+        return ("a cgroup per sandbox (memory, processes, CPU)" if self.cgroups else
+                "limits on every process plus the sandbox's pid namespace (no cgroup may be created here)")
+
+    def _refusal(self, why: str) -> str:
+        return (f"the grader runs every submission in a bubblewrap sandbox and cannot start one here: {why}. "
+                "Install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) on a kernel that allows user "
+                "namespaces, or grade in the container of docs/instructors.md. To grade without a sandbox, "
+                f"giving every notebook your user's files, processes and network, pass {UNSAFE_FLAG}.")
+
+    def _probe(self) -> None:
+        copy = package_copy.build(self.run_dir, frozenset())
+        cmd = bwrap_command(self.bwrap, self.interpreter, str(copy), None, self.hidden,
+                            [self.interpreter.executable, "-I", "-S", "-c", _PROBE], self.features)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as err:
+            raise SandboxError(self._refusal(str(err))) from None
+        if done.returncode != 0:
+            raise SandboxError(self._refusal((done.stderr.strip() or f"exit status {done.returncode}")[-500:]))
+
+    def _start_zygote(self) -> None:
+        mine, theirs = socket.socketpair()
+        env = {**ENV, "MPLCONFIGDIR": str(self.run_dir / "matplotlib"), "IPYTHONDIR": str(self.run_dir / "ipython"),
+               "HOME": str(self.run_dir)}
+        log = self.run_dir / "zygote.log"
+        source = (Path(__file__).parent / "zygote.py").read_text(encoding="utf-8")
+        try:
+            with open(log, "wb") as out:
+                self.zygote = subprocess.Popen(
+                    [self.interpreter.executable, "-I", "-S", "-c", source, str(theirs.fileno()),
+                     json.dumps(list(self.interpreter.path))], env=env, cwd=self.run_dir, stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=out, pass_fds=[theirs.fileno()], start_new_session=True)
         except OSError as err:
-            raise SandboxError(f"cannot start {self.python}: {err}") from None
+            raise SandboxError(f"cannot start {self.interpreter.executable}: {err}") from None
         finally:
-            log.close()
             theirs.close()
         self.control = mine
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            if select.select([mine], [], [], 0.2)[0]:
-                if mine.recv(16) == b"ready\n":
-                    return
-                break
-        tail = (self.run_dir / "zygote.log").read_text(errors="replace")[-2000:]
-        self.stop()
-        raise SandboxError(f"the sandbox process did not start with {self.python}:\n{tail}")
+        try:
+            answer = _read_until(mine.fileno(), time.monotonic() + STARTUP_TIMEOUT, lambda d: d.endswith(b"\n"))
+            if answer == b"ready\n":
+                return
+        except TimeoutError:
+            pass
+        tail = log.read_text(errors="replace")[-2000:]
+        raise SandboxError(f"the grader's interpreter ({self.interpreter.executable}) did not start:\n{tail}")
 
-    def spawn(self) -> Sandbox:
-        """A fresh, contained process for one submission (restarting the zygote once if it died)."""
+    def _holder(self, number: int, copy: Path, notebook: bytes | None, files: list) -> tuple[subprocess.Popen, int]:
+        """Start bubblewrap for one sandbox, holding its namespaces open; its first process's pid."""
+        nb = None
+        if notebook is not None:
+            nb = self.run_dir / f"notebook-{number}.ipynb"
+            nb.write_bytes(notebook)
+            files.append(nb)
+        info_r, info_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        hold = ["/bin/sh", "-c", f"printf x > /proc/self/fd/{ready_w} && exec sleep 2147483647"]
+        cmd = bwrap_command(self.bwrap, self.interpreter, str(copy), str(nb) if nb else None, self.hidden, hold,
+                            self.features)
+        cmd[-len(hold) - 1:-len(hold) - 1] = ["--info-fd", str(info_w)]
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, pass_fds=[info_w, ready_w], start_new_session=True,
+                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd="/")
+        finally:
+            os.close(info_w)
+            os.close(ready_w)
+        try:
+            deadline = time.monotonic() + 60
+            ready = _read_until(ready_r, deadline, lambda d: len(d) >= 1)
+            info = json.loads(_read_until(info_r, deadline, _json_complete) or b"{}")
+            if ready != b"x" or not isinstance(info.get("child-pid"), int):
+                raise OSError("bubblewrap did not start")
+            return proc, info["child-pid"]
+        except (OSError, ValueError, TimeoutError) as err:
+            _kill_group(proc.pid)
+            proc.wait()
+            raise SandboxError(self._refusal(proc.stderr.read().decode(errors="replace").strip()[-500:] or
+                                             str(err))) from None
+        finally:
+            os.close(info_r)
+            os.close(ready_r)
+            if proc.stderr is not None:
+                proc.stderr.close()
+
+    def spawn(self, hidden: frozenset[str], notebook: bytes | None = None) -> Sandbox:
+        """A fresh sandbox, its package copy without the components ``hidden``, serving requests. Raises
+        SandboxError when no sandbox has ever started, SandboxLost when this one does not."""
         with self.lock:
-            for attempt in range(2):
-                if self.proc is None or self.proc.poll() is not None:
-                    self.start()
-                self.count += 1
-                workdir = self.run_dir / f"w{self.count}"
+            self.count += 1
+            number = self.count
+            copy = package_copy.build(self.run_dir, hidden)
+            group = self.cgroups.create(self.limits.memory_mb * (1 << 20) + INTERPRETER_BYTES + TMPFS_BYTES,
+                                        PROCESSES) if self.cgroups else None
+        files: list[Path] = []
+        holder, ours, status = None, None, None
+        try:
+            spec = {"sandbox": self.bwrap is not None, "memory_mb": self.limits.memory_mb,
+                    "cpu_seconds": self.limits.cpu_seconds, "cgroup": group.procs_files if group else [],
+                    "processes": None if group else _user_processes() + EXTRA_PROCESSES}
+            if self.bwrap:
+                holder, spec["pid"] = self._holder(number, copy, notebook, files)
+                spec.update(path=[COPY_MOUNT, *self.interpreter.path], workdir="/tmp", env=ENV)
+            else:
+                workdir = self.run_dir / f"work-{number}"
                 workdir.mkdir(mode=0o700)
-                uid = self.first_uid + self.count if self.nogroup is not None else None  # a user per submission
-                if uid is not None:
-                    os.chown(workdir, uid, self.nogroup)
-                spec = {"workdir": str(workdir), "memory_mb": self.limits.memory_mb, "uid": uid,
-                        "gid": self.nogroup, "keep_read": self.keep_read, "cpu_seconds": self.limits.cpu_seconds}
-                ours, runner_end = socket.socketpair()
-                ctl, shield_end = socket.socketpair()
-                try:
-                    socket.send_fds(self.control, [json.dumps(spec).encode()],
-                                    [runner_end.fileno(), shield_end.fileno()])
-                    return Sandbox(ours, ctl)
-                except OSError:
-                    ours.close()
-                    ctl.close()
-                    self.proc.kill()
-                    if attempt:
-                        raise SandboxError("the sandbox process keeps dying") from None
-                finally:
-                    runner_end.close()
-                    shield_end.close()
+                files.append(workdir)
+                spec.update(path=[str(copy), *self.interpreter.path], workdir=str(workdir),
+                            env={**ENV, "HOME": str(workdir), "TMPDIR": str(workdir),
+                                 "MPLCONFIGDIR": str(workdir / "matplotlib"), "IPYTHONDIR": str(workdir / ".ipython")})
+            ours, theirs = socket.socketpair()
+            status, status_theirs = socket.socketpair()
+            try:
+                with self.lock:
+                    socket.send_fds(self.control, [json.dumps(spec).encode()], [theirs.fileno(),
+                                                                                 status_theirs.fileno()])
+            except OSError:
+                raise SandboxError("the grader's pre-loaded interpreter has ended") from None
+            finally:
+                theirs.close()
+                status_theirs.close()
+        except BaseException:
+            for s in (ours, status):
+                if s is not None:
+                    s.close()
+            if holder is not None:
+                _kill_group(holder.pid)
+                holder.wait()
+            if group is not None:
+                group.remove(wait=0)
+            raise
+        box = Sandbox(ours, status, holder, group, files)
+        try:
+            ready = wire.receive(ours, time.monotonic() + STARTUP_TIMEOUT)
+        except (TimeoutError, EOFError, OSError, wire.ProtocolError) as err:
+            box.read_status(1.0)
+            why = getattr(box, "error", None) or type(err).__name__
+            box.close()
+            if not self.started:
+                raise SandboxError(self._refusal(f"a process could not enter it ({why})")) from None
+            raise SandboxLost("died", f"the sandboxed process did not start ({why})") from None
+        box.read_status(0)
+        if ready != {"ready": True}:
+            box.close()
+            raise SandboxLost("garbled", "an unexpected first message")
+        self.started = True
+        return box
 
-    def stop(self) -> None:
+    def close(self) -> None:
         if self.control is not None:
             self.control.close()
             self.control = None
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    def close(self) -> None:
-        self.stop()
+        if self.zygote is not None:
+            _kill_group(self.zygote.pid)
+            self.zygote.wait()
+            self.zygote = None
+        if self.cgroups is not None:
+            self.cgroups.close()
+            self.cgroups = None
         shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -1,8 +1,13 @@
-"""Grade one submission: run its cells in a fresh student process, check each exercise in the grader.
+"""Grade one submission: run its cells in a fresh sandbox, check each exercise in the grader.
+
+The package's own implementation of what an exercise asks for is not in the sandbox's copy of the package
+(each check's ``components``). When an exercise's right answer may build on what another exercise of the same
+notebook asks for (lesson 07's LM stacks the package's Block, its ``uses``), the exercises are graded in
+separate runs of the notebook, each with its own pieces hidden (``groups``).
 
 Time limits: every cell and every exercise's check gets ``timeout`` seconds, the whole notebook
 ``notebook_timeout``. A cell or a check that runs past its limit, or kills its process, is reported (the
-exercise: failed, "timed out" or "died"); a fresh process then replays the cells that ran before and
+exercise: failed, "timed out" or "died"); a fresh sandbox then replays the cells that ran before and
 grading goes on. A notebook past its own limit, or one that needs too many fresh processes, gets an
 error row. Whatever happens, only this submission's report changes.
 """
@@ -14,11 +19,21 @@ import time
 from dataclasses import dataclass
 
 from .. import checks
-from ..checks.core import graded
-from .notebook import BadReference, Cell, NotebookError, Plan, Reference, plan_run, read_notebook, reference_from
+from ..checks import graded
+from .notebook import (
+    BadReference,
+    Cell,
+    NotebookError,
+    Plan,
+    Reference,
+    RefExercise,
+    plan_run,
+    read_notebook,
+    reference_from,
+)
 from .remote import MISSING, Link
-from .report import FAILED, NOT_ATTEMPTED, PASSED, Exercise, Report
-from .sandbox import SandboxLost, Zygote
+from .report import FAILED, NOT_ATTEMPTED, PASSED, Exercise, Report, one_line
+from .sandbox import Launcher, SandboxLost
 
 MAX_RESTARTS = 6
 
@@ -33,14 +48,37 @@ class _OutOfTime(Exception):
     """The notebook ran past its own time limit."""
 
 
-class _Run:
-    """The submission's process, restarted (with the cells that ran before replayed) when it is lost."""
+def _names(ex: RefExercise, attribute: str) -> set[str]:
+    return {c for call in ex.calls for c in getattr(getattr(checks, call.check), attribute, ())}
 
-    def __init__(self, zygote: Zygote, options: Options, deadline: float, report: Report):
-        self.zygote, self.options, self.deadline, self.report = zygote, options, deadline, report
+
+def groups(reference: Reference) -> list[tuple[frozenset[str], list[RefExercise]]]:
+    """The runs a submission needs: (components hidden, exercises checked) each. An exercise joins the first
+    run that hides nothing it uses and uses nothing it hides; usually all exercises share one run."""
+    runs: list[tuple[set[str], set[str], list[RefExercise]]] = []
+    for ex in reference.exercises:
+        hidden, used = _names(ex, "components"), _names(ex, "uses")
+        for run_hidden, run_used, members in runs:
+            if not (hidden & run_used) and not (used & run_hidden):
+                run_hidden |= hidden
+                run_used |= used
+                members.append(ex)
+                break
+        else:
+            runs.append((hidden, used, [ex]))
+    return [(frozenset(hidden), members) for hidden, _, members in runs]
+
+
+class _Run:
+    """The submission's sandbox, restarted (with the cells that ran before replayed) when it is lost."""
+
+    def __init__(self, launcher: Launcher, hidden: frozenset[str], notebook: bytes | None, options: Options,
+                 deadline: float, report: Report, record):
+        self.launcher, self.hidden, self.notebook = launcher, hidden, notebook
+        self.options, self.deadline, self.report, self.record = options, deadline, report, record
         self.box = None
         self.done: list[Cell] = []  # cells that ran (with or without an error), in order: replayed on restart
-        self.lost: dict[int, str] = {}  # cell index -> why it was stopped
+        self.errors: dict[int, str] = {}  # cell index -> its error in this run
 
     def limit(self) -> float:
         now = time.monotonic()
@@ -56,7 +94,8 @@ class _Run:
                 if self.report.restarts > MAX_RESTARTS:
                     raise NotebookError(f"its process was lost more than {MAX_RESTARTS} times "
                                         "(endless loops, crashes or exits in many cells)")
-            self.box = self.zygote.spawn()
+            self.limit()
+            self.box = self.launcher.spawn(self.hidden, self.notebook)
             for cell in list(self.done):
                 try:
                     self._exec(cell)
@@ -79,12 +118,12 @@ class _Run:
             self.done.remove(cell)
         why = (f"timed out: ran longer than {self.options.timeout:g} s (an endless loop?) and was stopped"
                if lost.reason == "timed out" else _lost(lost))
-        self.lost[cell.index] = why
-        self.report.cells.append({"cell": cell.index, "error": why, "output": ""})
+        self.errors[cell.index] = why
+        self.record(cell.index, why, "")
 
     def run_cell(self, cell: Cell) -> None:
-        self.sandbox()
         try:
+            self.sandbox()
             reply = self._exec(cell)
         except SandboxLost as lost:
             self._lose(cell, lost)
@@ -92,40 +131,35 @@ class _Run:
         self.done.append(cell)
         error = reply.get("error")
         if isinstance(error, list) and len(error) == 2:
-            self.report.cells.append({"cell": cell.index, "error": f"{error[0]}: {error[1]}"[:3000],
-                                      "output": str(reply.get("output", ""))[:5000]})
+            text = one_line(f"{error[0]}: {error[1]}")[:3000]
+            self.errors[cell.index] = text
+            self.record(cell.index, text, str(reply.get("output", ""))[:5000])
+
+    def close(self) -> None:
+        if self.box is not None:
+            self.box.close()
 
 
 def _lost(lost: SandboxLost) -> str:
     """Why the submission's process was lost, in words (the time-outs are worded where they happen)."""
     if lost.reason == "garbled":
-        return f"the submission's process sent a reply the grader cannot read ({lost.detail})"
+        return f"the submission's process sent a reply the grader cannot read ({one_line(lost.detail)})"
     return f"died: {lost.detail}" if lost.detail else "died: the submission's process ended"
 
 
-def _components(ex) -> set[str]:
-    return {c for call in ex.calls for c in getattr(getattr(checks, call.check), "components", ())}
-
-
-def _reused(used: set[str], components: set[str]) -> list[str]:
-    """The package components among the qualified names ``used`` (``Class`` covers ``Class.method``)."""
-    return sorted(u for u in used if any(u == c or u.startswith(c + ".") for c in components))
-
-
-def check_exercise(run: _Run, ex, result: Exercise, plan: Plan, secret: int) -> None:
+def check_exercise(run: _Run, ex: RefExercise, result: Exercise, plan: Plan, secret: int) -> None:
     """Call the reference's checks on the submission's objects; set ``result``'s status and detail."""
     started = time.monotonic()
     answers = set(plan.answers.get(ex.number, []))
-    answer_problems = [f"cell {c['cell']}: {c['error']}" for c in run.report.cells if c["cell"] in answers][:3]
-    names, values, link = [], {}, None
+    answer_problems = [f"cell {i}: {run.errors[i]}" for i in sorted(answers) if i in run.errors][:3]
     try:
         box = run.sandbox()
         link = Link(box, run.limit())
         names = sorted({n for call in ex.calls for n in call.names})
         values = link.get(names)
         missing = [n for n in names if values[n] is MISSING]
-        stubs = [c["error"].split(": ", 1)[1] for c in run.report.cells
-                 if c["cell"] in answers and c["error"].startswith("NotImplementedError: ")]
+        stubs = [run.errors[i].split(": ", 1)[1] for i in sorted(answers)
+                 if run.errors.get(i, "").startswith("NotImplementedError: ")]
         if missing and stubs:  # a value item whose cell is still the stub
             result.status = NOT_ATTEMPTED
             result.detail = f"{ex.calls[0].check}: not implemented yet (the stub says: {stubs[0]})"
@@ -152,29 +186,24 @@ def check_exercise(run: _Run, ex, result: Exercise, plan: Plan, secret: int) -> 
         result.status = FAILED
         result.detail = (f"timed out: your code ran longer than {run.options.timeout:g} s (an endless loop?) and "
                          "was stopped" if lost.reason == "timed out" else _lost(lost))
+    except (_OutOfTime, NotebookError):
+        raise
     except Exception as err:  # a result the check cannot use (an odd type, say)
         result.status = FAILED
-        result.detail = f"the check could not use what your code returned ({type(err).__name__}: {err})"
+        result.detail = f"the check could not use what your code returned ({type(err).__name__}: {one_line(str(err))})"
     finally:
         result.seconds = round(time.monotonic() - started, 2)
     if result.status == FAILED and answer_problems and "not defined" not in result.detail:
         result.detail += "".join(f"\n({p})" for p in answer_problems)
-    targets = [values[n] for n in names if values.get(n, MISSING) is not MISSING]
-    used = (link.entered if link else set()) | {o for t in targets for o in getattr(t, "_origin", [])}
-    reused = _reused(used, _components(ex))
-    if reused:
-        result.status = FAILED
-        result.detail = (f"uses the package's own implementation ({', '.join('modern_block.' + r for r in reused)}) "
-                         "instead of code of its own: the exercise is to write it with plain PyTorch"
-                         + (f"\n(with it, the check said: {result.detail.splitlines()[0]})" if result.detail else ""))
 
 
 def grade_submission(notebook: str, student: str, data: bytes | None, reference: Reference | None,
-                     zygote: Zygote, options: Options | None = None, read_error: str | None = None) -> Report:
+                     launcher: Launcher, options: Options | None = None, read_error: str | None = None) -> Report:
     """Grade one submission (``reference=None``: against its own check cells)."""
     started = time.monotonic()
     options = options or Options()
     report = Report(notebook, student, reference.name if reference else "(its own check cells)")
+    cell_rows: dict[int, dict] = {}
     try:
         if read_error:
             raise NotebookError(read_error)
@@ -194,20 +223,32 @@ def grade_submission(notebook: str, student: str, data: bytes | None, reference:
                                           "out?)") for n, t in reference.unchecked]
             report.exercises.sort(key=lambda e: e.number)
         results = {e.number: e for e in report.exercises}
-        run = _Run(zygote, options, started + options.notebook_timeout, report)
         secret = secrets.randbits(62)
-        try:
-            for kind, item in plan.steps:
-                if kind == "cell":
-                    run.run_cell(item)
-                else:
-                    check_exercise(run, item, results[item.number], plan, secret)
-        finally:
-            if run.box is not None:
-                run.box.close()
+        deadline = started + options.notebook_timeout
+        runs = groups(reference)
+        for index, (hidden, members) in enumerate(runs):
+            checked = {ex.number for ex in members}
+            owned = {i for n in checked for i in plan.answers.get(n, [])}
+            others = {i for n, cells_of in plan.answers.items() if n not in checked for i in cells_of}
+
+            def record(cell: int, error: str, output: str, first=index == 0, owned=owned, others=others) -> None:
+                # a cell's error is reported from the run that checks its exercise (setup cells: the first run)
+                if cell in owned or (first and cell not in others):
+                    cell_rows.setdefault(cell, {"cell": cell, "error": error, "output": output})
+
+            run = _Run(launcher, hidden, data, options, deadline, report, record)
+            try:
+                for kind, item in plan.steps:
+                    if kind == "cell":
+                        run.run_cell(item)
+                    elif item.number in checked:
+                        check_exercise(run, item, results[item.number], plan, secret)
+            finally:
+                run.close()
     except NotebookError as err:
         report.error = str(err)
     except _OutOfTime:
         report.error = f"the notebook ran past its time limit ({options.notebook_timeout:g} s) and was stopped"
+    report.cells = [cell_rows[i] for i in sorted(cell_rows)]
     report.seconds = round(time.monotonic() - started, 2)
     return report

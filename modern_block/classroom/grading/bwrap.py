@@ -1,0 +1,125 @@
+"""The bubblewrap command line of a sandbox, and the interpreter it shows.
+
+``bwrap_command`` lists what a sandbox sees: the system's libraries (``/usr``; ``/bin``, ``/lib``... as on the
+host), each folder of the interpreter (its installation, the virtual environment) read-only, with the course
+package installed there, the checkout and the grader's own files covered by empty folders; the sandbox's copy
+of the package at ``/opt/modern-block``; the submission's notebook; a private ``/proc``, ``/dev`` and a
+size-limited tmpfs at ``/tmp``. Everything else (home folders, solutions, other submissions) is absent.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from . import package_copy
+
+COPY_MOUNT = "/opt/modern-block"
+NOTEBOOK_MOUNT = "/submission/notebook.ipynb"
+TMPFS_BYTES = 256 << 20  # the sandbox's private /tmp
+ENV = {"HOME": "/tmp", "TMPDIR": "/tmp", "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+       "LC_ALL": "C.UTF-8", "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/matplotlib", "IPYTHONDIR": "/tmp/.ipython",
+       "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+
+
+class InterpreterError(Exception):
+    """The interpreter that is to run the submissions cannot be asked about itself."""
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """A Python installation as the sandbox needs it: the executable, the folders to show, ``sys.path``."""
+
+    executable: str
+    folders: tuple[str, ...]
+    path: tuple[str, ...]
+
+    @classmethod
+    def of(cls, python: str | None) -> Interpreter:
+        """The interpreter ``python`` (default: this one), asked about itself."""
+        if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+            info = describe_interpreter()
+        else:
+            code = f"import json\n{inspect.getsource(describe_interpreter)}\nprint(json.dumps(describe_interpreter()))"
+            try:
+                out = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True, timeout=60,
+                                     stdin=subprocess.DEVNULL)
+                info = json.loads(out.stdout)
+            except (OSError, subprocess.SubprocessError, ValueError) as err:
+                raise InterpreterError(f"cannot ask {python} about its installation: {err}") from None
+        return cls(info["executable"], tuple(info["folders"]), tuple(info["path"]))
+
+
+def describe_interpreter() -> dict:
+    """This interpreter's executable, installation folders (with the virtual environment's) and ``sys.path``
+    (without the working folder). Runs in other interpreters too: self-contained."""
+    import os
+    import sys
+
+    real = os.path.realpath
+    folders = {real(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    path = [real(p) for p in sys.path if p and os.path.isdir(p) and real(p) != real(os.getcwd())]
+    folders |= {p for p in path if os.path.basename(p) in ("site-packages", "dist-packages")}
+    return {"executable": real(sys.executable), "folders": sorted(folders), "path": path}
+
+
+def _outermost(paths) -> list[str]:
+    """The paths with those inside another removed."""
+    out: list[str] = []
+    for p in sorted(set(paths)):
+        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out):
+            out.append(p)
+    return out
+
+
+def _inside(path: str, folders) -> bool:
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+
+def installed_packages(paths) -> list[str]:
+    """Every ``modern_block`` folder on the interpreter's path, and the checkout around this one."""
+    found = [os.path.join(p, "modern_block") for p in paths if os.path.isdir(os.path.join(p, "modern_block"))]
+    found.append(str(package_copy.PACKAGE))
+    checkout = package_copy.PACKAGE.parent
+    if (checkout / "pyproject.toml").is_file():
+        found.append(str(checkout))
+    return [os.path.realpath(p) for p in found]
+
+
+def bwrap_features(bwrap: str) -> frozenset[str]:
+    """The newer options this bubblewrap has (``--disable-userns`` from 0.8, ``--size`` from 0.5)."""
+    try:
+        text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    return frozenset(option for option in ("--disable-userns", "--size") if option in text)
+
+
+def bwrap_command(bwrap: str, interpreter: Interpreter, copy: str, notebook: str | None, hidden: list[str],
+                  argv: list[str], features: frozenset[str] = frozenset({"--disable-userns", "--size"})) -> list[str]:
+    """The bubblewrap command line for one sandbox (see the module's docstring)."""
+    cmd = [bwrap, "--unshare-all", "--unshare-user", *(["--disable-userns"] if "--disable-userns" in features else []),
+           "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000", "--die-with-parent", "--new-session", "--clearenv"]
+    for key, value in ENV.items():
+        cmd += ["--setenv", key, value]
+    cmd += ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            cmd += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            cmd += ["--ro-bind", top, top]
+    shown = ["/usr", *_outermost(f for f in interpreter.folders if not _inside(f, ["/usr"]))]
+    for folder in shown[1:]:
+        cmd += ["--ro-bind", folder, folder]
+    for path in _outermost(p for p in hidden if _inside(p, shown) and os.path.isdir(p)):
+        cmd += ["--tmpfs", path]  # an empty folder over it
+    cmd += ["--ro-bind", copy, COPY_MOUNT]
+    if notebook is not None:
+        cmd += ["--ro-bind", notebook, NOTEBOOK_MOUNT]
+    size = ["--size", str(TMPFS_BYTES)] if "--size" in features else []
+    cmd += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    return cmd + ["--", *argv]

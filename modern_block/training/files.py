@@ -1,0 +1,105 @@
+"""Files written so that a reader never sees half of one, and the file system's refusals in words.
+
+Every file is written to a temporary file with a unique name in the same folder and renamed onto
+its final name (``os.replace`` is atomic), so a reader sees the old file or the new one, never
+half of one. A failed write (a full disk) removes its temporary file; the old file stays. A process
+killed in the middle of a write cannot remove its temporary file: ``remove_temporaries`` does, at
+the next start, once the folder's lock is held.
+
+When the file system refuses (full, read-only, a name too long, a folder that is gone), the error is a
+``StorageError`` whose message names the file, the reason and what is kept: one line, not a traceback.
+"""
+
+import contextlib
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+TEMPORARY = ".tmp"  # the suffix of every temporary file write_atomic makes
+
+
+class StorageError(RuntimeError):
+    """The file system refused a read or a write (full, read-only, a name too long, gone); the message says
+    which file, why, and what is kept."""
+
+
+def reason(err: OSError) -> str:
+    """An OSError in a few words: "No space left on device", "Read-only file system", ..."""
+    if err.errno == errno.ENAMETOOLONG:
+        return "File name too long: the path is longer than this file system allows"
+    return err.strerror or str(err)
+
+
+def shown(path: Path) -> str:
+    """A path for a one-line message: an over-long one is shortened in the middle."""
+    text = str(path)
+    return text if len(text) <= 160 else f"{text[:90]}...{text[-60:]}"
+
+
+@contextlib.contextmanager
+def refused_writes(what: str):
+    """An OSError inside becomes a ``StorageError``: "could not WHAT (the reason)"."""
+    try:
+        yield
+    except OSError as err:
+        raise StorageError(f"could not {what} ({reason(err)})") from None
+
+
+def remove_temporaries(folder: Path, names) -> tuple[int, int]:
+    """Remove the temporary files that interrupted writes of ``names`` left in ``folder``: (files, bytes)."""
+    found = [p for name in names for p in folder.glob(f"{name}.*{TEMPORARY}") if p.is_file()]
+    size = sum(p.stat().st_size for p in found)
+    for p in found:
+        p.unlink(missing_ok=True)
+    return len(found), size
+
+
+# ---- writing files atomically ------------------------------------------------------------------------
+class _WriteErrors:
+    """A file that remembers the first OSError its writes raised. ``torch.save`` turns a failed
+    write (a full disk) into "unexpected pos ..." or "basic_ios::clear: iostream error"; this keeps
+    the real cause to report."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data):
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
+def _open_for_writing(fd: int):
+    return os.fdopen(fd, "wb")
+
+
+def write_atomic(path: Path, write) -> None:
+    """``write(file)`` into a uniquely named temporary file beside ``path``, then rename it onto
+    ``path``. On any failure the temporary file is removed and ``path`` is left as it was; a
+    failed write raises the ``OSError`` that caused it (ENOSPC: disk full)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=TEMPORARY)
+    try:
+        with _open_for_writing(fd) as raw:
+            f = _WriteErrors(raw)
+            try:
+                write(f)
+            except Exception as err:
+                if f.error is not None and f.error is not err:
+                    raise f.error from err
+                raise
+            f.flush()
+            os.fsync(f.fileno())  # on disk before it takes the final name
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda f: f.write(text.encode()))

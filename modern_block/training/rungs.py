@@ -1,0 +1,113 @@
+"""The models a comparison trains, as data: their shape (``ModelShape``) and the rungs between GPT-2 and Llama.
+
+Settings (``training.config``) and the model factory (``training.ladder``) both read this table; it builds
+no model, so a run's settings can be checked without importing a single model class.
+
+The ladder, cumulative: each rung adds one change to the rung above it.
+    rung      what changes
+    gpt2      the baseline: LayerNorm, GELU MLP (4d), learned positions, MHA with biases, tied head (= GPT2LM)
+    untied    a separate output head (= GPT2LM(tie=False))
+    rmsnorm   LayerNorm -> RMSNorm
+    swiglu    GELU MLP -> SwiGLU at matched parameters
+    rope      learned positions -> RoPE (GQAttention with n_kv = h)
+    gqa       MHA -> GQA (n_kv_heads < n_heads)
+    qk_norm   + RMSNorm on each head's q and k (= LlamaStyleLM)
+
+Leave one out, from the Llama end (``qk_norm``, the chapter's ``LlamaStyleLM``): each model undoes
+one change and keeps all the others.
+    no_rmsnorm     RMSNorm -> LayerNorm (GPT-2's, with bias)
+    no_swiglu      SwiGLU -> GELU MLP (GPT-2's, with biases)
+    no_rope        RoPE -> learned positions (Llama's attention, rotating by angle 0)
+    no_qk_norm     QK-norm removed
+    no_gqa         GQA -> MHA
+    tied           the output head tied to the embedding (= LlamaStyleLM(tie=True))
+"""
+
+from dataclasses import dataclass, fields
+
+from ..validate import positive_int
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes shared by every model of one comparison."""
+
+    d: int = 384
+    n_layers: int = 6
+    n_heads: int = 6
+    n_kv_heads: int = 2
+    block_size: int = 256
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        for name in ("d", "n_layers", "n_heads", "n_kv_heads", "block_size"):
+            positive_int(name, getattr(self, name))
+        if self.d % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"d ({self.d}) must be divisible by n_heads ({self.n_heads}), and n_heads by "
+                             f"n_kv_heads ({self.n_kv_heads})")
+
+
+@dataclass(frozen=True)
+class Rung:
+    """The switches of one model between GPT-2 and Llama."""
+
+    name: str
+    norm: str = "layernorm"  # or "rmsnorm"
+    ffn: str = "gelu"  # or "swiglu"
+    positions: str = "learned"  # or "rope"
+    attention: str = "gpt2"  # GPT-2's fused, biased q/k/v (MHA), or "llama": GQAttention (bias-free wq, wk, wv)
+    gqa: bool = False  # n_kv_heads < n_heads (Llama attention only)
+    qk_norm: bool = False  # (Llama attention only)
+    tie: bool = True
+    change: str = ""  # what this model changes, in words
+
+    def __post_init__(self):
+        for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("ffn", ("gelu", "swiglu")),
+                              ("positions", ("learned", "rope")), ("attention", ("gpt2", "llama"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
+        if self.attention == "gpt2" and (self.positions == "rope" or self.gqa or self.qk_norm):
+            raise ValueError("positions='rope', gqa and qk_norm need attention='llama' (GQAttention)")
+
+    @property
+    def switches(self) -> tuple:
+        """What makes the model: every field but the name and the description. Two names can make one model
+        (the ladder's ``gqa`` is Llama without QK-norm, ``no_qk_norm``)."""
+        return tuple(getattr(self, f.name) for f in fields(self) if f.name not in ("name", "change"))
+
+    def differences(self, other: "Rung") -> list[str]:
+        """The switches in which two models differ."""
+        return [f.name for f in fields(self) if f.name not in ("name", "change")
+                and getattr(self, f.name) != getattr(other, f.name)]
+
+
+_LLAMA = dict(norm="rmsnorm", ffn="swiglu", positions="rope", attention="llama", gqa=True, qk_norm=True, tie=False)
+LADDER: tuple[Rung, ...] = (
+    Rung("gpt2", change="GPT-2 baseline (tied head)"),
+    Rung("untied", tie=False, change="tied -> untied output head"),
+    Rung("rmsnorm", norm="rmsnorm", tie=False, change="LayerNorm -> RMSNorm"),
+    Rung("swiglu", norm="rmsnorm", ffn="swiglu", tie=False, change="GELU MLP -> SwiGLU (matched params)"),
+    Rung("rope", **(_LLAMA | dict(gqa=False, qk_norm=False)), change="learned positions -> RoPE"),
+    Rung("gqa", **(_LLAMA | dict(qk_norm=False)), change="MHA -> GQA"),
+    Rung("qk_norm", **_LLAMA, change="+ QK-norm (= LlamaStyleLM)"),
+)
+ABLATIONS: tuple[Rung, ...] = (  # leave one out from the Llama end
+    Rung("no_rmsnorm", **(_LLAMA | dict(norm="layernorm")), change="RMSNorm -> LayerNorm"),
+    Rung("no_swiglu", **(_LLAMA | dict(ffn="gelu")), change="SwiGLU -> GELU MLP"),
+    Rung("no_rope", **(_LLAMA | dict(positions="learned")), change="RoPE -> learned positions"),
+    Rung("no_qk_norm", **(_LLAMA | dict(qk_norm=False)), change="QK-norm removed"),
+    Rung("no_gqa", **(_LLAMA | dict(gqa=False)), change="GQA -> MHA"),
+    Rung("tied", **(_LLAMA | dict(tie=True)), change="untied -> tied output head"),
+)
+RUNGS: tuple[Rung, ...] = LADDER + ABLATIONS  # every model (``train`` accepts arch="ladder:<name>")
+RUNG_NAMES = tuple(r.name for r in RUNGS)
+LADDER_NAMES = tuple(r.name for r in LADDER)
+ABLATION_NAMES = tuple(r.name for r in ABLATIONS)
+LLAMA_END = "qk_norm"  # the ladder's top and the leave-one-out reference: LlamaStyleLM
+
+
+def get_rung(name: str) -> Rung:
+    for rung in RUNGS:
+        if rung.name == name:
+            return rung
+    raise ValueError(f"rung must be one of {list(RUNG_NAMES)}, got {name!r}")
