@@ -29,8 +29,9 @@ from .rungs import ABLATION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
 from .trainer import TrainResult
 from .workers import train_many
 
-LABELS = {"untied": "GPT-2", "qk_norm": "Llama-style", "gpt2": "GPT-2, tied head", "tied": "Llama-style, tied head"}
-ARMS = {False: ("untied", "qk_norm"), True: ("gpt2", "tied")}  # tie -> (the GPT-2 block, the Llama block)
+LABELS = {"gpt2_untied": "GPT-2", "llama": "Llama", "gpt2": "GPT-2, tied head", "llama_tied": "Llama, tied head",
+          "gpt2_nobias": "GPT-2 (no biases, tied: nanoGPT's)"}
+ARMS = {False: ("gpt2_untied", "llama"), True: ("gpt2", "llama_tied")}  # tie -> (the GPT-2 block, the Llama block)
 QUICK_RATES = (4e-3, 8e-3, 1.6e-2, 3.2e-2)  # the quick lesson's sweep (tiny models, short runs: high rates)
 GPU_RATES = (5e-4, 1e-3, 2e-3)  # around nanoGPT's 1e-3 for its shakespeare-char budget
 

@@ -1,0 +1,287 @@
+"""The laptop scale: nanoGPT's CPU recipe (``config.LAPTOP``), GPT-2 against Llama and the tied Llama.
+
+    python -m modern_block compare --scale laptop --workers 2 --anchor --out results/laptop
+
+The arms are named after their models: ``gpt2`` is GPT-2 as nanoGPT builds it at this scale (tied head, no
+biases: ``GPT2LM(bias=False)``, the ladder's ``gpt2_nobias``), ``llama`` is ``LlamaStyleLM`` (untied, GQA with
+2 KV heads, QK-norm) and ``llama_tied`` the same with a tied head, their SwiGLU sized to GPT-2's parameters.
+
+The grid, in two phases (``run_laptop``):
+1. selection: every arm at every rate on the selection seeds; each arm's rate is the one with the lowest mean
+   final validation loss there (``statistics.select_and_report``);
+2. reported: every arm at its chosen rate on other seeds (and, with ``anchor``, GPT-2 at nanoGPT's own 1e-3 on
+   them too, the run to hold against nanoGPT's published 1.88).
+Every run has its folder under DIR/runs/ (metrics.jsonl, a checkpoint every evaluation, summary.json and
+``run.json``, the record used here): a finished run is read back, not trained again, and an interrupted one
+resumes from its checkpoint, so the command can be stopped and started again. DIR/results.json holds the
+command, every setting, the seeds, torch, the machine, and per run the losses at each evaluation, wall and
+CPU time and tokens/s; DIR/report.md the tables with paired 95% intervals.
+"""
+
+import json
+import math
+import os
+import platform
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, replace
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+
+from .config import RUNTIME_FIELDS, TrainConfig
+from .files import write_text_atomic
+from .rungs import get_rung
+from .statistics import CONFIDENCE, difference, markdown_table, select_and_report, selection_row
+
+LAPTOP_ARMS = {"gpt2": "gpt2_nobias", "llama": "llama", "llama_tied": "llama_tied"}  # arm -> model (rung)
+LAPTOP_LABELS = {"gpt2": "GPT-2 (tied, no biases: nanoGPT's)", "llama": "Llama (untied)", "llama_tied": "Llama, tied"}
+LAPTOP_RATES = (1e-3, 2e-3, 4e-3)  # nanoGPT's 1e-3 and two doublings (GPT-2 did better at 2e-3 than at 1e-3)
+SELECTION_SEEDS = (0,)
+REPORTED_SEEDS = (1, 2, 3)
+NANOGPT_RATE, NANOGPT_VAL = 1e-3, 1.88  # nanoGPT's README: "val loss 1.88" after 2000 iterations on the CPU
+RUN_RECORD = "run.json"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training of the grid."""
+
+    arm: str
+    lr: float
+    seed: int
+    role: str  # "selection", "reported" or "anchor"
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}-lr{self.lr:g}-seed{self.seed}"
+
+    def config(self, base: TrainConfig, arms: dict) -> TrainConfig:
+        return replace(base, arch=f"ladder:{arms[self.arm]}", lr=self.lr, min_lr=self.lr * base.min_lr / base.lr,
+                       seed=self.seed)
+
+
+def _same_settings(saved: dict, cfg: TrainConfig) -> bool:
+    return all(saved.get(k) == v for k, v in asdict(cfg).items() if k not in RUNTIME_FIELDS)
+
+
+def read_record(run_dir: Path, cfg: TrainConfig) -> dict | None:
+    """The finished run's record in ``run_dir`` if it was made with these settings, else None."""
+    path = Path(run_dir) / RUN_RECORD
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and _same_settings(record.get("config", {}), cfg) else None
+
+
+def train_run(cfg: TrainConfig, run_dir: str, corpus=None) -> dict:
+    """Train one run (resuming its checkpoint if there is one) on one thread; write and return its record."""
+    from .trainer import NonFiniteLossError, train  # here: the worker process imports it
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    run_dir = Path(run_dir)
+    resume = (run_dir / "ckpt.pt").exists()
+    cpu0 = time.process_time()
+    try:
+        res = train(cfg, run_dir, resume=resume, corpus=corpus, overwrite=not resume, progress=False, verbose=False)
+    except NonFiniteLossError as err:
+        record = {"config": asdict(cfg), "diverged": str(err), "final_val": None, "best_val": None, "metrics": []}
+    else:
+        s = res.summary()
+        record = {"config": s["config"], "diverged": None, "final_val": s["final_val_loss"],
+                  "best_val": s["best_val_loss"], "final_train": res.metrics[-1]["train_loss"],
+                  "n_params": s["n_params"], "tokens_per_s": s["tokens_per_s"], "wall_s": s["wall_s"],
+                  "cpu_s_last_session": time.process_time() - cpu0, "resumed": resume, "threads": 1,
+                  "torch": torch.__version__, "made_by": "python -m modern_block compare --scale laptop",
+                  "metrics": res.metrics, "train_losses": res.losses}  # every step's: what a rerun must repeat
+    finally:
+        torch.set_num_threads(threads)
+    write_text_atomic(run_dir / RUN_RECORD, json.dumps(record, indent=1))
+    return record
+
+
+def _worker_init() -> None:
+    torch.set_num_threads(1)
+
+
+def machine() -> dict:
+    return {"system": platform.system(), "machine": platform.machine(), "processor": platform.processor(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "threads_per_run": 1}
+
+
+def _train_all(runs: list[Run], base: TrainConfig, arms: dict, out: Path, workers: int, say,
+               corpus=None) -> dict[Run, dict]:
+    """Each run's record: read back when finished, else trained (``workers`` at once, one thread each). A run is
+    looked for again just before it would start, so a record that appears meanwhile is used, not retrained."""
+    records, start = {}, time.perf_counter()
+
+    def finished(run):
+        return read_record(out / "runs" / run.name, run.config(base, arms))
+
+    queue = []
+    for run in runs:
+        rec = finished(run)
+        if rec is not None:
+            records[run] = rec
+        else:
+            queue.append(run)
+    if records:
+        say(f"{len(records)} of {len(runs)} run(s) already finished in {out / 'runs'}: read back")
+    if not queue:
+        return records
+    total, done = len(queue), 0
+
+    def report(run, rec):
+        loss = "diverged" if rec["diverged"] else f"final val loss {rec['final_val']:.4f}"
+        say(f"[{done}/{total}] {run.role:9} {run.name}: {loss} ({time.perf_counter() - start:,.0f} s since start)")
+
+    if workers == 1:  # here, one run after another
+        for run in queue:
+            records[run] = train_run(run.config(base, arms), str(out / "runs" / run.name), corpus)
+            done += 1
+            report(run, records[run])
+        return records
+    with ProcessPoolExecutor(min(workers, len(queue)), mp_context=get_context("spawn"),
+                             initializer=_worker_init) as ex:
+        running = {}
+        try:
+            while queue or running:
+                while queue and len(running) < workers:
+                    run = queue.pop(0)
+                    rec = finished(run)
+                    if rec is not None:
+                        records[run], total = rec, total - 1
+                        continue
+                    running[ex.submit(train_run, run.config(base, arms), str(out / "runs" / run.name), corpus)] = run
+                if not running:
+                    break
+                complete, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in complete:
+                    run = running.pop(future)
+                    records[run] = future.result()
+                    done += 1
+                    report(run, records[run])
+        except BaseException:
+            for future in running:
+                future.cancel()
+            raise
+    return records
+
+
+def run_laptop(base: TrainConfig, out_dir, rates=LAPTOP_RATES, selection_seeds=SELECTION_SEEDS,
+               reported_seeds=REPORTED_SEEDS, arms: dict | None = None, anchor: bool = False, workers: int = 1,
+               command: str = "", say=print, corpus=None) -> dict:
+    """The two-phase grid (module docstring); returns the results (also written to DIR/results.json and
+    DIR/report.md)."""
+    arms = dict(LAPTOP_ARMS if arms is None else arms)
+    for rung in arms.values():
+        get_rung(rung)
+    out = Path(out_dir)
+    start = time.perf_counter()
+    selection = [Run(a, lr, s, "selection") for a in arms for lr in rates for s in selection_seeds]
+    say(f"laptop scale: {len(arms)} arms x {len(rates)} rates x {len(selection_seeds)} selection seed(s), then "
+        f"each arm at its rate on seeds {list(reported_seeds)}; {workers} run(s) at once, one thread each")
+    records = _train_all(selection, base, arms, out, workers, say, corpus)
+    def loss(run):  # a diverged run counts as inf
+        value = records[run]["final_val"]
+        return math.inf if value is None else value
+
+    means = {a: {lr: math.fsum(loss(Run(a, lr, s, "selection")) for s in selection_seeds) / len(selection_seeds)
+                 for lr in rates} for a in arms}
+    chosen = {a: min(means[a], key=lambda lr, a=a: (means[a][lr], lr)) for a in arms}
+    say("chosen rates: " + ", ".join(f"{a} {lr:g}" for a, lr in chosen.items()))
+    reported = [Run(a, chosen[a], s, "reported") for s in reported_seeds for a in arms]  # whole seeds first
+    if anchor and "gpt2" in arms and chosen["gpt2"] != NANOGPT_RATE:
+        reported += [Run("gpt2", NANOGPT_RATE, s, "anchor") for s in reported_seeds]
+    records |= _train_all(reported, base, arms, out, workers, say, corpus)
+    results = laptop_results(records, base, arms, rates, selection_seeds, reported_seeds, command,
+                             time.perf_counter() - start)
+    write_text_atomic(out / "results.json", json.dumps(results, indent=1))
+    write_text_atomic(out / "report.md", laptop_report(results))
+    return results
+
+
+def laptop_results(records: dict[Run, dict], base: TrainConfig, arms: dict, rates, selection_seeds, reported_seeds,
+                   command: str, wall_s: float) -> dict:
+    """The JSON-able results: the command, every setting, seeds, machine, and every run with its evaluations."""
+    settings = {k: v for k, v in asdict(base).items() if k not in ("arch", "lr", "min_lr", "seed")}
+    settings["min_lr_ratio"] = base.min_lr / base.lr
+    runs = [{"arm": r.arm, "model": arms[r.arm], "lr": r.lr, "seed": r.seed, "role": r.role} | rec
+            for r, rec in records.items()]
+    return {"command": command, "settings": settings, "arms": {a: {"model": m, "label": LAPTOP_LABELS.get(a, a),
+                                                                    "change": get_rung(m).change}
+                                                                for a, m in arms.items()},
+            "rates": list(rates), "selection_seeds": list(selection_seeds), "reported_seeds": list(reported_seeds),
+            "loss": "final validation loss (step max_steps) on the fixed evaluation windows",
+            "nanogpt": {"lr": NANOGPT_RATE, "val_loss": NANOGPT_VAL}, "machine": machine(),
+            "wall_s_this_session": wall_s, "runs": runs}
+
+
+def selections(results: dict) -> dict:
+    """Each arm's ``statistics.Selection`` from a results dict (the rate chosen on the selection seeds)."""
+    rows = [{"model": r["arm"], "lr": r["lr"], "seed": r["seed"], "loss": r["final_val"]}
+            for r in results["runs"] if r["role"] != "anchor"]
+    return select_and_report(rows, results["selection_seeds"], results["reported_seeds"], list(results["arms"]))
+
+
+def anchor_losses(results: dict) -> dict[int, float]:
+    """GPT-2 at nanoGPT's rate on the reported seeds (from the anchor runs, or the reported ones at that rate)."""
+    return {r["seed"]: r["final_val"] for r in results["runs"] if r["arm"] == "gpt2" and r["lr"] == NANOGPT_RATE
+            and r["seed"] in results["reported_seeds"]}
+
+
+def laptop_report(results: dict) -> str:
+    """DIR/report.md: the settings, each arm's chosen rate and reported loss with its interval, the paired
+    differences with their verdicts, GPT-2 at nanoGPT's rate against 1.88, and the cost."""
+    from .statistics import mean_interval
+
+    sel = selections(results)
+    s = results["settings"]
+    pct = f"{CONFIDENCE:.0%}"
+    lines = ["# Laptop scale: nanoGPT's CPU recipe, GPT-2 vs Llama", "",
+             f"Command: `{results['command']}`", "",
+             f"{s['n_layers']} layers, d = {s['d']}, {s['n_heads']} heads (Llama: {s['n_kv_heads']} KV heads), "
+             f"block {s['block_size']}, batch {s['batch_size']}, {s['max_steps']} steps, warmup {s['warmup_steps']}, "
+             f"cosine to {s['min_lr_ratio']:g} x the peak, AdamW betas ({s['beta1']}, {s['beta2']}), weight decay "
+             f"{s['weight_decay']}, clip {s['grad_clip']}, dropout {s['dropout']}. Loss: {results['loss']} "
+             f"({s['eval_batches']} batches of {s['batch_size']} x {s['block_size']} characters of the last 10% of "
+             f"the text). torch {results['machine']['torch']}, one thread per run.", "",
+             "Arms: " + "; ".join(f"`{a}` = {v['label']} ({v['model']})" for a, v in results["arms"].items()), "",
+             markdown_table([selection_row(x, results["arms"][a]["label"]) for a, x in sel.items()]), "",
+             "Paired differences on the reported seeds (same seed = same batches in the same order), "
+             f"{pct} t interval:",
+             ""]
+    pairs = [("gpt2", "llama"), ("gpt2", "llama_tied"), ("llama_tied", "llama")]
+    for a, b in pairs:
+        if a in sel and b in sel:
+            d = difference(sel, a, b)
+            lines.append(f"- {b} minus {a}: {d}")
+    anchor = anchor_losses(results)
+    if anchor:
+        iv = mean_interval(list(anchor.values())) if len(anchor) > 1 else None
+        lines += ["", f"GPT-2 at nanoGPT's rate {NANOGPT_RATE:g} on seeds {sorted(anchor)}: "
+                  + (iv.format() if iv else f"{next(iter(anchor.values())):.4f}")
+                  + f" (nanoGPT's README: {NANOGPT_VAL}, one run, its own evaluation: 20 random batches)."]
+    done = [r for r in results["runs"] if not r.get("diverged")]
+    tps = [r["tokens_per_s"] for r in done if r.get("tokens_per_s")]
+    walls = [r["wall_s"] for r in done if r.get("wall_s")]
+    if tps:
+        lines += ["", f"Throughput of the course's trainer on one thread: median {sorted(tps)[len(tps) // 2]:,.0f} "
+                  f"tokens/s over {len(tps)} runs (range {min(tps):,.0f}-{max(tps):,.0f}, a shared machine); wall "
+                  f"time per run {min(walls):,.0f}-{max(walls):,.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def main_laptop(base: TrainConfig, args, command: str) -> int:
+    """``compare --scale laptop``'s body: run the grid, print the report."""
+    results = run_laptop(base, args.out, args.rates or LAPTOP_RATES, tuple(args.selection_seeds or SELECTION_SEEDS),
+                         tuple(args.seeds or REPORTED_SEEDS), anchor=args.anchor, workers=args.workers,
+                         command=command, say=lambda text: print(text, flush=True))
+    print(laptop_report(results))
+    print(f"results: {Path(args.out) / 'results.json'}", file=sys.stderr)
+    return 0
