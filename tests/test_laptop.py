@@ -7,8 +7,8 @@ import pytest
 from training_setup import CORPUS, never_online  # noqa: F401 (never_online is an autouse fixture)
 
 from modern_block import __main__ as entry
-from modern_block.training import laptop, options, train_cli
 from modern_block.training import compare_cli as cli
+from modern_block.training import laptop, options, train_cli
 from modern_block.training.config import LAPTOP, laptop_config, quick_config, scale_config
 
 TINY = dict(d=32, n_layers=2, n_heads=4, n_kv_heads=2, block_size=16, batch_size=4, max_steps=6, warmup_steps=2,
