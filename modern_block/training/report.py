@@ -227,7 +227,7 @@ def plot_differences(rows: list[tuple[str, object]], path=None, title: str = "di
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
-    for i, (name, d) in enumerate(rows):
+    for i, (_, d) in enumerate(rows):
         if d.diverged:
             ax.text(0, i, "a run diverged", va="center")
             continue
