@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_parser.add_argument("--anchor", action="store_true",
                             help="--scale laptop: also train GPT-2 at nanoGPT's own rate 1e-3 on the reported seeds "
                                  "(to hold against nanoGPT's published 1.88)")
+    cmp_parser.add_argument("--collect", action="store_true",
+                            help="--scale laptop: write results.json and report.md from the runs finished so far in "
+                                 "--out, training nothing")
     cmp_parser.add_argument("--workers", type=positive_int_arg, default=1,
                             help="trainings at once, each in its own process (CPU cores, or runs sharing a GPU)")
     add_run_options(cmp_parser)
@@ -103,8 +106,8 @@ def main(argv=None) -> int:
     base = config_from_args(parser, args, "gpt2")
     if scale_from_args(args) == "laptop":
         return _laptop(parser, args, base, argv)
-    if args.selection_seeds is not None or args.anchor:
-        parser.error("--selection-seeds and --anchor belong to --scale laptop")
+    if args.selection_seeds is not None or args.anchor or args.collect:
+        parser.error("--selection-seeds, --anchor and --collect belong to --scale laptop")
     quick = quick_from_args(args)
     mode = "quick (CPU scale)" if quick else "GPU scale"
     seeds = args.seeds if args.seeds is not None else ([0, 1] if quick else [0, 1, 2])

@@ -201,6 +201,7 @@ def run_laptop(base: TrainConfig, out_dir, rates=LAPTOP_RATES, selection_seeds=S
     records |= _train_all(reported, base, arms, out, workers, say, corpus)
     results = laptop_results(records, base, arms, rates, selection_seeds, reported_seeds, command,
                              time.perf_counter() - start)
+    results["complete"] = True
     write_text_atomic(out / "results.json", json.dumps(results, indent=1))
     write_text_atomic(out / "report.md", laptop_report(results))
     return results
@@ -222,11 +223,41 @@ def laptop_results(records: dict[Run, dict], base: TrainConfig, arms: dict, rate
             "wall_s_this_session": wall_s, "runs": runs}
 
 
+def chosen_rates(results: dict) -> dict[str, float]:
+    """Each arm's rate: the lowest mean final loss over the selection seeds (arms whose selection runs are not all
+    finished are left out)."""
+    out = {}
+    for arm in results["arms"]:
+        means = {}
+        for lr in results["rates"]:
+            losses = [r["final_val"] for r in results["runs"] if r["arm"] == arm and r["lr"] == lr
+                      and r["seed"] in results["selection_seeds"]]
+            if len(losses) == len(results["selection_seeds"]):
+                means[lr] = math.fsum(math.inf if v is None else v for v in losses) / len(losses)
+        if len(means) == len(results["rates"]):
+            out[arm] = min(means, key=lambda lr, m=means: (m[lr], lr))
+    return out
+
+
+def complete_seeds(results: dict) -> list[int]:
+    """The reported seeds on which every arm has finished at its chosen rate (all of them once the grid is done)."""
+    chosen = chosen_rates(results)
+    if len(chosen) < len(results["arms"]):
+        return []
+    done = {(r["arm"], r["lr"], r["seed"]) for r in results["runs"]}
+    return [s for s in results["reported_seeds"] if all((a, lr, s) in done for a, lr in chosen.items())]
+
+
 def selections(results: dict) -> dict:
-    """Each arm's ``statistics.Selection`` from a results dict (the rate chosen on the selection seeds)."""
-    rows = [{"model": r["arm"], "lr": r["lr"], "seed": r["seed"], "loss": r["final_val"]}
-            for r in results["runs"] if r["role"] != "anchor"]
-    return select_and_report(rows, results["selection_seeds"], results["reported_seeds"], list(results["arms"]))
+    """Each arm's ``statistics.Selection`` (rate chosen on the selection seeds, losses on the reported seeds that
+    every arm has finished); empty while no reported seed is complete."""
+    seeds = complete_seeds(results)
+    if not seeds:
+        return {}
+    rows = [{"model": r["arm"], "lr": r["lr"], "seed": r["seed"], "loss": r["final_val"]} for r in results["runs"]
+            if r["seed"] in results["selection_seeds"] or (r["seed"] in seeds and r["role"] != "anchor")]
+    rows = list({(x["model"], x["lr"], x["seed"]): x for x in rows}.values())
+    return select_and_report(rows, results["selection_seeds"], seeds, list(results["arms"]))
 
 
 def anchor_losses(results: dict) -> dict[int, float]:
@@ -235,14 +266,76 @@ def anchor_losses(results: dict) -> dict[int, float]:
             and r["seed"] in results["reported_seeds"]}
 
 
-def laptop_report(results: dict) -> str:
-    """DIR/report.md: the settings, each arm's chosen rate and reported loss with its interval, the paired
-    differences with their verdicts, GPT-2 at nanoGPT's rate against 1.88, and the cost."""
+PAIRS = (("gpt2", "llama"), ("gpt2", "llama_tied"), ("llama_tied", "llama"))
+
+
+def laptop_summary(results: dict) -> str:
+    """The results as text: each arm's chosen rate and reported loss with its interval, the paired differences with
+    their verdicts, GPT-2 at nanoGPT's rate against 1.88, the throughput; what is missing while the grid runs."""
     from .statistics import mean_interval
 
+    labels = {a: v["label"] for a, v in results["arms"].items()}
+    chosen, seeds, sel = chosen_rates(results), complete_seeds(results), selections(results)
+    lines = []
+    if not results.get("complete", True):
+        lines += [f"INCOMPLETE: {len(results['runs'])} runs finished; rates chosen so far: "
+                  + (", ".join(f"{a} {lr:g}" for a, lr in chosen.items()) or "none")
+                  + f"; reported seeds finished by every arm: {seeds or 'none'} of {results['reported_seeds']}.", ""]
+    def at(arm, lr, seed):
+        for r in results["runs"]:
+            if (r["arm"], r["lr"], r["seed"]) == (arm, lr, seed):
+                return "diverged" if r["final_val"] is None else f"{r['final_val']:.4f}"
+        return "-"
+
+    means = [{"model": labels[a], **{f"lr {lr:g}": " / ".join(at(a, lr, s) for s in results["selection_seeds"])
+                                     for lr in results["rates"]}} for a in results["arms"]]
+    lines += [f"Final val loss on the selection seed(s) {results['selection_seeds']} at each rate:", "",
+              markdown_table(means), ""]
+    if sel:
+        lines += [markdown_table([selection_row(x, labels[a]) for a, x in sel.items()]), "",
+                  f"Paired differences on reported seeds {seeds} (same seed = same batches in the same order), "
+                  f"{CONFIDENCE:.0%} t interval:", ""]
+        lines += [f"- {b} minus {a}: {difference(sel, a, b)}" for a, b in PAIRS if a in sel and b in sel]
+    anchor = anchor_losses(results)
+    if anchor:
+        values = list(anchor.values())
+        text = mean_interval(values).format() + f" over {len(values)} seeds" if len(values) > 1 else f"{values[0]:.4f}"
+        lines += ["", f"GPT-2 at nanoGPT's rate {NANOGPT_RATE:g} on seeds {sorted(anchor)}: {text} (nanoGPT's README: "
+                  f"{NANOGPT_VAL}, one run, its evaluation the mean of 20 random batches)."]
+    done = [r for r in results["runs"] if not r.get("diverged")]
+    tps = sorted(r["tokens_per_s"] for r in done if r.get("tokens_per_s"))
+    if tps:
+        lines += ["", f"Throughput of the course's trainer, one thread per run: median {tps[len(tps) // 2]:,.0f} "
+                  f"tokens/s over {len(tps)} runs (range {tps[0]:,.0f}-{tps[-1]:,.0f}: a shared, loaded machine)."]
+    return "\n".join(lines)
+
+
+def laptop_finding(results: dict) -> str | None:
+    """One sentence for lesson 08's findings, from the paired interval of Llama minus GPT-2 (None before any)."""
     sel = selections(results)
+    if "gpt2" not in sel or "llama" not in sel:
+        return None
+    d = difference(sel, "gpt2", "llama")
+    g, m = sel["gpt2"], sel["llama"]
+    return (f"Laptop scale (nanoGPT's CPU recipe, committed results): GPT-2 {g.interval.format()} at {g.lr:g}, "
+            f"Llama {m.interval.format()} at {m.lr:g}; Llama minus GPT-2 = {d}.")
+
+
+def reported_curves(results: dict) -> dict[str, list]:
+    """Label -> the evaluation rows of each reported run at the arm's chosen rate (for ``plot_curve_bands``)."""
+    chosen, seeds = chosen_rates(results), complete_seeds(results)
+    out = {}
+    for arm, v in results["arms"].items():
+        rows = [r["metrics"] for r in results["runs"] if r["arm"] == arm and r["lr"] == chosen.get(arm)
+                and r["seed"] in seeds and r["role"] != "anchor"]
+        if rows:
+            out[v["label"]] = rows
+    return out
+
+
+def laptop_report(results: dict) -> str:
+    """DIR/report.md: the settings and ``laptop_summary``."""
     s = results["settings"]
-    pct = f"{CONFIDENCE:.0%}"
     lines = ["# Laptop scale: nanoGPT's CPU recipe, GPT-2 vs Llama", "",
              f"Command: `{results['command']}`", "",
              f"{s['n_layers']} layers, d = {s['d']}, {s['n_heads']} heads (Llama: {s['n_kv_heads']} KV heads), "
@@ -250,38 +343,42 @@ def laptop_report(results: dict) -> str:
              f"cosine to {s['min_lr_ratio']:g} x the peak, AdamW betas ({s['beta1']}, {s['beta2']}), weight decay "
              f"{s['weight_decay']}, clip {s['grad_clip']}, dropout {s['dropout']}. Loss: {results['loss']} "
              f"({s['eval_batches']} batches of {s['batch_size']} x {s['block_size']} characters of the last 10% of "
-             f"the text). torch {results['machine']['torch']}, one thread per run.", "",
+             f"the text). torch {results['machine']['torch']}, one thread per run. Rates "
+             f"{', '.join(f'{lr:g}' for lr in results['rates'])}; selection seeds {results['selection_seeds']}, "
+             f"reported seeds {results['reported_seeds']}.", "",
              "Arms: " + "; ".join(f"`{a}` = {v['label']} ({v['model']})" for a, v in results["arms"].items()), "",
-             markdown_table([selection_row(x, results["arms"][a]["label"]) for a, x in sel.items()]), "",
-             "Paired differences on the reported seeds (same seed = same batches in the same order), "
-             f"{pct} t interval:",
-             ""]
-    pairs = [("gpt2", "llama"), ("gpt2", "llama_tied"), ("llama_tied", "llama")]
-    for a, b in pairs:
-        if a in sel and b in sel:
-            d = difference(sel, a, b)
-            lines.append(f"- {b} minus {a}: {d}")
-    anchor = anchor_losses(results)
-    if anchor:
-        iv = mean_interval(list(anchor.values())) if len(anchor) > 1 else None
-        lines += ["", f"GPT-2 at nanoGPT's rate {NANOGPT_RATE:g} on seeds {sorted(anchor)}: "
-                  + (iv.format() if iv else f"{next(iter(anchor.values())):.4f}")
-                  + f" (nanoGPT's README: {NANOGPT_VAL}, one run, its own evaluation: 20 random batches)."]
-    done = [r for r in results["runs"] if not r.get("diverged")]
-    tps = [r["tokens_per_s"] for r in done if r.get("tokens_per_s")]
-    walls = [r["wall_s"] for r in done if r.get("wall_s")]
-    if tps:
-        lines += ["", f"Throughput of the course's trainer on one thread: median {sorted(tps)[len(tps) // 2]:,.0f} "
-                  f"tokens/s over {len(tps)} runs (range {min(tps):,.0f}-{max(tps):,.0f}, a shared machine); wall "
-                  f"time per run {min(walls):,.0f}-{max(walls):,.0f} s."]
+             laptop_summary(results)]
     return "\n".join(lines) + "\n"
+
+
+def collect(base: TrainConfig, out_dir, rates=LAPTOP_RATES, selection_seeds=SELECTION_SEEDS,
+            reported_seeds=REPORTED_SEEDS, arms: dict | None = None, anchor: bool = False, command: str = "") -> dict:
+    """The results of the runs finished so far in DIR (nothing is trained): the grid's plan, read back."""
+    arms = dict(LAPTOP_ARMS if arms is None else arms)
+    out = Path(out_dir)
+    plan = [Run(a, lr, s, "selection") for a in arms for lr in rates for s in selection_seeds]
+    records = {run: rec for run in plan if (rec := read_record(out / "runs" / run.name, run.config(base, arms)))}
+    partial = laptop_results(records, base, arms, rates, selection_seeds, reported_seeds, command, 0.0)
+    chosen = chosen_rates(partial)
+    more = [Run(a, lr, s, "reported") for s in reported_seeds for a, lr in chosen.items()]
+    if anchor and chosen.get("gpt2", NANOGPT_RATE) != NANOGPT_RATE:
+        more += [Run("gpt2", NANOGPT_RATE, s, "anchor") for s in reported_seeds]
+    records |= {run: rec for run in more if (rec := read_record(out / "runs" / run.name, run.config(base, arms)))}
+    results = laptop_results(records, base, arms, rates, selection_seeds, reported_seeds, command, 0.0)
+    results["complete"] = len(chosen) == len(arms) and len(records) == len(plan) + len(more)
+    return results
 
 
 def main_laptop(base: TrainConfig, args, command: str) -> int:
     """``compare --scale laptop``'s body: run the grid, print the report."""
-    results = run_laptop(base, args.out, args.rates or LAPTOP_RATES, tuple(args.selection_seeds or SELECTION_SEEDS),
-                         tuple(args.seeds or REPORTED_SEEDS), anchor=args.anchor, workers=args.workers,
-                         command=command, say=lambda text: print(text, flush=True))
+    grid = dict(rates=args.rates or LAPTOP_RATES, selection_seeds=tuple(args.selection_seeds or SELECTION_SEEDS),
+                reported_seeds=tuple(args.seeds or REPORTED_SEEDS), anchor=args.anchor, command=command)
+    if args.collect:  # what is finished so far, nothing trained
+        results = collect(base, args.out, **grid)
+        write_text_atomic(Path(args.out) / "results.json", json.dumps(results, indent=1))
+        write_text_atomic(Path(args.out) / "report.md", laptop_report(results))
+    else:
+        results = run_laptop(base, args.out, workers=args.workers, say=lambda text: print(text, flush=True), **grid)
     print(laptop_report(results))
     print(f"results: {Path(args.out) / 'results.json'}", file=sys.stderr)
     return 0
