@@ -204,6 +204,7 @@ def run_laptop(base: TrainConfig, out_dir, rates=LAPTOP_RATES, selection_seeds=S
     results["complete"] = True
     write_text_atomic(out / "results.json", json.dumps(results, indent=1))
     write_text_atomic(out / "report.md", laptop_report(results))
+    write_figure(results, out / "curves.png")
     return results
 
 
@@ -333,6 +334,27 @@ def reported_curves(results: dict) -> dict[str, list]:
     return out
 
 
+def write_figure(results: dict, path) -> None:
+    """The figure of the results: the reported runs' validation loss (seed mean with its 95% band) per arm, or the
+    selection runs' curves while no reported seed is complete."""
+    import matplotlib
+
+    if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import plot_curve_bands
+
+    curves = reported_curves(results)
+    title = "laptop scale (nanoGPT's CPU recipe): val loss, mean and 95% band over the reported seeds"
+    if not curves:
+        title = "laptop scale: selection runs so far (one seed each)"
+        curves = {f"{results['arms'][r['arm']]['label']} lr {r['lr']:g}": [r["metrics"]] for r in results["runs"]
+                  if r["seed"] in results["selection_seeds"] and r["metrics"]}
+    fig = plot_curve_bands(curves, path, title=title)
+    plt.close(fig)
+
+
 def laptop_report(results: dict) -> str:
     """DIR/report.md: the settings and ``laptop_summary``."""
     s = results["settings"]
@@ -377,6 +399,7 @@ def main_laptop(base: TrainConfig, args, command: str) -> int:
         results = collect(base, args.out, **grid)
         write_text_atomic(Path(args.out) / "results.json", json.dumps(results, indent=1))
         write_text_atomic(Path(args.out) / "report.md", laptop_report(results))
+        write_figure(results, Path(args.out) / "curves.png")
     else:
         results = run_laptop(base, args.out, workers=args.workers, say=lambda text: print(text, flush=True), **grid)
     print(laptop_report(results))
