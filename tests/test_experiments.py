@@ -209,3 +209,26 @@ def test_compare_cli_an_out_path_too_long_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: cannot write in --out") and "File name too long" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_select_then_report_chooses_on_some_seeds_and_reports_on_others():
+    from modern_block.training.experiments import final_loss, select_then_report
+    from modern_block.training.report import plot_curve_bands, plot_differences
+
+    study = select_then_report(BASE, ["gpt2_untied", "llama"], rates=(1e-4, 3e-2), selection_seeds=(0,),
+                               reported_seeds=(1, 2), corpus=CORPUS)
+    for rung, sel in study.selections.items():
+        at = {lr: final_loss(runs[0]) for lr, runs in study.selection[rung].runs.items()}
+        assert sel.lr == min(at, key=at.get) and sel.selection_seeds == (0,)
+        arm = study.reported[rung]
+        assert arm.rates == [sel.lr] and [r.config.seed for r in arm.best] == [1, 2]
+        assert sel.reported == {1: final_loss(arm.best[0]), 2: final_loss(arm.best[1])}
+    d = study.difference("gpt2_untied", "llama")
+    expected = [study.selections["llama"].reported[s] - study.selections["gpt2_untied"].reported[s] for s in (1, 2)]
+    assert d.mean == pytest.approx(sum(expected) / 2) and d.low < d.mean < d.high
+    with pytest.raises(ValueError, match="must be different seeds"):
+        select_then_report(BASE, ["llama"], rates=(1e-2,), selection_seeds=(0, 1), reported_seeds=(1,), corpus=CORPUS)
+    fig = plot_curve_bands({arm.label: arm.best for arm in study.reported.values()})
+    assert len(fig.axes[0].lines) == 2 and len(fig.axes[0].collections) == 2  # two means, two bands
+    fig = plot_differences([("llama", d), ("same", d)])
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["llama", "same"]
