@@ -126,3 +126,22 @@ def test_the_laptop_preset_is_nanogpts_cpu_recipe():
                     grad_clip=1.0, device="cpu", compile=False)
     assert {k: LAPTOP[k] for k in expected} == expected
     assert cli.build_parser().parse_args(["--scale", "laptop", "--anchor"]).anchor
+
+
+def test_collect_reads_what_is_finished_and_trains_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("MODERN_BLOCK_QUICK", raising=False)
+    base = laptop_config("gpt2", **TINY)
+    flags = ["--d", "32", "--n-layers", "2", "--n-heads", "4", "--n-kv-heads", "2", "--block-size", "16",
+             "--batch-size", "4", "--max-steps", "6", "--warmup-steps", "2", "--eval-interval", "3",
+             "--eval-batches", "1", "--rates", "0.001", "0.01", "--seeds", "1", "2"]
+    argv = ["--scale", "laptop", "--collect", "--out", str(tmp_path), *flags]
+    assert cli.main(argv) == 0  # nothing finished yet: an empty, incomplete result
+    empty = json.loads((tmp_path / "results.json").read_text())
+    assert empty["runs"] == [] and not empty["complete"] and "INCOMPLETE" in (tmp_path / "report.md").read_text()
+    laptop.run_laptop(base, tmp_path, rates=(1e-3, 1e-2), selection_seeds=(0,), reported_seeds=(1, 2), workers=1,
+                      say=lambda text: None, corpus=CORPUS)
+    assert cli.main(argv) == 0
+    full = json.loads((tmp_path / "results.json").read_text())
+    assert full["complete"] and len(full["runs"]) == 3 * 2 + 3 * 2
+    assert "INCOMPLETE" not in (tmp_path / "report.md").read_text() and (tmp_path / "curves.png").exists()
+    assert not list(tmp_path.glob("runs/*/ckpt.pt.tmp*"))

@@ -351,6 +351,8 @@ def write_figure(results: dict, path) -> None:
         title = "laptop scale: selection runs so far (one seed each)"
         curves = {f"{results['arms'][r['arm']]['label']} lr {r['lr']:g}": [r["metrics"]] for r in results["runs"]
                   if r["seed"] in results["selection_seeds"] and r["metrics"]}
+    if not curves:  # nothing finished yet
+        return
     fig = plot_curve_bands(curves, path, title=title)
     plt.close(fig)
 
