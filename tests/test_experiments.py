@@ -167,7 +167,8 @@ def test_compare_cli_writes_report_and_plots(tmp_path, capsys):
 
 def test_readme_quotes_the_committed_lesson_08_run():
     """The README's lesson-08 paragraph states what the committed run shows: every decimal figure it quotes is in
-    the notebook's saved outputs, and so is the verdict on the tied pair."""
+    the notebook's saved outputs, and every verdict it gives is the one its paired 95% interval supports, as printed
+    by the lesson."""
     readme = (ROOT / "README.md").read_text()
     paragraph = readme.split("Lesson 08 in quick mode", 1)[1].split("\n\n", 1)[0]
     nb = nbformat.read(ROOT / "notebooks" / "08_train_llama_vs_gpt2.ipynb", as_version=4)
@@ -175,8 +176,17 @@ def test_readme_quotes_the_committed_lesson_08_run():
     quoted = re.findall(r"[−-]?\d+\.\d+|\d{1,3}(?:,\d{3})+", paragraph)
     assert len(quoted) >= 8, quoted
     for number in quoted:
-        assert number.replace("−", "-") in outputs, f"README quotes {number}, which lesson 08's outputs do not show"
-    assert "tied heads" in paragraph and re.search(r"tied heads +[+-]\d\.\d+ ± \d\.\d+: no difference", outputs)
+        assert number.replace("−", "-").lstrip("+") in outputs, f"README quotes {number}, which lesson 08 does not show"
+    num = r"([+−-]\d+\.\d+)"
+    claims = re.findall(num + r" \[" + num + ", " + num + r"\]: (lower|higher|no difference at this scale)",
+                        paragraph)
+    assert len(claims) >= 2, "the caption gives its verdicts with their intervals"
+    for mean, low, high, word in claims:
+        low_f, high_f = (float(x.replace("−", "-")) for x in (low, high))
+        expected = "lower" if high_f < 0 else "higher" if low_f > 0 else "no difference at this scale"
+        assert word == expected, (mean, low, high, word)
+        printed = f"{mean} [{low}, {high}]".replace("−", "-")
+        assert re.search(re.escape(printed) + r" \(95% interval, \d+ paired seeds\): " + word, outputs), printed
 
 
 @pytest.mark.parametrize("where", ["a run's metrics", "the report"])
