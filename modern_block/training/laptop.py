@@ -262,9 +262,8 @@ def selections(results: dict) -> dict:
 
 
 def anchor_losses(results: dict) -> dict[int, float]:
-    """GPT-2 at nanoGPT's rate on the reported seeds (from the anchor runs, or the reported ones at that rate)."""
-    return {r["seed"]: r["final_val"] for r in results["runs"] if r["arm"] == "gpt2" and r["lr"] == NANOGPT_RATE
-            and r["seed"] in results["reported_seeds"]}
+    """GPT-2 at nanoGPT's own rate, every seed run at it (nanoGPT's rate is fixed, not chosen on these seeds)."""
+    return {r["seed"]: r["final_val"] for r in results["runs"] if r["arm"] == "gpt2" and r["lr"] == NANOGPT_RATE}
 
 
 PAIRS = (("gpt2", "llama"), ("gpt2", "llama_tied"), ("llama_tied", "llama"))
@@ -305,9 +304,15 @@ def laptop_summary(results: dict) -> str:
                   f"{NANOGPT_VAL}, one run, its evaluation the mean of 20 random batches)."]
     done = [r for r in results["runs"] if not r.get("diverged")]
     tps = sorted(r["tokens_per_s"] for r in done if r.get("tokens_per_s"))
+    s = results["settings"]
+    per_cpu = sorted(s["max_steps"] * s["batch_size"] * s["block_size"] / r["cpu_s_last_session"] for r in done
+                     if not r.get("resumed") and r.get("cpu_s_last_session"))
     if tps:
         lines += ["", f"Throughput of the course's trainer, one thread per run: median {tps[len(tps) // 2]:,.0f} "
-                  f"tokens/s over {len(tps)} runs (range {tps[0]:,.0f}-{tps[-1]:,.0f}: a shared, loaded machine)."]
+                  f"tokens/s of wall time over {len(tps)} runs (range {tps[0]:,.0f}-{tps[-1]:,.0f}: a shared machine "
+                  "under load)" + (f"; per CPU-second, which the load does not change, {per_cpu[0]:,.0f}-"
+                                   f"{per_cpu[-1]:,.0f} tokens over the {len(per_cpu)} runs trained in one session"
+                                   if per_cpu else "") + "."]
     return "\n".join(lines)
 
 
@@ -396,7 +401,8 @@ def collect(base: TrainConfig, out_dir, rates=LAPTOP_RATES, selection_seeds=SELE
 def main_laptop(base: TrainConfig, args, command: str) -> int:
     """``compare --scale laptop``'s body: run the grid, print the report."""
     grid = dict(rates=args.rates or LAPTOP_RATES, selection_seeds=tuple(args.selection_seeds or SELECTION_SEEDS),
-                reported_seeds=tuple(args.seeds or REPORTED_SEEDS), anchor=args.anchor, command=command)
+                reported_seeds=tuple(args.seeds or REPORTED_SEEDS), anchor=args.anchor,
+                command=command.replace(" --collect", ""))  # the grid's command, which --collect only reads
     if args.collect:  # what is finished so far, nothing trained
         results = collect(base, args.out, **grid)
         write_text_atomic(Path(args.out) / "results.json", json.dumps(results, indent=1))
