@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_parser.add_argument("--anchor", action="store_true",
                             help="--scale laptop: also train GPT-2 at nanoGPT's own rate 1e-3 on the reported seeds "
                                  "(to hold against nanoGPT's published 1.88)")
+    cmp_parser.add_argument("--arms", nargs="+", default=None, choices=("gpt2", "llama", "llama_tied"),
+                            help="--scale laptop: train these models only (default: all three)")
     cmp_parser.add_argument("--collect", action="store_true",
                             help="--scale laptop: write results.json and report.md from the runs finished so far in "
                                  "--out, training nothing")
@@ -106,8 +108,8 @@ def main(argv=None) -> int:
     base = config_from_args(parser, args, "gpt2")
     if scale_from_args(args) == "laptop":
         return _laptop(parser, args, base, argv)
-    if args.selection_seeds is not None or args.anchor or args.collect:
-        parser.error("--selection-seeds, --anchor and --collect belong to --scale laptop")
+    if args.selection_seeds is not None or args.anchor or args.collect or args.arms is not None:
+        parser.error("--selection-seeds, --anchor, --arms and --collect belong to --scale laptop")
     quick = quick_from_args(args)
     mode = "quick (CPU scale)" if quick else "GPU scale"
     seeds = args.seeds if args.seeds is not None else ([0, 1] if quick else [0, 1, 2])

@@ -402,6 +402,7 @@ def main_laptop(base: TrainConfig, args, command: str) -> int:
     """``compare --scale laptop``'s body: run the grid, print the report."""
     grid = dict(rates=args.rates or LAPTOP_RATES, selection_seeds=tuple(args.selection_seeds or SELECTION_SEEDS),
                 reported_seeds=tuple(args.seeds or REPORTED_SEEDS), anchor=args.anchor,
+                arms={a: LAPTOP_ARMS[a] for a in (args.arms or LAPTOP_ARMS)},
                 command=command.replace(" --collect", ""))  # the grid's command, which --collect only reads
     if args.collect:  # what is finished so far, nothing trained
         results = collect(base, args.out, **grid)
