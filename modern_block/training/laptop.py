@@ -34,7 +34,7 @@ import torch
 from .config import RUNTIME_FIELDS, TrainConfig
 from .files import write_text_atomic
 from .rungs import get_rung
-from .statistics import CONFIDENCE, difference, markdown_table, select_and_report, selection_row
+from .statistics import CONFIDENCE, format_seeds, markdown_table, mean_interval, paired_difference, select_and_report
 
 LAPTOP_ARMS = {"gpt2": "gpt2_nobias", "llama": "llama", "llama_tied": "llama_tied"}  # arm -> model (rung)
 LAPTOP_LABELS = {"gpt2": "GPT-2 (tied, no biases: nanoGPT's)", "llama": "Llama (untied)", "llama_tied": "Llama, tied"}
@@ -261,6 +261,22 @@ def selections(results: dict) -> dict:
     return select_and_report(rows, results["selection_seeds"], seeds, list(results["arms"]))
 
 
+def reported_losses(results: dict, arm: str) -> dict[int, float]:
+    """The arm's final losses at its chosen rate on the reported seeds finished so far (seed -> loss)."""
+    lr = chosen_rates(results).get(arm)
+    return {r["seed"]: math.inf if r["final_val"] is None else r["final_val"] for r in results["runs"]
+            if r["arm"] == arm and r["lr"] == lr and r["seed"] in results["reported_seeds"]}
+
+
+def pair_difference(results: dict, a: str, b: str):
+    """b minus a, paired over the reported seeds both have finished (None with fewer than 2 such seeds)."""
+    la, lb = reported_losses(results, a), reported_losses(results, b)
+    seeds = sorted(set(la) & set(lb))
+    if len(seeds) < 2:
+        return None
+    return paired_difference({s: la[s] for s in seeds}, {s: lb[s] for s in seeds})
+
+
 def anchor_losses(results: dict) -> dict[int, float]:
     """GPT-2 at nanoGPT's own rate, every seed run at it (nanoGPT's rate is fixed, not chosen on these seeds)."""
     return {r["seed"]: r["final_val"] for r in results["runs"] if r["arm"] == "gpt2" and r["lr"] == NANOGPT_RATE}
@@ -272,10 +288,9 @@ PAIRS = (("gpt2", "llama"), ("gpt2", "llama_tied"), ("llama_tied", "llama"))
 def laptop_summary(results: dict) -> str:
     """The results as text: each arm's chosen rate and reported loss with its interval, the paired differences with
     their verdicts, GPT-2 at nanoGPT's rate against 1.88, the throughput; what is missing while the grid runs."""
-    from .statistics import mean_interval
 
     labels = {a: v["label"] for a, v in results["arms"].items()}
-    chosen, seeds, sel = chosen_rates(results), complete_seeds(results), selections(results)
+    chosen, seeds = chosen_rates(results), complete_seeds(results)
     lines = []
     if not results.get("complete", True):
         lines += [f"INCOMPLETE: {len(results['runs'])} runs finished; rates chosen so far: "
@@ -291,11 +306,23 @@ def laptop_summary(results: dict) -> str:
                                      for lr in results["rates"]}} for a in results["arms"]]
     lines += [f"Final val loss on the selection seed(s) {results['selection_seeds']} at each rate:", "",
               markdown_table(means), ""]
-    if sel:
-        lines += [markdown_table([selection_row(x, labels[a]) for a, x in sel.items()]), "",
-                  f"Paired differences on reported seeds {seeds} (same seed = same batches in the same order), "
-                  f"{CONFIDENCE:.0%} t interval:", ""]
-        lines += [f"- {b} minus {a}: {difference(sel, a, b)}" for a, b in PAIRS if a in sel and b in sel]
+    rows = []
+    for arm in results["arms"]:
+        if arm not in chosen:
+            continue
+        got = reported_losses(results, arm)
+        values = [got[k] for k in sorted(got)]
+        edge = chosen[arm] in (min(results["rates"]), max(results["rates"]))
+        rows.append({"model": labels[arm], "chosen lr": f"{chosen[arm]:g}" + (" (edge)" if edge else ""),
+                     "reported seeds done": format_seeds(sorted(got)) if got else "none",
+                     f"final val loss, mean ± {CONFIDENCE:.0%} interval": mean_interval(values).format()
+                     if len(values) > 1 else (f"{values[0]:.4f} (one seed)" if values else "-")})
+    if rows:
+        lines += [markdown_table(rows), "", "Paired differences on the reported seeds both models have finished "
+                  f"(same seed = same batches in the same order), {CONFIDENCE:.0%} t interval:", ""]
+        for a, b in PAIRS:
+            d = pair_difference(results, a, b) if a in chosen and b in chosen else None
+            lines.append(f"- {b} minus {a}: " + (str(d) if d else "fewer than 2 paired seeds finished"))
     anchor = anchor_losses(results)
     if anchor:
         values = list(anchor.values())
@@ -317,23 +344,23 @@ def laptop_summary(results: dict) -> str:
 
 
 def laptop_finding(results: dict) -> str | None:
-    """One sentence for lesson 08's findings, from the paired interval of Llama minus GPT-2 (None before any)."""
-    sel = selections(results)
-    if "gpt2" not in sel or "llama" not in sel:
+    """One sentence for lesson 08's findings, from the paired interval of Llama minus GPT-2 (None before it)."""
+    d = pair_difference(results, "gpt2", "llama")
+    if d is None:
         return None
-    d = difference(sel, "gpt2", "llama")
-    g, m = sel["gpt2"], sel["llama"]
-    return (f"Laptop scale (nanoGPT's CPU recipe, committed results): GPT-2 {g.interval.format()} at {g.lr:g}, "
-            f"Llama {m.interval.format()} at {m.lr:g}; Llama minus GPT-2 = {d}.")
+    chosen = chosen_rates(results)
+    return (f"Laptop scale (nanoGPT's CPU recipe, committed results; GPT-2 at {chosen['gpt2']:g}, Llama at "
+            f"{chosen['llama']:g}, chosen on seed(s) {format_seeds(results['selection_seeds'])}): Llama minus GPT-2 = "
+            f"{d}" + ("" if results.get("complete", True) else " (the grid is not finished)") + ".")
 
 
 def reported_curves(results: dict) -> dict[str, list]:
     """Label -> the evaluation rows of each reported run at the arm's chosen rate (for ``plot_curve_bands``)."""
-    chosen, seeds = chosen_rates(results), complete_seeds(results)
+    chosen = chosen_rates(results)
     out = {}
     for arm, v in results["arms"].items():
         rows = [r["metrics"] for r in results["runs"] if r["arm"] == arm and r["lr"] == chosen.get(arm)
-                and r["seed"] in seeds and r["role"] != "anchor"]
+                and r["seed"] in results["reported_seeds"]]
         if rows:
             out[v["label"]] = rows
     return out
