@@ -29,11 +29,11 @@ def test_gpu_check_dry_run_runs_every_part(tmp_path):
 
     part1 = json.loads((folder / "part1" / "results.json").read_text())
     assert part1["gpu_tests"]["skipped"] >= 4 and "tests/test_distributed.py" in part1["gpu_tests"]["files"]
-    arms = {"untied", LLAMA_END}  # GPT-2 and Llama-style, both heads untied
+    arms = {"gpt2_untied", LLAMA_END}  # GPT-2 and Llama-style, both heads untied
     assert {r["arch"] for r in part1["sweep"]["runs"]} == arms and set(part1["chosen_lr"]) == arms
     table = part1["comparison"]["table"]
     assert set(table) == arms and all(len(row["best_val_losses"]) == 2 for row in table.values())
-    assert table["untied"]["params"] != table[LLAMA_END]["params"]
+    assert table["gpt2_untied"]["params"] != table[LLAMA_END]["params"]
     assert set(part1["alone"]) == arms and all(r["tokens_per_s"] > 0 for r in part1["alone"].values())
     assert (folder / "part1" / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert "vs nanoGPT's 1.4697" in (folder / "part1" / "results_snippet.md").read_text()
@@ -64,8 +64,8 @@ def test_gpu_benchmark_smoke_mode(tmp_path):
     assert bench.main(["--smoke", "--out", str(tmp_path), "--part", "all", "--seeds", "0", "1",
                        "--rates", "1e-3", "1e-2"]) == 0
     reports = {part: json.loads((tmp_path / f"{part}.json").read_text()) for part in bench.PARTS}
-    assert [r["rung"] for r in reports["compare"]["rows"]] == ["untied", LLAMA_END]
-    assert [r["rung"] for r in reports["tied"]["rows"]] == ["gpt2", "tied"]
+    assert [r["rung"] for r in reports["compare"]["rows"]] == ["gpt2_untied", LLAMA_END]
+    assert [r["rung"] for r in reports["tied"]["rows"]] == ["gpt2", "llama_tied"]
     assert [r["rung"] for r in reports["ladder"]["rows"]] == list(LADDER_NAMES)
     assert [r["rung"] for r in reports["ablations"]["rows"]] == [LLAMA_END, *ABLATION_NAMES]
     for report in reports.values():

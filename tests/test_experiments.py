@@ -25,7 +25,7 @@ BASE = tiny("gpt2", max_steps=4, eval_interval=2, dropout=0.0)
 
 
 def test_sweep_stands_each_model_at_its_own_best_rate():
-    arms = sweep(BASE, ["untied", "qk_norm"], rates=(1e-4, 3e-2), seeds=(0, 1), corpus=CORPUS)
+    arms = sweep(BASE, ["gpt2_untied", "llama"], rates=(1e-4, 3e-2), seeds=(0, 1), corpus=CORPUS)
     for rung, arm in arms.items():
         assert arm.rates == [1e-4, 3e-2] and all(len(runs) == 2 for runs in arm.runs.values())
         assert arm.lr == min(arm.rates, key=arm.mean_at)
@@ -52,7 +52,7 @@ def test_compare_holds_the_head_fixed_and_changes_only_the_block():
 
 
 def test_results_do_not_depend_on_workers_and_the_cache_reuses_runs():
-    configs = [TrainConfig(**{**vars(BASE), "arch": f"ladder:{r}"}) for r in ("untied", "no_gqa")]
+    configs = [TrainConfig(**{**vars(BASE), "arch": f"ladder:{r}"}) for r in ("gpt2_untied", "no_gqa")]
     here = train_many(configs, CORPUS, workers=1)
     with WorkerPool(CORPUS, 2) as pool:
         there = train_many(configs, workers=pool)
@@ -71,9 +71,9 @@ def test_results_do_not_depend_on_workers_and_the_cache_reuses_runs():
 
 
 def test_a_diverged_run_counts_as_inf_and_is_never_chosen():
-    arms = sweep(tiny("gpt2", max_steps=12, eval_interval=6, warmup_steps=0, grad_clip=0.0), ["untied"],
+    arms = sweep(tiny("gpt2", max_steps=12, eval_interval=6, warmup_steps=0, grad_clip=0.0), ["gpt2_untied"],
                  rates=(1e-2, 1e3), seeds=(0,), corpus=CORPUS)
-    arm = arms["untied"]
+    arm = arms["gpt2_untied"]
     (blown,) = arm.runs[1e3]
     assert isinstance(blown, Diverged) and blown.best_val_loss == math.inf and "became" in blown.message
     assert arm.lr == 1e-2 and math.isfinite(arm.mean)
@@ -102,10 +102,10 @@ def test_gap_and_its_verdict():
 
 def test_ladder_and_ablation_rows_share_runs_through_the_cache():
     cache = {}
-    rows = run_ladder(BASE, rates=(1e-2,), seeds=(0, 1), rungs=("untied", LLAMA_END), corpus=CORPUS, cache=cache)
+    rows = run_ladder(BASE, rates=(1e-2,), seeds=(0, 1), rungs=("gpt2_untied", LLAMA_END), corpus=CORPUS, cache=cache)
     n = len(cache)
     loo = run_ablations(BASE, rates=(1e-2,), seeds=(0, 1), rungs=("no_gqa",), corpus=CORPUS, cache=cache)
-    assert [r["rung"] for r in rows] == ["untied", LLAMA_END] and [r["rung"] for r in loo] == [LLAMA_END, "no_gqa"]
+    assert [r["rung"] for r in rows] == ["gpt2_untied", LLAMA_END] and [r["rung"] for r in loo] == [LLAMA_END, "no_gqa"]
     assert len(cache) == n + 2, "the reference came from the ladder's runs"
     no_qk_norm = run_ablations(BASE, rates=(1e-2,), seeds=(0, 1), rungs=("no_qk_norm",), corpus=CORPUS, cache=cache)
     gqa = run_ladder(BASE, rates=(1e-2,), seeds=(0, 1), rungs=("gqa",), corpus=CORPUS, cache=cache)
@@ -117,19 +117,19 @@ def test_ladder_and_ablation_rows_share_runs_through_the_cache():
         assert [m["step"] for m in r["metrics"][0]] == [0, 2, 4]
     fig = plot_ladder(rows, ablations=loo)
     assert len(fig.axes) == 2
-    assert LADDER_NAMES[0] == "gpt2" and LADDER_NAMES[-1] == LLAMA_END and ABLATION_NAMES[-1] == "tied"
+    assert LADDER_NAMES[0] == "gpt2" and LADDER_NAMES[-1] == LLAMA_END and ABLATION_NAMES[-1] == "llama_tied"
 
 
 def test_write_report_states_the_design(tmp_path):
     arms = compare(BASE, rates=(3e-3, 1e-2), seeds=(0, 1), corpus=CORPUS)
     report = write_report(arms, tmp_path, "test", 1.0).read_text()
     for needle in ("Output head: untied in every arm", "peak rates 0.003, 0.01", "| chosen peak learning rate |",
-                   "mean best val loss per rate", "best val loss, mean ± std", "Llama-style minus GPT-2:",
-                   "Parameter ratio", "### GPT-2", "### Llama-style", "![learning-rate sweep](sweep.png)"):
+                   "mean best val loss per rate", "best val loss, mean ± std", "Llama minus GPT-2:",
+                   "Parameter ratio", "### GPT-2", "### Llama", "![learning-rate sweep](sweep.png)"):
         assert needle in report, needle
     results = json.loads((tmp_path / "results.json").read_text())
-    assert set(results["runs"]["untied"]) == {"0.003", "0.01"} and len(results["runs"]["qk_norm"]["0.01"]) == 2
-    assert results["table"]["qk_norm"]["lr"] == arms["qk_norm"].lr
+    assert set(results["runs"]["gpt2_untied"]) == {"0.003", "0.01"} and len(results["runs"]["llama"]["0.01"]) == 2
+    assert results["table"]["llama"]["lr"] == arms["llama"].lr
     for png in ("loss_curves.png", "sweep.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
 
@@ -155,11 +155,11 @@ def test_compare_cli_writes_report_and_plots(tmp_path, capsys):
     assert "Output head: untied in every arm" in report
     assert "| mean best val loss per rate | 0.003: " in report and "| 0.02: " in report
     results = json.loads((out / "results.json").read_text())
-    assert set(results["runs"]) == {"untied", "qk_norm"} and set(results["runs"]["qk_norm"]) == {"0.02"}
-    for rung, lr in (("untied", "0.003"), ("untied", "0.01"), ("qk_norm", "0.02")):
+    assert set(results["runs"]) == {"gpt2_untied", "llama"} and set(results["runs"]["llama"]) == {"0.02"}
+    for rung, lr in (("gpt2_untied", "0.003"), ("gpt2_untied", "0.01"), ("llama", "0.02")):
         assert (out / f"{rung}-lr{lr}-seed0" / METRICS).exists()
         assert not (out / f"{rung}-lr{lr}-seed0" / CHECKPOINT).exists(), "compare keeps no checkpoints"
-    assert 0.98 <= results["table"]["qk_norm"]["params"] / results["table"]["untied"]["params"] <= 1.02
+    assert 0.98 <= results["table"]["llama"]["params"] / results["table"]["gpt2_untied"]["params"] <= 1.02
     assert cli.main(["--quick", "--tied", "--out", str(tmp_path / "tied"), "--lr", "0.01", *SMALL]) == 0
     assert "Output head: tied in every arm" in (tmp_path / "tied" / "report.md").read_text()
     assert "report:" in capsys.readouterr().out
@@ -167,7 +167,8 @@ def test_compare_cli_writes_report_and_plots(tmp_path, capsys):
 
 def test_readme_quotes_the_committed_lesson_08_run():
     """The README's lesson-08 paragraph states what the committed run shows: every decimal figure it quotes is in
-    the notebook's saved outputs, and so is the verdict on the tied pair."""
+    the notebook's saved outputs, and every verdict it gives is the one its paired 95% interval supports, as printed
+    by the lesson."""
     readme = (ROOT / "README.md").read_text()
     paragraph = readme.split("Lesson 08 in quick mode", 1)[1].split("\n\n", 1)[0]
     nb = nbformat.read(ROOT / "notebooks" / "08_train_llama_vs_gpt2.ipynb", as_version=4)
@@ -175,8 +176,17 @@ def test_readme_quotes_the_committed_lesson_08_run():
     quoted = re.findall(r"[−-]?\d+\.\d+|\d{1,3}(?:,\d{3})+", paragraph)
     assert len(quoted) >= 8, quoted
     for number in quoted:
-        assert number.replace("−", "-") in outputs, f"README quotes {number}, which lesson 08's outputs do not show"
-    assert "tied heads" in paragraph and re.search(r"tied heads +[+-]\d\.\d+ ± \d\.\d+: no difference", outputs)
+        assert number.replace("−", "-").lstrip("+") in outputs, f"README quotes {number}, which lesson 08 does not show"
+    num = r"([+−-]\d+\.\d+)"
+    claims = re.findall(num + r" \[" + num + ", " + num + r"\]: (lower|higher|no difference at this scale)",
+                        paragraph)
+    assert len(claims) >= 2, "the caption gives its verdicts with their intervals"
+    for mean, low, high, word in claims:
+        low_f, high_f = (float(x.replace("−", "-")) for x in (low, high))
+        expected = "lower" if high_f < 0 else "higher" if low_f > 0 else "no difference at this scale"
+        assert word == expected, (mean, low, high, word)
+        printed = f"{mean} [{low}, {high}]".replace("−", "-")
+        assert re.search(re.escape(printed) + r" \(95% interval, \d+ paired seeds\): " + word, outputs), printed
 
 
 @pytest.mark.parametrize("where", ["a run's metrics", "the report"])
@@ -209,3 +219,26 @@ def test_compare_cli_an_out_path_too_long_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: cannot write in --out") and "File name too long" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_select_then_report_chooses_on_some_seeds_and_reports_on_others():
+    from modern_block.training.experiments import final_loss, select_then_report
+    from modern_block.training.report import plot_curve_bands, plot_differences
+
+    study = select_then_report(BASE, ["gpt2_untied", "llama"], rates=(1e-4, 3e-2), selection_seeds=(0,),
+                               reported_seeds=(1, 2), corpus=CORPUS)
+    for rung, sel in study.selections.items():
+        at = {lr: final_loss(runs[0]) for lr, runs in study.selection[rung].runs.items()}
+        assert sel.lr == min(at, key=at.get) and sel.selection_seeds == (0,)
+        arm = study.reported[rung]
+        assert arm.rates == [sel.lr] and [r.config.seed for r in arm.best] == [1, 2]
+        assert sel.reported == {1: final_loss(arm.best[0]), 2: final_loss(arm.best[1])}
+    d = study.difference("gpt2_untied", "llama")
+    expected = [study.selections["llama"].reported[s] - study.selections["gpt2_untied"].reported[s] for s in (1, 2)]
+    assert d.mean == pytest.approx(sum(expected) / 2) and d.low < d.mean < d.high
+    with pytest.raises(ValueError, match="must be different seeds"):
+        select_then_report(BASE, ["llama"], rates=(1e-2,), selection_seeds=(0, 1), reported_seeds=(1,), corpus=CORPUS)
+    fig = plot_curve_bands({arm.label: arm.best for arm in study.reported.values()})
+    assert len(fig.axes[0].lines) == 2 and len(fig.axes[0].collections) == 2  # two means, two bands
+    fig = plot_differences([("llama", d), ("same", d)])
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["llama", "same"]

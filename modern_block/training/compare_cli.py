@@ -17,6 +17,7 @@ current step and starts no queued one. ``--workers`` processes die with this one
 """
 
 import argparse
+import shlex
 import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
@@ -26,7 +27,15 @@ from .config import ConfigError
 from .distributed import RankFailedError, is_main_process, ranks_from_env
 from .experiments import ARMS, GPU_RATES, QUICK_RATES, compare
 from .files import StorageError, reason
-from .options import add_run_options, config_from_args, positive_float_arg, positive_int_arg, quick_from_args, seed_arg
+from .options import (
+    add_run_options,
+    config_from_args,
+    positive_float_arg,
+    positive_int_arg,
+    quick_from_args,
+    scale_from_args,
+    seed_arg,
+)
 from .report import write_report
 from .run_folder import RunFolderError
 
@@ -45,16 +54,62 @@ def build_parser() -> argparse.ArgumentParser:
                                      "peak rate only (no sweep for it)")
     cmp_parser.add_argument("--tied", action="store_true",
                             help="tie both models' output heads to their embeddings (default: both untied)")
+    cmp_parser.add_argument("--selection-seeds", type=seed_arg, nargs="+", default=None,
+                            help="--scale laptop: the seeds each model's rate is chosen on (default 0); --seeds are "
+                                 "then the reported seeds (default 1 2 3), which must be other seeds")
+    cmp_parser.add_argument("--anchor", action="store_true",
+                            help="--scale laptop: also train GPT-2 at nanoGPT's own rate 1e-3 on the reported seeds "
+                                 "(to hold against nanoGPT's published 1.88)")
+    cmp_parser.add_argument("--arms", nargs="+", default=None, choices=("gpt2", "llama", "llama_tied"),
+                            help="--scale laptop: train these models only (default: all three)")
+    cmp_parser.add_argument("--collect", action="store_true",
+                            help="--scale laptop: write results.json and report.md from the runs finished so far in "
+                                 "--out, training nothing")
     cmp_parser.add_argument("--workers", type=positive_int_arg, default=1,
                             help="trainings at once, each in its own process (CPU cores, or runs sharing a GPU)")
     add_run_options(cmp_parser)
     return cmp_parser
 
 
+def _laptop(parser, args, base, argv) -> int:
+    """``--scale laptop``: the resumable two-phase grid of ``training.laptop``."""
+    from .laptop import main_laptop
+
+    given = [name for name in ("lr", "lr_gpt2", "lr_llama") if getattr(args, name) is not None] + (
+        ["tied"] if args.tied else [])
+    if given:
+        options = ", ".join("--" + g.replace("_", "-") for g in given)
+        parser.error(f"--scale laptop sweeps --rates and trains all three arms; drop {options}")
+    for name in ("seeds", "rates", "selection_seeds"):
+        values = getattr(args, name)
+        if values is not None and len(set(values)) != len(values):
+            parser.error(f"--{name.replace('_', '-')} must be distinct, got {values}")
+    shared = set(args.seeds or ()) & set(args.selection_seeds or (0,))
+    if shared:
+        parser.error(f"--seeds (reported) and --selection-seeds must be different seeds; both hold {sorted(shared)}")
+    if args.out == "runs/compare":
+        args.out = "runs/laptop"
+    command = "python -m modern_block compare " + shlex.join(sys.argv[1:] if argv is None else argv)
+    try:
+        return main_laptop(base, args, command)
+    except KeyboardInterrupt:
+        print(f"interrupted: rerun the same command to continue (finished runs are read back from {args.out}/runs, "
+              "the others resume from their checkpoints)", file=sys.stderr)
+        return 130
+    except (RunFolderError, StorageError, CheckpointError, OSError) as err:
+        print(f"error: {err}. What the runs wrote is kept in {args.out}/runs; rerun the command to continue",
+              file=sys.stderr)
+        return 1
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     base = config_from_args(parser, args, "gpt2")
+    if scale_from_args(args) == "laptop":
+        return _laptop(parser, args, base, argv)
+    if args.selection_seeds is not None or args.anchor or args.collect or args.arms is not None:
+        parser.error("--selection-seeds, --anchor, --arms and --collect belong to --scale laptop")
     quick = quick_from_args(args)
     mode = "quick (CPU scale)" if quick else "GPU scale"
     seeds = args.seeds if args.seeds is not None else ([0, 1] if quick else [0, 1, 2])

@@ -8,6 +8,9 @@
                                         parameter count
     run_ladder(base, rates, seeds)      GPT-2 -> Llama one change at a time (the models: ``training.ladder``)
     run_ablations(base, rates, seeds)   the Llama end back one change at a time (leave one out)
+    select_then_report(base, rungs, rates, selection_seeds, reported_seeds)
+                                        each model's rate chosen on some seeds, its loss reported on others
+                                        (a ``Study``; ``Study.difference(a, b)``: paired, with a t interval)
     gap(a, b)                           the difference of two models' mean losses, with its standard error
     summarize(arms)                     the table
 
@@ -26,11 +29,13 @@ from dataclasses import dataclass, replace
 from .config import TrainConfig
 from .data import Corpus
 from .rungs import ABLATION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
+from .statistics import difference, select_and_report
 from .trainer import TrainResult
 from .workers import train_many
 
-LABELS = {"untied": "GPT-2", "qk_norm": "Llama-style", "gpt2": "GPT-2, tied head", "tied": "Llama-style, tied head"}
-ARMS = {False: ("untied", "qk_norm"), True: ("gpt2", "tied")}  # tie -> (the GPT-2 block, the Llama block)
+LABELS = {"gpt2_untied": "GPT-2", "llama": "Llama", "gpt2": "GPT-2, tied head", "llama_tied": "Llama, tied head",
+          "gpt2_nobias": "GPT-2 (no biases, tied: nanoGPT's)"}
+ARMS = {False: ("gpt2_untied", "llama"), True: ("gpt2", "llama_tied")}  # tie -> (the GPT-2 block, the Llama block)
 QUICK_RATES = (4e-3, 8e-3, 1.6e-2, 3.2e-2)  # the quick lesson's sweep (tiny models, short runs: high rates)
 GPU_RATES = (5e-4, 1e-3, 2e-3)  # around nanoGPT's 1e-3 for its shakespeare-char budget
 
@@ -165,6 +170,47 @@ def run_ablations(base: TrainConfig, rates, seeds=(0, 1), rungs=ABLATION_NAMES, 
     """Leave one out from the Llama end (``LlamaStyleLM``): the reference row first, then one row per
     model that undoes one change, each at its best rate."""
     return [arm.row() for arm in sweep(base, (LLAMA_END, *rungs), rates, seeds, **kwargs).values()]
+
+
+# ---- rates chosen on some seeds, losses reported on others ----------------------------------------------
+def final_loss(run) -> float:
+    """A run's validation loss at its last evaluation (inf for a run that diverged)."""
+    return run.metrics[-1]["val_loss"] if isinstance(run, TrainResult) and run.metrics else math.inf
+
+
+@dataclass
+class Study:
+    """Models whose rates were chosen on ``selection`` seeds and reported on others: ``selections`` (model ->
+    ``statistics.Selection``, on final validation losses), ``selection`` (model -> ``Arm`` of the sweep on the
+    selection seeds) and ``reported`` (model -> ``Arm`` at its chosen rate on the reported seeds: the runs to plot)."""
+
+    selections: dict
+    selection: dict[str, Arm]
+    reported: dict[str, Arm]
+
+    def difference(self, a: str, b: str):
+        """b minus a on the reported seeds, paired by seed, with its t interval and verdict."""
+        return difference(self.selections, a, b)
+
+
+def select_then_report(base: TrainConfig, rungs, rates, selection_seeds, reported_seeds, **kwargs) -> Study:
+    """Every model at every rate on ``selection_seeds``; each then at the rate with the lowest mean final
+    validation loss there, on ``reported_seeds`` (other seeds). Keyword arguments go to ``sweep``."""
+    rungs = [get_rung(r).name for r in rungs]
+    shared = set(selection_seeds) & set(reported_seeds)
+    if shared:
+        raise ValueError(f"selection_seeds and reported_seeds must be different seeds; both hold {sorted(shared)}")
+    selection = sweep(base, rungs, rates, selection_seeds, **kwargs)
+    rows = [{"model": r, "lr": lr, "seed": s, "loss": final_loss(run)}
+            for r, arm in selection.items() for lr, runs in arm.runs.items()
+            for s, run in zip(selection_seeds, runs, strict=True)]
+    means = {r: {lr: mean_std([final_loss(x) for x in runs])[0] for lr, runs in arm.runs.items()}
+             for r, arm in selection.items()}
+    chosen = {r: min(m, key=lambda lr, m=m: (m[lr], lr)) for r, m in means.items()}
+    reported = sweep(base, rungs, {r: (chosen[r],) for r in rungs}, reported_seeds, **kwargs)
+    rows += [{"model": r, "lr": chosen[r], "seed": s, "loss": final_loss(run)}
+             for r, arm in reported.items() for s, run in zip(reported_seeds, arm.best, strict=True)]
+    return Study(select_and_report(rows, selection_seeds, reported_seeds, rungs), selection, reported)
 
 
 # ---- reading the results ------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ The rungs (the ladder, cumulative, GPT-2 -> Llama, and the leave-one-out models 
 the shape they share are data in ``training.rungs``; this module builds them.
 
 Llama's components carry no biases, so each rung of the ladder also drops the biases of the part
-it replaces (and a leave-one-out model gets GPT-2's part back with them). ``gpt2``, ``untied``,
-``qk_norm`` and ``tied`` are exactly ``GPT2LM`` and ``LlamaStyleLM`` with a tied or an untied head:
+it replaces (and a leave-one-out model gets GPT-2's part back with them). ``gpt2``, ``gpt2_untied``,
+``gpt2_nobias``, ``llama`` and ``llama_tied`` are exactly ``GPT2LM`` (with and without biases) and ``LlamaStyleLM``:
 the same parts under the same names, registered in the same order (the same state dict keys, the same
 weights from the same seed, the same logits; the tests check this).
 
@@ -47,6 +47,16 @@ FFN_MULTIPLE = 8  # FFN hidden sizes are rounded to a multiple of this
 GPT2_NORM_EPS, LLAMA_NORM_EPS = 1e-5, 1e-6
 
 
+class PostNormBlock(Block):
+    """Llama's block with the 2017 Transformer's post-norm: x = norm(x + attn(x)), then x = norm(x + ffn(x)).
+    The residual stream itself is normalised after every sub-layer, so no path from the loss to the embedding
+    skips the norms: the ``post_norm`` model, the side result on why pre-norm trains at higher rates."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
+        x = self.attn_norm(x + self.drop(self.attn(x, cos, sin, cache)))  # x: [B, T, d]
+        return self.ffn_norm(x + self.drop(self.ffn(x)))
+
+
 class NoRotation(nn.Module):
     """The ``no_rope`` model's RoPE slot: cos = 1 and sin = 0 at every position, so Llama's attention rotates q
     and k by angle 0 and the learned position table alone says where a token is."""
@@ -66,16 +76,20 @@ def ladder_lm(rung: Rung | str, V: int, d: int, n_layers: int, n_heads: int, n_k
     rung = get_rung(rung) if isinstance(rung, str) else rung
     positive_ints(V=V, d=d, n_layers=n_layers, n_heads=n_heads, max_len=max_len)
 
-    def norm(dim: int) -> nn.Module:  # GPT-2's LayerNorm (with bias) or Llama's RMSNorm
-        return nn.LayerNorm(dim, eps=GPT2_NORM_EPS) if rung.norm == "layernorm" else RMSNorm(dim, LLAMA_NORM_EPS)
+    def norm(dim: int) -> nn.Module:  # GPT-2's LayerNorm (with bias unless bias=False) or Llama's RMSNorm
+        if rung.norm == "layernorm":
+            return nn.LayerNorm(dim, eps=GPT2_NORM_EPS, bias=rung.bias)
+        return RMSNorm(dim, LLAMA_NORM_EPS)
 
-    ffn = GeluMLP if rung.ffn == "gelu" else SwiGLU  # GeluMLP with GPT-2's biases
-    if rung.attention == "gpt2":  # GPT-2's block: its fused, biased q/k/v; positions from the learned table
-        blocks = [GPT2Block(d, n_heads, d_ff, dropout=dropout, norm=norm, mlp=ffn) for _ in range(n_layers)]
+    ffn = functools.partial(GeluMLP, bias=rung.bias) if rung.ffn == "gelu" else SwiGLU
+    if rung.attention == "gpt2":  # GPT-2's block: its fused q/k/v (biased unless bias=False); learned positions
+        blocks = [GPT2Block(d, n_heads, d_ff, bias=rung.bias, dropout=dropout, norm=norm, mlp=ffn)
+                  for _ in range(n_layers)]
         rope = None
     else:  # Llama's block: GQAttention, which rotates q and k (by angle 0 without RoPE)
         kv = n_kv_heads if rung.gqa else n_heads
-        blocks = [Block(d, n_heads, kv, d_ff, qk_norm=rung.qk_norm, norm_eps=LLAMA_NORM_EPS, dropout=dropout,
+        block = PostNormBlock if rung.post_norm else Block
+        blocks = [block(d, n_heads, kv, d_ff, qk_norm=rung.qk_norm, norm_eps=LLAMA_NORM_EPS, dropout=dropout,
                         norm=norm, ffn=ffn) for _ in range(n_layers)]
         dh = d // n_heads
         rope = RotaryEmbedding(dh, max_len, rope_base) if rung.positions == "rope" else NoRotation(dh)
@@ -97,9 +111,10 @@ def gpt2_parameters(shape: ModelShape, V: int) -> int:
 
 def matched_d_ff(rung: Rung | str, shape: ModelShape, V: int, multiple_of: int = FFN_MULTIPLE) -> int:
     """FFN hidden size giving the model the total closest to GPT-2's (see the module docstring);
-    4d for the GPT-2 baseline itself, which sets the budget."""
+    4d for the GPT-2 baseline itself, which sets the budget, and for nanoGPT's bias-free GPT-2 (``gpt2_nobias``,
+    GPT-2 as nanoGPT builds it: 0.3% below the budget at the laptop scale)."""
     rung = get_rung(rung) if isinstance(rung, str) else rung
-    if rung == LADDER[0]:
+    if rung == LADDER[0] or rung.name == "gpt2_nobias":
         return 4 * shape.d
     target = gpt2_parameters(shape, V)
     at_one_step = _count_on_meta(lambda: _ladder(rung, shape, V, multiple_of))

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from .config import MAX_SEED, QUICK_ENV, TrainConfig, default_config, quick_forced
+from .config import MAX_SEED, QUICK_ENV, SCALES, TrainConfig, quick_forced, scale_config
 from .device import choose_device
 
 
@@ -54,6 +54,10 @@ def nonneg_float_arg(text: str) -> float:
 
 # option -> (TrainConfig field, argparse type, help)
 CONFIG_OPTIONS = {
+    "--d": ("d", positive_int_arg, "model width (the scale's preset otherwise)"),
+    "--n-layers": ("n_layers", positive_int_arg, "number of blocks"),
+    "--n-heads": ("n_heads", positive_int_arg, "attention heads (must divide --d)"),
+    "--n-kv-heads": ("n_kv_heads", positive_int_arg, "key/value heads of GQA (must divide --n-heads)"),
     "--max-steps": ("max_steps", positive_int_arg, "training steps"),
     "--lr": ("lr", positive_float_arg, "peak learning rate"),
     "--min-lr": ("min_lr", nonneg_float_arg,
@@ -74,9 +78,13 @@ CONFIG_OPTIONS = {
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``python -m modern_block train`` and ``python -m modern_block compare``."""
     scale = parser.add_mutually_exclusive_group()
-    scale.add_argument("--quick", action="store_true", help="CPU scale (default when there is no GPU; "
-                       f"{QUICK_ENV}=1 forces it)")
-    scale.add_argument("--full", action="store_true", help="GPU scale even without a GPU (slow on a CPU)")
+    scale.add_argument("--scale", choices=SCALES, default=None,
+                       help="preset sizes and schedule: quick (the lesson's CPU scale, default without a GPU), laptop "
+                            "(nanoGPT's CPU recipe: 4 layers, 128 wide, block 64, 2000 steps; minutes per run), gpu "
+                            "(nanoGPT's shakespeare-char; default with a GPU). The options below override the preset")
+    scale.add_argument("--quick", action="store_true", help=f"--scale quick ({QUICK_ENV}=1 forces it)")
+    scale.add_argument("--laptop", action="store_true", help="--scale laptop")
+    scale.add_argument("--full", action="store_true", help="--scale gpu, even without a GPU (slow on a CPU)")
     for option, (_, kind, text) in CONFIG_OPTIONS.items():
         parser.add_argument(option, type=kind, default=None, help=text)
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
@@ -106,15 +114,28 @@ def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int
         except (ValueError, RuntimeError) as err:
             parser.error(f"--device: {err}")
         overrides["device"] = args.device
-    if args.full and quick_forced():
-        print(f"note: {QUICK_ENV} is set, so --full is ignored: quick mode", file=sys.stderr)
+    asked = scale_asked(args)
+    if asked not in (None, "quick") and quick_forced():
+        print(f"note: {QUICK_ENV} is set, so --scale {asked} is ignored: quick mode", file=sys.stderr)
     try:
-        return default_config(arch, quick_from_args(args), **overrides)
+        return scale_config(scale_from_args(args), arch, **overrides)
     except ValueError as err:
         parser.error(str(err))
 
 
+def scale_asked(args) -> str | None:
+    """The scale the options name, if any."""
+    return args.scale or ("quick" if args.quick else "laptop" if args.laptop else "gpu" if args.full else None)
+
+
+def scale_from_args(args) -> str:
+    """The scale: quick when MODERN_BLOCK_QUICK=1, else the one asked for, else gpu with a GPU and quick without."""
+    if quick_forced():
+        return "quick"
+    return scale_asked(args) or ("gpu" if torch.cuda.is_available() else "quick")
+
+
 def quick_from_args(args) -> bool:
-    """Quick mode: --quick, MODERN_BLOCK_QUICK=1, or no GPU unless --full."""
-    return quick_forced() or args.quick or (not args.full and not torch.cuda.is_available())
+    """Quick mode: --quick (--scale quick), MODERN_BLOCK_QUICK=1, or no GPU and no scale asked for."""
+    return scale_from_args(args) == "quick"
 

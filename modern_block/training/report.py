@@ -188,3 +188,55 @@ def plot_ladder(rows: list[dict], path=None, title: str = "GPT-2 -> Llama, one c
     axes[0][0].set_ylim(lo - pad, hi + pad)
     axes[0][0].set_ylabel("best val loss")
     return _finish(fig, path)
+
+
+def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validation loss, seed mean and 95% band",
+                     skip: int = 1):
+    """Validation loss against step for each model: the mean over its seeds and a t-based 95% band
+    (``statistics.band``), from the ``skip``-th evaluation on (after the first drop from ln V, which would
+    flatten everything after it). ``groups`` maps a label to the runs (or metric lists) of its seeds."""
+    import matplotlib.pyplot as plt
+
+    from .statistics import band
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k, (name, runs) in enumerate(groups.items()):
+        rows = [run.metrics if hasattr(run, "metrics") else run for run in runs]
+        rows = [r for r in rows if r]  # a diverged run has none
+        steps = [m["step"] for m in rows[0]][skip:]
+        curves = [[m["val_loss"] for m in r][skip:] for r in rows]
+        color = COLORS[k % len(COLORS)]
+        if len(curves) > 1:
+            mean, low, high = band(curves)
+            ax.fill_between(steps, low, high, color=color, alpha=0.25, linewidth=0)
+        else:
+            mean = curves[0]
+        ax.plot(steps, mean, color=color, marker="o", markersize=3, label=f"{name} ({len(curves)} seeds)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("val loss (nats/char)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _finish(fig, path)
+
+
+def plot_differences(rows: list[tuple[str, object]], path=None, title: str = "differences, 95% intervals",
+                     xlabel: str = "difference in val loss (nats/char); < 0: lower loss"):
+    """Paired differences (``statistics.PairedDifference``) as points with their 95% intervals, one row each,
+    against a line at zero: an interval that crosses it is "no difference at this scale"."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
+    for i, (_, d) in enumerate(rows):
+        if d.diverged:
+            ax.text(0, i, "a run diverged", va="center")
+            continue
+        color = "tab:gray" if d.low <= 0 <= d.high else "tab:blue" if d.mean < 0 else "tab:red"
+        ax.errorbar([d.mean], [i], xerr=[[d.mean - d.low], [d.high - d.mean]], fmt="o", color=color, capsize=3)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [name for name, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    return _finish(fig, path)

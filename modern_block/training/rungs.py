@@ -3,24 +3,29 @@
 Settings (``training.config``) and the model factory (``training.ladder``) both read this table; it builds
 no model, so a run's settings can be checked without importing a single model class.
 
-The ladder, cumulative: each rung adds one change to the rung above it.
-    rung      what changes
-    gpt2      the baseline: LayerNorm, GELU MLP (4d), learned positions, MHA with biases, tied head (= GPT2LM)
-    untied    a separate output head (= GPT2LM(tie=False))
-    rmsnorm   LayerNorm -> RMSNorm
-    swiglu    GELU MLP -> SwiGLU at matched parameters
-    rope      learned positions -> RoPE (GQAttention with n_kv = h)
-    gqa       MHA -> GQA (n_kv_heads < n_heads)
-    qk_norm   + RMSNorm on each head's q and k (= LlamaStyleLM)
+The ladder, cumulative: each rung adds one change to the rung above it. Names are the models'.
+    rung         what changes
+    gpt2         the baseline: LayerNorm, GELU MLP (4d), learned positions, MHA with biases, tied head (= GPT2LM)
+    gpt2_untied  a separate output head (= GPT2LM(tie=False))
+    rmsnorm      LayerNorm -> RMSNorm
+    swiglu       GELU MLP -> SwiGLU at matched parameters
+    bias_free    the attention's biases removed (GQAttention with n_kv = h, no rotation: the last biases gone)
+    rope         learned positions -> RoPE
+    gqa          MHA -> GQA (n_kv_heads < n_heads)
+    llama        + RMSNorm on each head's q and k (= LlamaStyleLM)
 
-Leave one out, from the Llama end (``qk_norm``, the chapter's ``LlamaStyleLM``): each model undoes
+Leave one out, from the Llama end (``llama``, the chapter's ``LlamaStyleLM``): each model undoes
 one change and keeps all the others.
     no_rmsnorm     RMSNorm -> LayerNorm (GPT-2's, with bias)
     no_swiglu      SwiGLU -> GELU MLP (GPT-2's, with biases)
     no_rope        RoPE -> learned positions (Llama's attention, rotating by angle 0)
     no_qk_norm     QK-norm removed
     no_gqa         GQA -> MHA
-    tied           the output head tied to the embedding (= LlamaStyleLM(tie=True))
+    llama_tied     the output head tied to the embedding (= LlamaStyleLM(tie=True))
+
+Other models.
+    gpt2_nobias    nanoGPT's GPT-2 at its small scales: no biases anywhere, tied head (= GPT2LM(bias=False))
+    post_norm      Llama with each sub-layer's norm after the residual sum (the 2017 Transformer's post-norm)
 """
 
 from dataclasses import dataclass, fields
@@ -59,6 +64,8 @@ class Rung:
     gqa: bool = False  # n_kv_heads < n_heads (Llama attention only)
     qk_norm: bool = False  # (Llama attention only)
     tie: bool = True
+    bias: bool = True  # GPT-2's parts (LayerNorm, GELU MLP, GPT-2 attention) keep their biases; Llama's have none
+    post_norm: bool = False  # Llama's block with the norm after each residual sum (Llama attention only)
     change: str = ""  # what this model changes, in words
 
     def __post_init__(self):
@@ -68,6 +75,8 @@ class Rung:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
         if self.attention == "gpt2" and (self.positions == "rope" or self.gqa or self.qk_norm):
             raise ValueError("positions='rope', gqa and qk_norm need attention='llama' (GQAttention)")
+        if self.post_norm and self.attention != "llama":
+            raise ValueError("post_norm needs attention='llama' (Llama's block)")
 
     @property
     def switches(self) -> tuple:
@@ -84,12 +93,14 @@ class Rung:
 _LLAMA = dict(norm="rmsnorm", ffn="swiglu", positions="rope", attention="llama", gqa=True, qk_norm=True, tie=False)
 LADDER: tuple[Rung, ...] = (
     Rung("gpt2", change="GPT-2 baseline (tied head)"),
-    Rung("untied", tie=False, change="tied -> untied output head"),
+    Rung("gpt2_untied", tie=False, change="tied -> untied output head"),
     Rung("rmsnorm", norm="rmsnorm", tie=False, change="LayerNorm -> RMSNorm"),
     Rung("swiglu", norm="rmsnorm", ffn="swiglu", tie=False, change="GELU MLP -> SwiGLU (matched params)"),
+    Rung("bias_free", **(_LLAMA | dict(positions="learned", gqa=False, qk_norm=False)),
+         change="attention biases removed"),
     Rung("rope", **(_LLAMA | dict(gqa=False, qk_norm=False)), change="learned positions -> RoPE"),
     Rung("gqa", **(_LLAMA | dict(qk_norm=False)), change="MHA -> GQA"),
-    Rung("qk_norm", **_LLAMA, change="+ QK-norm (= LlamaStyleLM)"),
+    Rung("llama", **_LLAMA, change="+ QK-norm (= LlamaStyleLM)"),
 )
 ABLATIONS: tuple[Rung, ...] = (  # leave one out from the Llama end
     Rung("no_rmsnorm", **(_LLAMA | dict(norm="layernorm")), change="RMSNorm -> LayerNorm"),
@@ -97,13 +108,17 @@ ABLATIONS: tuple[Rung, ...] = (  # leave one out from the Llama end
     Rung("no_rope", **(_LLAMA | dict(positions="learned")), change="RoPE -> learned positions"),
     Rung("no_qk_norm", **(_LLAMA | dict(qk_norm=False)), change="QK-norm removed"),
     Rung("no_gqa", **(_LLAMA | dict(gqa=False)), change="GQA -> MHA"),
-    Rung("tied", **(_LLAMA | dict(tie=True)), change="untied -> tied output head"),
+    Rung("llama_tied", **(_LLAMA | dict(tie=True)), change="untied -> tied output head"),
 )
-RUNGS: tuple[Rung, ...] = LADDER + ABLATIONS  # every model (``train`` accepts arch="ladder:<name>")
+OTHERS: tuple[Rung, ...] = (
+    Rung("gpt2_nobias", bias=False, change="GPT-2 without biases (nanoGPT's bias=False), tied head"),
+    Rung("post_norm", **(_LLAMA | dict(post_norm=True)), change="pre-norm -> post-norm"),
+)
+RUNGS: tuple[Rung, ...] = LADDER + ABLATIONS + OTHERS  # every model (``train`` accepts arch="ladder:<name>")
 RUNG_NAMES = tuple(r.name for r in RUNGS)
 LADDER_NAMES = tuple(r.name for r in LADDER)
 ABLATION_NAMES = tuple(r.name for r in ABLATIONS)
-LLAMA_END = "qk_norm"  # the ladder's top and the leave-one-out reference: LlamaStyleLM
+LLAMA_END = "llama"  # the ladder's top and the leave-one-out reference: LlamaStyleLM
 
 
 def get_rung(name: str) -> Rung:

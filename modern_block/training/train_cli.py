@@ -2,6 +2,7 @@
 
     python -m modern_block train --arch llama --quick --out runs/llama
     python -m modern_block train --arch llama --quick --out runs/llama --resume   # continue it
+    python -m modern_block train --arch gpt2_nobias --scale laptop --d 192 --n-layers 6   # any size
     torchrun --nproc_per_node 2 -m modern_block train --arch llama --out runs/llama   # two GPUs (or processes)
 
 Exit status: 0 done; 2 a usage error (bad options, settings that break a rule or contradict the run
@@ -22,6 +23,7 @@ from .config import ARCHS, ConfigError
 from .distributed import RankFailedError
 from .files import StorageError, reason
 from .options import add_run_options, config_from_args, seed_arg
+from .rungs import RUNG_NAMES
 from .trainer import NonFiniteLossError, train
 
 
@@ -29,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m modern_block train",
                                      description="Train the Llama-style LM or the GPT-2 LM on tinyshakespeare "
                                      "(one process, or one per GPU under torchrun).")
-    parser.add_argument("--arch", required=True, choices=ARCHS, help="which model")
+    parser.add_argument("--arch", required=True, choices=ARCHS + tuple(r for r in RUNG_NAMES if r not in ARCHS),
+                        metavar="ARCH", help="which model: gpt2 (GPT2LM), llama (LlamaStyleLM), or any model of "
+                        f"lesson 08's ladder: {', '.join(r for r in RUNG_NAMES if r not in ARCHS)} "
+                        "(gpt2_nobias: nanoGPT's GPT-2, no biases, tied)")
     parser.add_argument("--out", default=None, help="folder for metrics.jsonl, ckpt.pt, summary.json "
                         "(default runs/<arch>)")
     start = parser.add_mutually_exclusive_group()
@@ -68,7 +73,8 @@ def main(argv=None) -> int:
     if not ranks.is_main:  # usage errors: every process finds them, rank 0 says them
         parser.error = lambda message: sys.exit(2)
     args = parser.parse_args(argv)
-    cfg = config_from_args(parser, args, args.arch, args.seed)
+    arch = args.arch if args.arch in ARCHS else f"ladder:{args.arch}"
+    cfg = config_from_args(parser, args, arch, args.seed)
     out = Path(args.out) if args.out else Path("runs") / args.arch
     say = print if ranks.is_main else (lambda *a, **k: None)
     try:

@@ -1,0 +1,414 @@
+"""How lesson 08 decides: paired differences over seeds with a t-based 95% interval, the verdict that
+interval supports, and a learning rate chosen on some seeds and reported on others.
+
+    t_quantile(p, df)                   Student's t quantile, computed (exact CDF for integer df, then bisection)
+    mean_interval(values)               a mean with its t interval (a band around a curve, an arm's loss)
+    paired_difference(a, b)             b minus a, seed by seed, with its t interval and its verdict
+    verdict(low, high)                  "lower", "higher" or "no difference at this scale", from the interval alone
+    select_and_report(rows, sel, rep)   per model: the rate with the lowest mean loss on the selection seeds, and
+                                        the losses at that rate on the reported seeds (a pure function of a table)
+    band, successive_differences, differences_from, markdown_table: what the lesson and the report print
+
+Why paired: two models trained with the same seed see the same batches in the same order, so much of the
+seed-to-seed noise is shared; the differences d_i = b_i - a_i carry less of it than the two means do. With
+n seeds, mean d̄ and sample standard deviation s_d, the interval is d̄ ± t_{(1+c)/2, n-1} · s_d / sqrt(n).
+
+Why separate seeds: the rate a model is reported at is the one that happened to do best on the seeds it was
+chosen on, so those seeds' losses at that rate are biased low (the luckiest of several draws). Losses on
+other seeds at the chosen rate are not.
+"""
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+CONFIDENCE = 0.95
+LOWER, HIGHER, NO_DIFFERENCE = "lower", "higher", "no difference at this scale"
+MAX_DF = 10_000  # the exact CDF sums df/2 terms (fast up to here); far more than any count of seeds
+
+
+# ---- Student's t distribution ---------------------------------------------------------------------------
+def _check_df(df) -> int:
+    if isinstance(df, bool) or not isinstance(df, int) or not 1 <= df <= MAX_DF:
+        raise ValueError(f"df must be an int in [1, {MAX_DF:,}], got {df!r}")
+    return df
+
+
+def _central_probability(t: float, df: int) -> float:
+    """P(|T| <= t) for t >= 0: the finite series of Abramowitz & Stegun 26.7.3-4 in theta = atan(t / sqrt(df))."""
+    theta = math.atan(t / math.sqrt(df))
+    s, c = math.sin(theta), math.cos(theta)
+    c2 = c * c
+    if df % 2 == 0:  # sin θ · (1 + 1/2 cos²θ + (1·3)/(2·4) cos⁴θ + ...), df/2 terms
+        term = total = 1.0
+        for k in range(1, df // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        return s * total
+    if df == 1:
+        return 2 * theta / math.pi
+    term = total = c  # (2/π)(θ + sin θ · (cos θ + 2/3 cos³θ + (2·4)/(3·5) cos⁵θ + ...)), (df-1)/2 terms
+    for k in range(1, (df - 1) // 2):
+        term *= c2 * (2 * k) / (2 * k + 1)
+        total += term
+    return 2 / math.pi * (theta + s * total)
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom (exact series; no scipy)."""
+    _check_df(df)
+    if math.isnan(t):
+        raise ValueError("t must be a number, got nan")
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    half = 0.5 * _central_probability(abs(t), df)
+    return 0.5 + half if t >= 0 else 0.5 - half
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The t with P(T <= t) = p: bisection on the exact CDF to about 1e-12. ``t_quantile(0.975, n - 1)``
+    is the multiplier of a two-sided 95% interval from n values (12.706 for n = 2, 2.571 for n = 6)."""
+    _check_df(df)
+    if not (isinstance(p, (int, float)) and 0 < p < 1):
+        raise ValueError(f"p must be a probability strictly between 0 and 1, got {p!r}")
+    if p == 0.5:
+        return 0.0
+    target = abs(2 * p - 1)  # P(|T| <= t) at the quantile
+    low, high = 0.0, 1.0
+    while _central_probability(high, df) < target:
+        low, high = high, 2 * high
+    for _ in range(200):
+        mid = 0.5 * (low + high)
+        if mid in (low, high):
+            break
+        low, high = (mid, high) if _central_probability(mid, df) < target else (low, mid)
+        if high - low <= 1e-13 * high:
+            break
+    t = 0.5 * (low + high)
+    return t if p > 0.5 else -t
+
+
+# ---- intervals and verdicts -------------------------------------------------------------------------------
+def _finite_values(name: str, values) -> list[float]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a sequence of numbers, got {type(values).__name__}")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{name} must hold numbers, got {v!r}")
+        out.append(float(v))
+    return out
+
+
+def _check_confidence(confidence) -> float:
+    if not (isinstance(confidence, float) and 0 < confidence < 1):
+        raise ValueError(f"confidence must be a float strictly between 0 and 1, got {confidence!r}")
+    return confidence
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean over n values with its two-sided t interval: mean ± t_{(1+c)/2, n-1} · sd / sqrt(n)."""
+
+    mean: float
+    sd: float  # sample standard deviation (n - 1 in the denominator)
+    n: int
+    confidence: float = CONFIDENCE
+
+    @property
+    def df(self) -> int:
+        return self.n - 1
+
+    @property
+    def se(self) -> float:
+        return self.sd / math.sqrt(self.n)
+
+    @property
+    def half_width(self) -> float:
+        if not math.isfinite(self.mean):
+            return math.nan
+        return t_quantile(0.5 + self.confidence / 2, self.df) * self.se
+
+    @property
+    def low(self) -> float:
+        return self.mean - self.half_width
+
+    @property
+    def high(self) -> float:
+        return self.mean + self.half_width
+
+    def format(self, digits: int = 4) -> str:
+        """"2.4809 ± 0.0521" (the half-width of the interval, not the standard deviation)."""
+        if not math.isfinite(self.mean):
+            return "diverged"
+        return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
+
+    def __str__(self) -> str:
+        return f"{self.format()} ({self.confidence:.0%} interval, {self.n} seeds)"
+
+
+def mean_interval(values, confidence: float = CONFIDENCE) -> Interval:
+    """The mean of ``values`` (at least 2) with its t interval. A non-finite value (a diverged run) makes
+    the mean inf and the interval undefined (``format`` says "diverged")."""
+    xs = _finite_values("values", values)
+    _check_confidence(confidence)
+    if len(xs) < 2:
+        raise ValueError(f"values must hold at least 2 numbers for an interval, got {len(xs)}")
+    if not all(math.isfinite(x) for x in xs):
+        return Interval(math.inf, math.nan, len(xs), confidence)
+    mean = math.fsum(xs) / len(xs)
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+    return Interval(mean, sd, len(xs), confidence)
+
+
+def verdict(low: float, high: float) -> str:
+    """What an interval for b - a (a loss difference) supports: "lower" when it lies wholly below 0, "higher"
+    when wholly above, otherwise "no difference at this scale" (an interval that touches 0 included)."""
+    if math.isnan(low) or math.isnan(high) or low > high:
+        raise ValueError(f"low and high must be numbers with low <= high, got {low}, {high}")
+    if high < 0:
+        return LOWER
+    if low > 0:
+        return HIGHER
+    return NO_DIFFERENCE
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """b minus a, seed by seed: ``differences[i]`` = b's loss - a's loss on ``seeds[i]``."""
+
+    seeds: tuple
+    differences: tuple[float, ...]
+    confidence: float = CONFIDENCE
+
+    @property
+    def n(self) -> int:
+        return len(self.differences)
+
+    @property
+    def diverged(self) -> bool:
+        return not all(math.isfinite(d) for d in self.differences)
+
+    @property
+    def interval(self) -> Interval:
+        return mean_interval(self.differences, self.confidence)
+
+    @property
+    def mean(self) -> float:
+        return self.interval.mean
+
+    @property
+    def low(self) -> float:
+        return self.interval.low
+
+    @property
+    def high(self) -> float:
+        return self.interval.high
+
+    @property
+    def verdict(self) -> str:
+        return "a run diverged" if self.diverged else verdict(self.low, self.high)
+
+    def format(self, digits: int = 4) -> str:
+        """"-0.1360 [-0.1430, -0.1290]": the mean difference and its interval."""
+        if self.diverged:
+            return "a run diverged"
+        return f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+
+    def __str__(self) -> str:
+        if self.diverged:
+            return f"a run diverged ({self.n} paired seeds)"
+        return f"{self.format()} ({self.confidence:.0%} interval, {self.n} paired seeds): {self.verdict}"
+
+
+def paired_difference(a, b, confidence: float = CONFIDENCE) -> PairedDifference:
+    """b minus a over paired seeds. ``a`` and ``b``: mappings seed -> loss with the same seeds (paired by
+    seed), or sequences of equal length (paired by position). At least 2 pairs; a loss of None counts as a
+    diverged run (inf)."""
+    _check_confidence(confidence)
+    if isinstance(a, Mapping) != isinstance(b, Mapping):
+        raise TypeError("a and b must both be mappings seed -> loss, or both sequences")
+    if isinstance(a, Mapping):
+        if set(a) != set(b):
+            raise ValueError(f"a and b must hold the same seeds to be paired, got {sorted(a)} and {sorted(b)}")
+        seeds = tuple(sorted(a))
+        xs, ys = [a[s] for s in seeds], [b[s] for s in seeds]
+    else:
+        xs, ys = list(a), list(b)
+        if len(xs) != len(ys):
+            raise ValueError(f"a and b must have the same length to be paired, got {len(xs)} and {len(ys)}")
+        seeds = tuple(range(len(xs)))
+    xs = _finite_values("a", [math.inf if v is None else v for v in xs])
+    ys = _finite_values("b", [math.inf if v is None else v for v in ys])
+    if len(xs) < 2:
+        raise ValueError(f"a paired interval needs at least 2 seeds, got {len(xs)}")
+    diffs = tuple(y - x if math.isfinite(x) and math.isfinite(y) else math.nan for x, y in zip(xs, ys, strict=True))
+    return PairedDifference(seeds, diffs, confidence)
+
+
+def band(curves: Sequence[Sequence[float]], confidence: float = CONFIDENCE) -> tuple[list, list, list]:
+    """Per point of equally long curves (one per seed): the mean and the t interval's low and high ends,
+    for a plot that draws the seed mean with a band."""
+    curves = [_finite_values("curves[i]", c) for c in curves]
+    if len(curves) < 2 or len({len(c) for c in curves}) != 1 or not curves[0]:
+        raise ValueError(f"curves must be at least 2 non-empty sequences of one length, got lengths "
+                         f"{[len(c) for c in curves]}")
+    intervals = [mean_interval(column, confidence) for column in zip(*curves, strict=True)]
+    return [i.mean for i in intervals], [i.low for i in intervals], [i.high for i in intervals]
+
+
+# ---- choosing a rate on some seeds, reporting on others -----------------------------------------------------
+@dataclass(frozen=True)
+class Selection:
+    """One model: the rate chosen on the selection seeds and its losses on the reported seeds."""
+
+    model: str
+    lr: float
+    selection_seeds: tuple[int, ...]
+    selection_losses: dict  # every rate tried -> {selection seed: loss} (inf: the run diverged)
+    reported: dict  # reported seed -> loss at the chosen rate
+
+    @property
+    def selection_means(self) -> dict[float, float]:
+        """Every rate tried -> mean loss over the selection seeds (inf if a run diverged): what chose the rate."""
+        return {lr: math.fsum(runs.values()) / len(runs) for lr, runs in sorted(self.selection_losses.items())}
+
+    @property
+    def rates(self) -> list[float]:
+        return sorted(self.selection_losses)
+
+    @property
+    def at_edge(self) -> bool:
+        """The chosen rate is the lowest or highest tried: a wider sweep might do better."""
+        return len(self.rates) > 1 and self.lr in (self.rates[0], self.rates[-1])
+
+    @property
+    def reported_seeds(self) -> tuple[int, ...]:
+        return tuple(sorted(self.reported))
+
+    @property
+    def interval(self) -> Interval:
+        """The reported losses' mean with its t interval."""
+        return mean_interval([self.reported[s] for s in self.reported_seeds])
+
+    @property
+    def optimism(self) -> float:
+        """The chosen rate's mean on the selection seeds minus its mean on the reported seeds: how much lower
+        the loss would look if it were reported on the seeds that chose the rate (negative: flattered)."""
+        return self.selection_means[self.lr] - self.interval.mean
+
+
+def _loss(row: Mapping, key: str) -> float:
+    value = row[key]
+    if value is None:
+        return math.inf  # a run that diverged
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{key} must be a number or None (diverged), got {value!r} in {dict(row)}")
+    return float(value)
+
+
+def _check_seeds(name: str, seeds) -> tuple[int, ...]:
+    seeds = tuple(seeds)
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ValueError(f"{name} must be a non-empty sequence of int seeds, got {list(seeds)}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"{name} must be distinct, got {list(seeds)}")
+    return seeds
+
+
+def select_and_report(rows: Iterable[Mapping], selection_seeds, reported_seeds, models=None,
+                      loss_key: str = "loss") -> dict[str, Selection]:
+    """For each model in a results table, the rate with the lowest mean loss over ``selection_seeds`` (ties:
+    the lower rate) and the losses at that rate on ``reported_seeds``, which must be other seeds.
+
+    ``rows``: mappings with "model", "lr", "seed" and ``loss_key`` (None or inf: the run diverged). Every rate a
+    model was tried at needs every selection seed; the reported seeds are needed at the chosen rate only (runs at
+    other rates on those seeds are ignored). ``models`` picks and orders the models (default: as they appear)."""
+    selection_seeds = _check_seeds("selection_seeds", selection_seeds)
+    reported_seeds = _check_seeds("reported_seeds", reported_seeds)
+    shared = set(selection_seeds) & set(reported_seeds)
+    if shared:
+        raise ValueError(f"selection_seeds and reported_seeds must be different seeds; both hold {sorted(shared)}")
+    table: dict[str, dict[float, dict[int, float]]] = {}
+    for row in rows:
+        missing = {"model", "lr", "seed", loss_key} - set(row)
+        if missing:
+            raise ValueError(f"each row needs model, lr, seed and {loss_key}; {dict(row)} lacks {sorted(missing)}")
+        runs = table.setdefault(row["model"], {}).setdefault(float(row["lr"]), {})
+        if row["seed"] in runs:
+            raise ValueError(f"two rows for model {row['model']!r}, lr {row['lr']:g}, seed {row['seed']}")
+        runs[row["seed"]] = _loss(row, loss_key)
+    models = list(table) if models is None else list(models)
+    unknown = [m for m in models if m not in table]
+    if unknown:
+        raise ValueError(f"models {unknown} have no rows (the table holds {list(table)})")
+    out = {}
+    for model in models:
+        by_rate = {lr: runs for lr, runs in table[model].items() if set(runs) & set(selection_seeds)}
+        if not by_rate:
+            raise ValueError(f"model {model!r} has no runs on the selection seeds {list(selection_seeds)}")
+        for lr, runs in by_rate.items():
+            lacking = [s for s in selection_seeds if s not in runs]
+            if lacking:
+                raise ValueError(f"model {model!r} at lr {lr:g} lacks selection seeds {lacking}")
+        losses = {lr: {s: runs[s] for s in selection_seeds} for lr, runs in sorted(by_rate.items())}
+        means = {lr: math.fsum(runs.values()) / len(runs) for lr, runs in losses.items()}
+        chosen = min(means, key=lambda lr: (means[lr], lr))
+        at_chosen = table[model][chosen]
+        lacking = [s for s in reported_seeds if s not in at_chosen]
+        if lacking:
+            raise ValueError(f"model {model!r} at its chosen lr {chosen:g} lacks reported seeds {lacking}")
+        out[model] = Selection(model, chosen, selection_seeds, losses, {s: at_chosen[s] for s in reported_seeds})
+    return out
+
+
+def difference(selections: Mapping[str, Selection], a: str, b: str,
+               confidence: float = CONFIDENCE) -> PairedDifference:
+    """b minus a on their reported seeds, each model at its own chosen rate."""
+    for name in (a, b):
+        if name not in selections:
+            raise ValueError(f"model {name!r} is not among the selections {list(selections)}")
+    return paired_difference(selections[a].reported, selections[b].reported, confidence)
+
+
+def successive_differences(selections: Mapping[str, Selection], order: Sequence[str],
+                           confidence: float = CONFIDENCE) -> list[tuple[str, str, PairedDifference]]:
+    """A ladder: (previous, model, model minus previous) for each step of ``order``."""
+    return [(a, b, difference(selections, a, b, confidence)) for a, b in zip(order, order[1:], strict=False)]
+
+
+def differences_from(selections: Mapping[str, Selection], reference: str, others: Sequence[str],
+                     confidence: float = CONFIDENCE) -> list[tuple[str, PairedDifference]]:
+    """Leave one out: (model, model minus reference) for each of ``others``."""
+    return [(b, difference(selections, reference, b, confidence)) for b in others]
+
+
+# ---- formatting -------------------------------------------------------------------------------------------
+def format_seeds(seeds: Sequence[int]) -> str:
+    """"0-3" for a run of consecutive seeds, else "0, 2, 5"."""
+    seeds = sorted(seeds)
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(str(s) for s in seeds)
+
+
+def selection_row(sel: Selection, label: str | None = None, digits: int = 4) -> dict[str, str]:
+    """One model's line of a results table, as text: chosen rate, the selection means, the reported mean with
+    its interval, and the seeds of each role."""
+    means = ", ".join(f"{lr:g}: " + (f"{m:.{digits}f}" if math.isfinite(m) else "diverged")
+                      for lr, m in sorted(sel.selection_means.items()))
+    return {"model": label or sel.model,
+            "chosen lr": f"{sel.lr:g}" + (" (edge)" if sel.at_edge else ""),
+            f"mean on selection seeds {format_seeds(sel.selection_seeds)}": means,
+            f"reported, mean ± {CONFIDENCE:.0%} interval": sel.interval.format(digits),
+            "reported seeds": format_seeds(sel.reported_seeds)}
+
+
+def markdown_table(rows: Sequence[Mapping[str, str]]) -> str:
+    """A Markdown table from rows with the same keys (the header)."""
+    if not rows or any(list(r) != list(rows[0]) for r in rows):
+        raise ValueError("rows must be a non-empty sequence of mappings with the same keys in the same order")
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(r[k]) for k in header) + " |" for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,60 @@
+"""The committed laptop-scale results (results/laptop/) are the code's: the first steps of a committed run, rerun from
+its recorded settings, give its recorded losses to 1e-6, and the committed report is what the code writes from them."""
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from modern_block.training import laptop
+from modern_block.training.config import TrainConfig, laptop_config
+from modern_block.training.data import load_corpus
+from modern_block.training.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results" / "laptop" / "results.json"
+STEPS = 20  # about 3 s of one CPU core
+
+
+def _results() -> dict:
+    return json.loads(RESULTS.read_text())
+
+
+def test_the_first_steps_of_a_committed_laptop_run_repeat():
+    results = _results()
+    runs = [r for r in results["runs"] if r.get("train_losses")]
+    assert runs, "no committed run records its per-step losses"
+    run = runs[0]
+    if run["torch"] != torch.__version__:
+        pytest.skip(f"the run was made with torch {run['torch']}, this is {torch.__version__}")
+    corpus = load_corpus(verbose=False)
+    if corpus.name != "tinyshakespeare":
+        pytest.skip(f"the runs used tinyshakespeare; this machine has {corpus.name!r} (set MODERN_BLOCK_DATA)")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(run.get("threads", 1))
+    try:
+        res = train(TrainConfig(**run["config"]), corpus=corpus, checkpoints=False, progress=False, verbose=False,
+                    until=STEPS)
+    finally:
+        torch.set_num_threads(threads)
+    first = run["metrics"][0]
+    assert res.metrics[0]["step"] == first["step"] == 0
+    assert res.metrics[0]["val_loss"] == pytest.approx(first["val_loss"], abs=1e-6)
+    assert res.metrics[0]["train_loss"] == pytest.approx(first["train_loss"], abs=1e-6)
+    diffs = [abs(a - b) for a, b in zip(res.losses, run["train_losses"][:STEPS], strict=True)]
+    assert max(diffs) <= 1e-6, f"{run['arm']} lr {run['lr']} seed {run['seed']}: step losses differ by {max(diffs)}"
+
+
+def test_the_committed_results_are_one_design_and_the_report_is_the_codes():
+    results = _results()
+    base = asdict(laptop_config())
+    assert not set(results["selection_seeds"]) & set(results["reported_seeds"])
+    for run in results["runs"]:  # one recipe: only the model, the rate and the seed change
+        changed = {k for k, v in run["config"].items() if v != base[k]}
+        assert changed <= {"arch", "lr", "min_lr", "seed"}, (run["arm"], changed)
+        assert run["config"]["arch"] == f"ladder:{laptop.LAPTOP_ARMS[run['arm']]}"
+        assert run["final_val"] == run["metrics"][-1]["val_loss"] and run["metrics"][-1]["step"] == 2000
+    report = (ROOT / "results" / "laptop" / "report.md").read_text()
+    assert report == laptop.laptop_report(results)

@@ -1,0 +1,233 @@
+"""The statistics lesson 08 decides by: t quantiles against published tables and an independent integration,
+paired intervals and their verdicts, and a rate chosen on selection seeds, reported on others."""
+
+import math
+import random
+from statistics import NormalDist
+
+import pytest
+
+from modern_block.training.statistics import (
+    HIGHER,
+    LOWER,
+    NO_DIFFERENCE,
+    band,
+    difference,
+    differences_from,
+    format_seeds,
+    markdown_table,
+    mean_interval,
+    paired_difference,
+    select_and_report,
+    selection_row,
+    successive_differences,
+    t_cdf,
+    t_quantile,
+    verdict,
+)
+
+# Student's t, two-sided 95% (p = 0.975), as printed in the standard tables (3 decimals)
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+         29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+T_95 = {1: 6.314, 2: 2.920, 5: 2.015, 10: 1.812, 30: 1.697}
+T_995 = {1: 63.657, 2: 9.925, 5: 4.032, 10: 3.169, 30: 2.750}
+
+
+@pytest.mark.parametrize(("p", "table"), [(0.975, T_975), (0.95, T_95), (0.995, T_995)])
+def test_t_quantile_matches_published_tables(p, table):
+    for df, published in table.items():
+        assert abs(t_quantile(p, df) - published) <= 5e-4 + 1e-12, (p, df)  # the table rounds to 3 decimals
+        assert t_quantile(1 - p, df) == pytest.approx(-t_quantile(p, df), abs=1e-12)
+
+
+def test_t_quantile_closed_forms_and_the_normal_limit():
+    # df = 1 (Cauchy): tan(pi (p - 1/2)); df = 2: (2p - 1) sqrt(2 / (4 p (1 - p)))
+    for p in (0.6, 0.9, 0.975, 0.999):
+        assert t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-11)
+        assert t_quantile(p, 2) == pytest.approx((2 * p - 1) * math.sqrt(2 / (4 * p * (1 - p))), rel=1e-11)
+    z = NormalDist().inv_cdf(0.975)
+    for df in (1000, 10_000):  # Cornish-Fisher: t = z + (z^3 + z) / (4 df) + O(1/df^2)
+        assert t_quantile(0.975, df) == pytest.approx(z + (z ** 3 + z) / (4 * df), abs=5 / df ** 2)
+    assert t_quantile(0.5, 7) == 0.0
+
+
+def _t_cdf_by_integration(t: float, df: int, n: int = 20_000) -> float:
+    """0.5 + the integral of the t density from 0 to t, by Simpson's rule (independent of the series)."""
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    f = lambda x: math.exp(log_c - (df + 1) / 2 * math.log1p(x * x / df))  # noqa: E731
+    h = t / n
+    s = f(0) + f(t) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, n))
+    return 0.5 + s * h / 3
+
+
+@pytest.mark.parametrize("df", [3, 4, 5, 8, 13, 30])
+def test_t_cdf_agrees_with_numerical_integration_and_inverts_the_quantile(df):
+    for t in (0.3, 1.0, 2.0, 3.5):
+        assert t_cdf(t, df) == pytest.approx(_t_cdf_by_integration(t, df), abs=1e-10)
+        assert t_cdf(-t, df) == pytest.approx(1 - t_cdf(t, df), abs=1e-15)
+    for p in (0.55, 0.9, 0.975, 0.995):
+        assert t_cdf(t_quantile(p, df), df) == pytest.approx(p, abs=1e-12)
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: t_quantile(0.975, 0), "df must be an int"),
+    (lambda: t_quantile(0.975, 2.0), "df must be an int"),
+    (lambda: t_quantile(1.0, 3), "p must be a probability"),
+    (lambda: t_quantile(0.0, 3), "p must be a probability"),
+    (lambda: t_cdf(math.nan, 3), "t must be a number"),
+])
+def test_t_rejects_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_mean_interval_by_hand():
+    iv = mean_interval([1.0, 2.0, 3.0, 4.0, 5.0])  # mean 3, sd sqrt(2.5), se sqrt(0.5), t_{0.975, 4} = 2.776445
+    assert iv.mean == 3.0 and iv.sd == pytest.approx(math.sqrt(2.5)) and iv.df == 4
+    assert iv.half_width == pytest.approx(2.7764451052 * math.sqrt(0.5), rel=1e-9)
+    assert (iv.low, iv.high) == pytest.approx((3 - iv.half_width, 3 + iv.half_width))
+    assert iv.format(2) == "3.00 ± 1.96"
+    assert mean_interval([2.0, math.inf]).format() == "diverged"
+    with pytest.raises(ValueError, match="at least 2"):
+        mean_interval([1.0])
+    with pytest.raises(TypeError, match="numbers"):
+        mean_interval([1.0, "2"])
+
+
+def test_verdict_comes_from_the_interval_alone():
+    assert verdict(-0.2, -0.1) == LOWER
+    assert verdict(0.1, 0.2) == HIGHER
+    assert verdict(-0.1, 0.1) == NO_DIFFERENCE
+    assert verdict(-0.1, 0.0) == NO_DIFFERENCE  # touching 0 is not excluding it
+    with pytest.raises(ValueError, match="low <= high"):
+        verdict(0.2, 0.1)
+
+
+def test_pairing_removes_the_noise_the_seeds_share():
+    # seeds differ a lot (shared noise), b is 0.05 lower on every seed, give or take 0.005
+    a = [2.0, 2.4, 2.8, 2.2]
+    b = [x - 0.05 + e for x, e in zip(a, (0.004, -0.003, 0.005, -0.004), strict=True)]
+    paired = paired_difference(a, b)
+    assert paired.mean == pytest.approx(-0.0495) and paired.verdict == LOWER and paired.high < 0
+    unpaired = mean_interval(b).mean - mean_interval(a).mean  # the same mean difference, judged unpaired:
+    se = math.sqrt(mean_interval(a).se ** 2 + mean_interval(b).se ** 2)
+    assert unpaired == pytest.approx(paired.mean) and abs(unpaired) < 2 * se  # lost in the seeds' spread
+    assert str(paired).endswith(f"(95% interval, 4 paired seeds): {LOWER}")
+    assert paired.format().startswith("-0.0495 [")
+
+
+def test_paired_difference_pairs_by_seed_and_checks_its_input():
+    a = {0: 2.0, 1: 2.5, 2: 3.0}
+    b = {2: 3.2, 0: 2.2, 1: 2.7001}  # another order: paired by seed, not by position
+    d = paired_difference(a, b)
+    assert d.seeds == (0, 1, 2) and d.differences == pytest.approx((0.2, 0.2001, 0.2)) and d.verdict == HIGHER
+    same = paired_difference([1.0, 2.0, 3.0], [1.1, 1.9, 3.0])
+    assert same.verdict == NO_DIFFERENCE
+    diverged = paired_difference({0: 2.0, 1: 2.1}, {0: None, 1: 2.0})
+    assert diverged.diverged and diverged.verdict == "a run diverged" and "diverged" in str(diverged)
+    with pytest.raises(ValueError, match="same seeds"):
+        paired_difference({0: 1.0, 1: 2.0}, {0: 1.0, 2: 2.0})
+    with pytest.raises(ValueError, match="same length"):
+        paired_difference([1.0, 2.0], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        paired_difference([1.0], [2.0])
+    with pytest.raises(TypeError, match="both be mappings"):
+        paired_difference({0: 1.0, 1: 2.0}, [1.0, 2.0])
+
+
+def _table():
+    """Two models, 3 rates, selection seeds 0-1 at every rate, reported seeds 2-4 at some rates."""
+    rows = []
+    gpt2 = {1e-3: {0: 2.00, 1: 2.02, 2: 2.10, 3: 2.12, 4: 2.08},
+            2e-3: {0: 1.98, 1: 2.00, 2: 2.06, 3: 2.07, 4: 2.05},  # the best on the selection seeds
+            4e-3: {0: 2.05, 1: 1.99, 2: 1.90, 3: 1.91, 4: 1.92}}  # best on the reported seeds: must not be picked
+    llama = {1e-3: {0: 1.95, 1: 1.97}, 2e-3: {0: 1.90, 1: None}, 4e-3: {0: 1.93, 1: 1.94, 2: 2.00, 3: 2.01, 4: 1.99}}
+    for model, runs in (("gpt2", gpt2), ("llama", llama)):
+        for lr, by_seed in runs.items():
+            rows += [{"model": model, "lr": lr, "seed": s, "loss": v} for s, v in by_seed.items()]
+    return rows
+
+
+def test_select_and_report_chooses_on_selection_seeds_and_reports_on_the_others():
+    rows = _table()
+    before = [dict(r) for r in rows]
+    sel = select_and_report(rows, (0, 1), (2, 3, 4))
+    assert rows == before  # pure: the table is not changed
+    g, ll = sel["gpt2"], sel["llama"]
+    assert g.lr == 2e-3 and g.reported == {2: 2.06, 3: 2.07, 4: 2.05}  # not 4e-3, better on seeds 2-4
+    assert g.selection_means == pytest.approx({1e-3: 2.01, 2e-3: 1.99, 4e-3: 2.02}) and not g.at_edge
+    assert g.selection_losses[4e-3] == {0: 2.05, 1: 1.99}  # only the selection seeds, at every rate
+    assert g.optimism == pytest.approx(1.99 - 2.06)  # the selection seeds flatter the chosen rate
+    assert ll.lr == 4e-3 and ll.at_edge and math.isinf(ll.selection_means[2e-3])  # a diverged run is never chosen
+    assert g.interval.mean == pytest.approx(2.06) and g.interval.n == 3
+    shuffled = rows[:]
+    random.Random(0).shuffle(shuffled)
+    assert select_and_report(shuffled, (0, 1), (2, 3, 4)) == sel  # the order of the rows does not matter
+    d = difference(sel, "gpt2", "llama")
+    assert d.differences == pytest.approx((2.00 - 2.06, 2.01 - 2.07, 1.99 - 2.05)) and d.verdict == LOWER
+    assert list(select_and_report(rows, [0, 1], [2, 3, 4], models=["llama"])) == ["llama"]
+
+
+def test_select_and_report_breaks_ties_towards_the_lower_rate():
+    rows = [{"model": "m", "lr": lr, "seed": s, "loss": 2.0} for lr in (2e-3, 1e-3) for s in (0, 1, 2)]
+    assert select_and_report(rows, [0], [1, 2])["m"].lr == 1e-3
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda rows: (rows, (0, 1), (1, 2)), "must be different seeds"),
+    (lambda rows: ([r for r in rows if not (r["model"] == "gpt2" and r["lr"] == 1e-3 and r["seed"] == 1)],
+                   (0, 1), (2, 3)), r"lr 0.001 lacks selection seeds \[1\]"),
+    (lambda rows: (rows, (0, 1), (2, 5)), r"chosen lr 0.002 lacks reported seeds \[5\]"),
+    (lambda rows: (rows + [rows[0]], (0, 1), (2, 3)), "two rows for model 'gpt2'"),
+    (lambda rows: ([{"model": "m", "lr": 1e-3, "seed": 0}], (0,), (1,)), "lacks"),
+    (lambda rows: (rows, (), (2,)), "selection_seeds must be a non-empty"),
+    (lambda rows: (rows, (0, 0), (2,)), "must be distinct"),
+    (lambda rows: (rows[:1] + [dict(rows[1], loss=math.nan)], (0, 1), (2,)), "must be a number or None"),
+])
+def test_select_and_report_rejects_incomplete_or_inconsistent_tables(change, match):
+    rows, selection, reported = change(_table())
+    with pytest.raises(ValueError, match=match):
+        select_and_report(rows, selection, reported)
+
+
+def test_select_and_report_names_a_model_it_does_not_have():
+    with pytest.raises(ValueError, match="no rows"):
+        select_and_report(_table(), (0, 1), (2, 3, 4), models=["mla"])
+
+
+def test_ladder_and_leave_one_out_differences():
+    rows = [{"model": m, "lr": 1e-3, "seed": s, "loss": base + 0.01 * s}
+            for m, base in (("a", 2.0), ("b", 1.9), ("c", 1.9)) for s in range(4)]
+    sel = select_and_report(rows, [0], [1, 2, 3])
+    steps = successive_differences(sel, ["a", "b", "c"])
+    assert [(x, y, d.verdict) for x, y, d in steps] == [("a", "b", LOWER), ("b", "c", NO_DIFFERENCE)]
+    assert [(m, round(d.mean, 6)) for m, d in differences_from(sel, "c", ["a", "b"])] == [("a", 0.1), ("b", 0.0)]
+    with pytest.raises(ValueError, match="not among the selections"):
+        difference(sel, "a", "z")
+
+
+def test_band_is_the_pointwise_mean_and_interval():
+    mean, low, high = band([[3.0, 2.0, 1.0], [3.2, 2.2, 1.4]])
+    assert mean == pytest.approx([3.1, 2.1, 1.2])
+    half = 12.706204736 * math.sqrt(0.02) / math.sqrt(2)  # sd of two values 0.2 apart: 0.2 / sqrt(2)
+    assert high[0] - mean[0] == pytest.approx(half) and mean[0] - low[0] == pytest.approx(half)
+    with pytest.raises(ValueError, match="one length"):
+        band([[1.0, 2.0], [1.0]])
+
+
+def test_formatting():
+    assert format_seeds([3, 2, 4, 5]) == "2-5" and format_seeds([0, 2]) == "0, 2" and format_seeds([7]) == "7"
+    sel = select_and_report(_table(), (0, 1), (2, 3, 4))
+    row = selection_row(sel["gpt2"], "GPT-2")
+    assert row["model"] == "GPT-2" and row["chosen lr"] == "0.002" and row["reported seeds"] == "2-4"
+    assert row["mean on selection seeds 0, 1"] == "0.001: 2.0100, 0.002: 1.9900, 0.004: 2.0200"
+    assert selection_row(sel["llama"])["chosen lr"] == "0.004 (edge)"
+    assert "0.002: diverged" in selection_row(sel["llama"])["mean on selection seeds 0, 1"]
+    table = markdown_table([row, selection_row(sel["llama"], "Llama")])
+    lines = table.splitlines()
+    assert lines[0].startswith("| model | chosen lr |") and lines[1] == "|" + "---|" * 5 and len(lines) == 4
+    assert lines[2].split(" | ")[3] == sel["gpt2"].interval.format()
+    with pytest.raises(ValueError, match="same keys"):
+        markdown_table([{"a": "1"}, {"b": "2"}])
