@@ -10,6 +10,8 @@ dtype and device of what the attention layer hands over), and then written in pl
 never copies the past, as ``torch.cat`` every step would.
 """
 
+from collections.abc import Sequence
+
 import torch
 
 from .validate import positive_int, positive_ints
@@ -36,7 +38,7 @@ class LayerCache:
     def __init__(self, capacity: int):
         self.capacity = positive_int("capacity", capacity)
         self.buffers: list[torch.Tensor] = []  # one [..., capacity, dim] buffer per stored tensor
-        self.length = 0  # tokens held so far
+        self.length: int | torch.Tensor = 0  # tokens held so far (the fast layer's static cache: a 0-dim tensor)
 
     def append(self, *new: torch.Tensor):
         """Store T new entries after those held; return views of everything held and the old length."""
@@ -63,10 +65,10 @@ class KVCache:
 
     def __init__(self, n_layers: int, capacity: int):
         positive_int("n_layers", n_layers)
-        self.layers = [LayerCache(capacity) for _ in range(n_layers)]
+        self.layers: Sequence[LayerCache] = [LayerCache(capacity) for _ in range(n_layers)]
 
     @property
-    def length(self) -> int:
+    def length(self) -> int | torch.Tensor:
         """Tokens held so far (the position of the next token)."""
         return self.layers[0].length
 

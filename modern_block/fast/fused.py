@@ -16,6 +16,7 @@ the static cache of ``static_cache``.
 """
 
 import copy
+from typing import TypeVar
 
 import torch
 import torch.nn as nn
@@ -83,8 +84,10 @@ class FusedSwiGLU(nn.Module):
 
 FUSED = {GQAttention: FusedGQAttention, SwiGLU: FusedSwiGLU}  # the two classes fused_copy replaces
 
+M = TypeVar("M", bound=nn.Module)
 
-def fused_copy(model: nn.Module) -> nn.Module:
+
+def fused_copy(model: M) -> M:
     """A copy of ``model`` (for inference: no gradients, eval mode) with every ``GQAttention`` and ``SwiGLU``
     replaced by its fused version. ``model`` itself is not changed."""
     model = copy.deepcopy(model)  # a tied head stays tied in the copy

@@ -29,7 +29,7 @@ MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::dot")
 
 @dataclass
 class OpProfile:
-    ops: int  # outermost PyTorch operators dispatched
+    ops: float  # outermost PyTorch operators dispatched (a mean after ``per``)
     seconds: float  # wall time of the profiled call
     by_kind: dict[str, float]  # seconds per kind of work; they add up to ``seconds``
 
@@ -83,9 +83,11 @@ def decode_weight_bytes(model: nn.Module) -> int:
     """Bytes of weights one decoding step of a ``LlamaStyleLM`` reads: every parameter once, except the
     token embedding, of which it reads one row (a tied output head still reads the whole matrix)."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied matrix counted once
-    emb = model.emb.weight
-    tied = model.head.weight is emb
-    return total - (0 if tied else emb.numel() * emb.element_size()) + emb.shape[1] * emb.element_size()
+    emb, head = model.get_submodule("emb"), model.get_submodule("head")
+    assert isinstance(emb, nn.Embedding) and isinstance(head, nn.Linear), "a decoder with emb and head"
+    tied = head.weight is emb.weight
+    row = emb.weight.shape[1] * emb.weight.element_size()
+    return total - (0 if tied else emb.weight.numel() * emb.weight.element_size()) + row
 
 
 def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, device=None, clock=time.perf_counter) -> dict:
@@ -119,7 +121,8 @@ def decode_step_seconds(decoders: dict, rounds: int, short: int = 8, long: int =
     long call}) so that the caller can check that every decoder gave the same tokens."""
     if long <= short:
         raise ValueError(f"long ({long}) must exceed short ({short})")
-    seconds, tokens = {name: [] for name in decoders}, {}
+    seconds: dict[str, list[float]] = {name: [] for name in decoders}
+    tokens = {}
     for _ in range(rounds):
         for name, decode in decoders.items():
             t0 = clock()

@@ -26,7 +26,7 @@ class StaticLayerCache(LayerCache):
 
     def __init__(self, capacity: int, device=None):
         super().__init__(capacity)
-        self.length = torch.zeros((), dtype=torch.long, device=device)  # tokens held so far
+        self.length: torch.Tensor = torch.zeros((), dtype=torch.long, device=device)  # tokens held so far
 
     def append(self, *new: torch.Tensor):
         """Write T new entries at slots length .. length + T - 1; return the whole buffers and the old length."""
@@ -48,7 +48,7 @@ class StaticKVCache(KVCache):
 
     def __init__(self, n_layers: int, capacity: int, device=None):
         positive_int("n_layers", n_layers)
-        self.layers = [StaticLayerCache(capacity, device) for _ in range(n_layers)]
+        self.layers: list[StaticLayerCache] = [StaticLayerCache(capacity, device) for _ in range(n_layers)]
 
     def reset(self) -> None:
         """Forget the tokens held (the buffers stay allocated, to be overwritten)."""

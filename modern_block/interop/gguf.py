@@ -83,7 +83,7 @@ class GGUFFile:
     tensors: dict  # name -> GGUFTensor, in file order
 
     def describe(self) -> str:
-        types = {}
+        types: dict[str, int] = {}
         for t in self.tensors.values():
             types[t.type_name] = types.get(t.type_name, 0) + 1
         return (f"GGUF v{self.version}: {len(self.metadata)} metadata fields, {len(self.tensors)} tensors ("

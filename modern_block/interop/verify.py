@@ -12,6 +12,7 @@ checked against the hash its package recorded (``modern_block.interop.gguf.smoll
 """
 
 import re
+from collections.abc import Sequence
 
 import torch
 
@@ -38,7 +39,7 @@ def _span(indices: set[int]) -> str:
 
 
 def compare_tensors(found: dict[str, tuple], expected: dict[str, tuple], *, source: str, layer_pattern: str,
-                    layers_field: str, n_layers: int, shape_rules: list[tuple[str, str]] = (),
+                    layers_field: str, n_layers: int, shape_rules: Sequence[tuple[str, str]] = (),
                     optional: tuple[str, ...] = ()) -> None:
     """Raise ``CheckpointError`` unless ``found`` (name -> shape, from the file) holds exactly the tensors of
     ``expected`` (name -> shape, from the config); names in ``optional`` may be absent.
@@ -53,7 +54,7 @@ def compare_tensors(found: dict[str, tuple], expected: dict[str, tuple], *, sour
     if have != want:
         problems.append(f"{layers_field}={n_layers} but the file holds tensors for {len(have)} layers "
                         f"(layer numbers {_span(have)})")
-    mismatched = {}  # the same tensor in every layer is one problem: kind -> [names]
+    mismatched: dict[str, list[str]] = {}  # the same tensor in every layer is one problem: kind -> [names]
     for name, shape in expected.items():
         if name in found and tuple(found[name]) != tuple(shape):
             mismatched.setdefault(re.sub(r"\d+", "#", name), []).append(name)

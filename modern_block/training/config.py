@@ -8,6 +8,7 @@ command lines report as a usage error."""
 import math
 import os
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -109,7 +110,7 @@ def gpu_config(arch: str = "llama", **overrides) -> TrainConfig:
 
 def quick_config(arch: str = "llama", **overrides) -> TrainConfig:
     """The CPU scale: about a minute per architecture on 2 cores."""
-    base = dict(d=96, n_layers=3, n_heads=4, n_kv_heads=2, block_size=64, dropout=0.0, batch_size=24,
+    base: dict[str, Any] = dict(d=96, n_layers=3, n_heads=4, n_kv_heads=2, block_size=64, dropout=0.0, batch_size=24,
                 max_steps=300, lr=3e-3, min_lr=3e-4, warmup_steps=20, eval_interval=25, eval_batches=4,
                 log_interval=1, compile=False)
     base.update(overrides)
@@ -119,9 +120,10 @@ def quick_config(arch: str = "llama", **overrides) -> TrainConfig:
 # nanoGPT's README CPU recipe ("--device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size=64
 # --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0", the rest
 # from its shakespeare-char config): val loss 1.88 in about 3 minutes there.
-LAPTOP = dict(d=128, n_layers=4, n_heads=4, n_kv_heads=2, block_size=64, dropout=0.0, batch_size=12, max_steps=2000,
-              lr=1e-3, min_lr=1e-4, warmup_steps=100, weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
-              eval_interval=250, eval_batches=20, log_interval=50, compile=False, device="cpu")
+LAPTOP: dict[str, Any] = dict(
+    d=128, n_layers=4, n_heads=4, n_kv_heads=2, block_size=64, dropout=0.0, batch_size=12, max_steps=2000,
+    lr=1e-3, min_lr=1e-4, warmup_steps=100, weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
+    eval_interval=250, eval_batches=20, log_interval=50, compile=False, device="cpu")
 SCALES = ("quick", "laptop", "gpu")
 
 

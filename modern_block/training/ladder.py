@@ -29,6 +29,7 @@ is rounded to the nearest integer instead.
 """
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -81,7 +82,8 @@ def ladder_lm(rung: Rung | str, V: int, d: int, n_layers: int, n_heads: int, n_k
             return nn.LayerNorm(dim, eps=GPT2_NORM_EPS, bias=rung.bias)
         return RMSNorm(dim, LLAMA_NORM_EPS)
 
-    ffn = functools.partial(GeluMLP, bias=rung.bias) if rung.ffn == "gelu" else SwiGLU
+    ffn: Callable[..., nn.Module] = functools.partial(GeluMLP, bias=rung.bias) if rung.ffn == "gelu" else SwiGLU
+    blocks: list[nn.Module]
     if rung.attention == "gpt2":  # GPT-2's block: its fused q/k/v (biased unless bias=False); learned positions
         blocks = [GPT2Block(d, n_heads, d_ff, bias=rung.bias, dropout=dropout, norm=norm, mlp=ffn)
                   for _ in range(n_layers)]

@@ -77,17 +77,18 @@ def read_record(run_dir: Path, cfg: TrainConfig) -> dict | None:
     return record if isinstance(record, dict) and _same_settings(record.get("config", {}), cfg) else None
 
 
-def train_run(cfg: TrainConfig, run_dir: str, corpus=None) -> dict:
+def train_run(cfg: TrainConfig, run_dir: str | Path, corpus=None) -> dict:
     """Train one run (resuming its checkpoint if there is one) on one thread; write and return its record."""
     from .trainer import NonFiniteLossError, train  # here: the worker process imports it
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    run_dir = Path(run_dir)
-    resume = (run_dir / "ckpt.pt").exists()
+    folder = Path(run_dir)
+    resume = (folder / "ckpt.pt").exists()
     cpu0 = time.process_time()
+    record: dict[str, object]
     try:
-        res = train(cfg, run_dir, resume=resume, corpus=corpus, overwrite=not resume, progress=False, verbose=False)
+        res = train(cfg, folder, resume=resume, corpus=corpus, overwrite=not resume, progress=False, verbose=False)
     except NonFiniteLossError as err:
         record = {"config": asdict(cfg), "diverged": str(err), "final_val": None, "best_val": None, "metrics": []}
     else:
@@ -100,7 +101,7 @@ def train_run(cfg: TrainConfig, run_dir: str, corpus=None) -> dict:
                   "metrics": res.metrics, "train_losses": res.losses}  # every step's: what a rerun must repeat
     finally:
         torch.set_num_threads(threads)
-    write_text_atomic(run_dir / RUN_RECORD, json.dumps(record, indent=1))
+    write_text_atomic(folder / RUN_RECORD, json.dumps(record, indent=1))
     return record
 
 
@@ -148,7 +149,7 @@ def _train_all(runs: list[Run], base: TrainConfig, arms: dict, out: Path, worker
         return records
     with ProcessPoolExecutor(min(workers, len(queue)), mp_context=get_context("spawn"),
                              initializer=_worker_init) as ex:
-        running = {}
+        running: dict = {}
         try:
             while queue or running:
                 while queue and len(running) < workers:
@@ -193,7 +194,7 @@ def run_laptop(base: TrainConfig, out_dir, rates=LAPTOP_RATES, selection_seeds=S
 
     means = {a: {lr: math.fsum(loss(Run(a, lr, s, "selection")) for s in selection_seeds) / len(selection_seeds)
                  for lr in rates} for a in arms}
-    chosen = {a: min(means[a], key=lambda lr, a=a: (means[a][lr], lr)) for a in arms}
+    chosen = {a: min(sorted(means[a]), key=means[a].__getitem__) for a in arms}  # a tie goes to the lower rate
     say("chosen rates: " + ", ".join(f"{a} {lr:g}" for a, lr in chosen.items()))
     reported = [Run(a, chosen[a], s, "reported") for s in reported_seeds for a in arms]  # whole seeds first
     if anchor and "gpt2" in arms and chosen["gpt2"] != NANOGPT_RATE:
@@ -236,7 +237,7 @@ def chosen_rates(results: dict) -> dict[str, float]:
             if len(losses) == len(results["selection_seeds"]):
                 means[lr] = math.fsum(math.inf if v is None else v for v in losses) / len(losses)
         if len(means) == len(results["rates"]):
-            out[arm] = min(means, key=lambda lr, m=means: (m[lr], lr))
+            out[arm] = min(sorted(means), key=means.__getitem__)  # a tie goes to the lower rate
     return out
 
 

@@ -5,6 +5,8 @@ they ask for."""
 import argparse
 import math
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -53,7 +55,7 @@ def nonneg_float_arg(text: str) -> float:
 
 
 # option -> (TrainConfig field, argparse type, help)
-CONFIG_OPTIONS = {
+CONFIG_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--d": ("d", positive_int_arg, "model width (the scale's preset otherwise)"),
     "--n-layers": ("n_layers", positive_int_arg, "number of blocks"),
     "--n-heads": ("n_heads", positive_int_arg, "attention heads (must divide --d)"),

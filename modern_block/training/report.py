@@ -20,6 +20,7 @@ import torch
 from .experiments import Arm, gap, mean_std, summarize
 from .files import refused_writes, shown, write_atomic, write_text_atomic
 from .rungs import get_rung
+from .statistics import PairedDifference
 from .trainer import TrainResult, sample
 
 
@@ -82,7 +83,8 @@ def write_report(arms: dict[str, Arm], out_dir, mode: str, total_s: float, n_sam
     if len(rungs) == 2:
         a, b = (arms[r] for r in rungs)
         g = gap(a, b)
-        lines += [f"{b.label} minus {a.label}: {g}. Parameter ratio {b.params / a.params:.4f} (matched within 2%: "
+        ratio = f"{b.params / a.params:.4f}" if a.params and b.params else "unknown (every run diverged)"
+        lines += [f"{b.label} minus {a.label}: {g}. Parameter ratio {ratio} (matched within 2%: "
                   "every FFN is sized so the totals agree; see `modern_block.training.ladder`).", ""]
     if first.peak is None:
         lines += ["MFU is reported only on GPUs with a known peak (see `modern_block.training.device.PEAK_FLOPS`).", ""]
@@ -220,7 +222,7 @@ def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validatio
     return _finish(fig, path)
 
 
-def plot_differences(rows: list[tuple[str, object]], path=None, title: str = "differences, 95% intervals",
+def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title: str = "differences, 95% intervals",
                      xlabel: str = "difference in val loss (nats/char); < 0: lower loss"):
     """Paired differences (``statistics.PairedDifference``) as points with their 95% intervals, one row each,
     against a line at zero: an interval that crosses it is "no difference at this scale"."""

@@ -29,6 +29,7 @@ Other models.
 """
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 from ..validate import positive_int
 
@@ -90,7 +91,8 @@ class Rung:
                 and getattr(self, f.name) != getattr(other, f.name)]
 
 
-_LLAMA = dict(norm="rmsnorm", ffn="swiglu", positions="rope", attention="llama", gqa=True, qk_norm=True, tie=False)
+_LLAMA: dict[str, Any] = dict(norm="rmsnorm", ffn="swiglu", positions="rope", attention="llama", gqa=True,
+                              qk_norm=True, tie=False)
 LADDER: tuple[Rung, ...] = (
     Rung("gpt2", change="GPT-2 baseline (tied head)"),
     Rung("gpt2_untied", tie=False, change="tied -> untied output head"),

@@ -27,8 +27,15 @@ from .rungs import RUNG_NAMES
 from .trainer import NonFiniteLossError, train
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m modern_block train",
+class QuietParser(argparse.ArgumentParser):
+    """The parser of every process but rank 0: a usage error exits with status 2 without a word (rank 0 says it)."""
+
+    def error(self, message: str):
+        sys.exit(2)
+
+
+def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
+    parser = (QuietParser if quiet else argparse.ArgumentParser)(prog="python -m modern_block train",
                                      description="Train the Llama-style LM or the GPT-2 LM on tinyshakespeare "
                                      "(one process, or one per GPU under torchrun).")
     parser.add_argument("--arch", required=True, choices=ARCHS + tuple(r for r in RUNG_NAMES if r not in ARCHS),
@@ -71,7 +78,7 @@ def main(argv=None) -> int:
     except ConfigError as err:
         parser.error(str(err))
     if not ranks.is_main:  # usage errors: every process finds them, rank 0 says them
-        parser.error = lambda message: sys.exit(2)
+        parser = build_parser(quiet=True)
     args = parser.parse_args(argv)
     arch = args.arch if args.arch in ARCHS else f"ladder:{args.arch}"
     cfg = config_from_args(parser, args, arch, args.seed)
