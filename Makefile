@@ -25,7 +25,7 @@ lab: install
 	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
 
 test: install
-	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile --nbval-lax tests notebooks
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile --nbval-lax --durations=25 tests notebooks
 
 exercises: install
 	$(BIN)/python -m modern_block exercises build
