@@ -53,8 +53,12 @@ def test_the_bubblewrap_command_unshares_everything_and_shows_only_the_interpret
     assert not any(b in ("/", "/home", "/root", "/etc", "/work", str(ROOT)) for b in binds), binds
     assert cmd[cmd.index("/copy") + 1] == COPY_MOUNT
     tmpfs = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--tmpfs"]
-    assert tmpfs[-1] == "/tmp" and cmd[cmd.index("--size") + 1] == str(256 << 20)
-    assert all(Path(t).is_relative_to(b) for t in tmpfs[:-1] for b in binds if Path(t).is_relative_to(b))
+    assert tmpfs[0] == "/tmp" and cmd[cmd.index("--size") + 1:cmd.index("--size") + 4] == [str(256 << 20), "--tmpfs",
+                                                                                             "/tmp"]
+    # the private /tmp comes before the interpreter's folders, so a virtual environment under /tmp stays visible
+    system = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}
+    assert cmd.index("--tmpfs") < min(i for i, arg in enumerate(cmd) if arg == "--ro-bind" and cmd[i + 1] not in system)
+    assert all(Path(t).is_relative_to(b) for t in tmpfs[1:] for b in binds if Path(t).is_relative_to(b))
     if str(ROOT) in tmpfs or any(Path(str(ROOT)).is_relative_to(b) for b in binds):
         assert str(ROOT) in tmpfs  # a checkout inside a shown folder is covered by an empty one
 

@@ -112,6 +112,10 @@ def bwrap_command(bwrap: str, interpreter: Interpreter, copy: str, notebook: str
             cmd += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             cmd += ["--ro-bind", top, top]
+    size = ["--size", str(TMPFS_BYTES)] if "--size" in features else []
+    # the private /tmp before the interpreter's folders: an interpreter (a virtual environment) under /tmp is
+    # bound on top of it, not hidden by it
+    cmd += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp"]
     shown = ["/usr", *_outermost(f for f in interpreter.folders if not _inside(f, ["/usr"]))]
     for folder in shown[1:]:
         cmd += ["--ro-bind", folder, folder]
@@ -120,6 +124,4 @@ def bwrap_command(bwrap: str, interpreter: Interpreter, copy: str, notebook: str
     cmd += ["--ro-bind", copy, COPY_MOUNT]
     if notebook is not None:
         cmd += ["--ro-bind", notebook, NOTEBOOK_MOUNT]
-    size = ["--size", str(TMPFS_BYTES)] if "--size" in features else []
-    cmd += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp", "--chdir", "/tmp"]
-    return cmd + ["--", *argv]
+    return cmd + ["--chdir", "/tmp", "--", *argv]
