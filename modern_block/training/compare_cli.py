@@ -33,6 +33,7 @@ from .options import (
     positive_float_arg,
     positive_int_arg,
     quick_from_args,
+    scale_asked,
     scale_from_args,
     seed_arg,
 )
@@ -65,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_parser.add_argument("--collect", action="store_true",
                             help="--scale laptop: write results.json and report.md from the runs finished so far in "
                                  "--out, training nothing")
+    cmp_parser.add_argument("--ladder", action="store_true",
+                            help="lesson 08's ladder and leave-one-out study at its quick budget: 13 models, each "
+                                 "at its best of --rates chosen on --selection-seeds (default 0 1), reported on "
+                                 "--seeds (default 2-7); writes results.json and report.md to --out")
     cmp_parser.add_argument("--workers", type=positive_int_arg, default=1,
                             help="trainings at once, each in its own process (CPU cores, or runs sharing a GPU)")
     add_run_options(cmp_parser)
@@ -102,9 +107,48 @@ def _laptop(parser, args, base, argv) -> int:
         return 1
 
 
+def _ladder(parser, args, argv) -> int:
+    """``--ladder``: lesson 08's study at its quick budget (``training.ladder_study``)."""
+    from .ladder_study import QUICK_STUDY, main_ladder
+
+    given = [name for name in ("lr", "lr_gpt2", "lr_llama", "arms") if getattr(args, name) is not None] + [
+        name for name in ("tied", "anchor", "collect") if getattr(args, name)]
+    if given:
+        parser.error(f"--ladder trains every model at every rate of --rates; drop "
+                     f"{', '.join('--' + g.replace('_', '-') for g in given)}")
+    if scale_asked(args) not in (None, "quick"):
+        parser.error("--ladder runs at lesson 08's quick budget; change its size with --d, --n-layers, --max-steps")
+    for name in ("seeds", "rates", "selection_seeds"):
+        values = getattr(args, name)
+        if values is not None and len(set(values)) != len(values):
+            parser.error(f"--{name.replace('_', '-')} must be distinct, got {values}")
+    shared = set(args.seeds or (2, 3, 4, 5, 6, 7)) & set(args.selection_seeds or (0, 1))
+    if shared:
+        parser.error(f"--seeds (reported) and --selection-seeds must be different seeds; both hold {sorted(shared)}")
+    if args.out == "runs/compare":
+        args.out = "runs/ladder"
+    args.scale = "quick"
+    base = config_from_args(parser, args, "gpt2", preset=QUICK_STUDY)
+    command = "python -m modern_block compare " + shlex.join(sys.argv[1:] if argv is None else argv)
+    try:
+        return main_ladder(base, args, command)
+    except KeyboardInterrupt:
+        print("interrupted: nothing written (rerun the command; the study takes a few minutes)", file=sys.stderr)
+        return 130
+    except (StorageError, OSError) as err:
+        print(f"error: {reason(err) if isinstance(err, OSError) else err}; nothing written to {args.out}",
+              file=sys.stderr)
+        return 1
+    except BrokenProcessPool as err:
+        print(f"error: a worker process died ({err}); nothing written", file=sys.stderr)
+        return 1
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.ladder:
+        return _ladder(parser, args, argv)
     base = config_from_args(parser, args, "gpt2")
     if scale_from_args(args) == "laptop":
         return _laptop(parser, args, base, argv)

@@ -96,8 +96,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int | None = None,
-                     lr: float | None = None) -> TrainConfig:
-    """The TrainConfig the options ask for; invalid combinations end in ``parser.error`` (exit 2)."""
+                     lr: float | None = None, preset: dict | None = None) -> TrainConfig:
+    """The TrainConfig the options ask for; invalid combinations end in ``parser.error`` (exit 2). ``preset``:
+    settings to start from on top of the scale's (the options given still override them)."""
     overrides = {name: getattr(args, option[2:].replace("-", "_")) for option, (name, _, _) in CONFIG_OPTIONS.items()}
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if lr is not None:
@@ -120,7 +121,7 @@ def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int
     if asked not in (None, "quick") and quick_forced():
         print(f"note: {QUICK_ENV} is set, so --scale {asked} is ignored: quick mode", file=sys.stderr)
     try:
-        return scale_config(scale_from_args(args), arch, **overrides)
+        return scale_config(scale_from_args(args), arch, **((preset or {}) | overrides))
     except ValueError as err:
         parser.error(str(err))
 
