@@ -145,3 +145,11 @@ def test_collect_reads_what_is_finished_and_trains_nothing(tmp_path, monkeypatch
     assert full["complete"] and len(full["runs"]) == 3 * 2 + 3 * 2
     assert "INCOMPLETE" not in (tmp_path / "report.md").read_text() and (tmp_path / "curves.png").exists()
     assert not list(tmp_path.glob("runs/*/ckpt.pt.tmp*"))
+
+
+def test_the_anchor_is_held_against_where_one_more_run_falls():
+    inside = laptop.anchor_sentence({0: 1.89, 1: 1.90, 2: 1.91, 3: 1.92})
+    assert "prediction interval" in inside and "1.88 is inside it: within the seed spread." in inside
+    outside = laptop.anchor_sentence({0: 1.95, 1: 1.951, 2: 1.952})
+    assert "1.88 is outside it: beyond the seed spread." in outside
+    assert "one seed" in laptop.anchor_sentence({0: 1.9})

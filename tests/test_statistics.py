@@ -231,3 +231,12 @@ def test_formatting():
     assert lines[2].split(" | ")[3] == sel["gpt2"].interval.format()
     with pytest.raises(ValueError, match="same keys"):
         markdown_table([{"a": "1"}, {"b": "2"}])
+
+
+def test_the_next_value_range_is_a_prediction_interval_by_hand():
+    # 1, 2, 3, 4: mean 2.5, sd sqrt(5/3); t(0.975, 3) = 3.182446; half-width t * sd * sqrt(1 + 1/4)
+    interval = mean_interval([1.0, 2.0, 3.0, 4.0])
+    half = 3.182446305284263 * math.sqrt(5 / 3) * math.sqrt(1.25)
+    low, high = interval.next_value_range
+    assert low == pytest.approx(2.5 - half, abs=1e-9) and high == pytest.approx(2.5 + half, abs=1e-9)
+    assert high - low > 2 * interval.half_width  # one run spreads more than the mean

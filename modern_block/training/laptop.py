@@ -38,10 +38,11 @@ from .statistics import CONFIDENCE, format_seeds, markdown_table, mean_interval,
 
 LAPTOP_ARMS = {"gpt2": "gpt2_nobias", "llama": "llama", "llama_tied": "llama_tied"}  # arm -> model (rung)
 LAPTOP_LABELS = {"gpt2": "GPT-2 (tied, no biases: nanoGPT's)", "llama": "Llama (untied)", "llama_tied": "Llama, tied"}
-LAPTOP_RATES = (1e-3, 2e-3, 4e-3)  # nanoGPT's 1e-3 and two doublings (GPT-2 did better at 2e-3 than at 1e-3)
+LAPTOP_RATES = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)  # nanoGPT's 1e-3, halved once and doubled three times (a first sweep
+# of 1e-3 to 4e-3 chose a rate at its edge for every model)
 SELECTION_SEEDS = (0,)
 REPORTED_SEEDS = (1, 2, 3)
-NANOGPT_RATE, NANOGPT_VAL = 1e-3, 1.88  # nanoGPT's README: "val loss 1.88" after 2000 iterations on the CPU
+NANOGPT_RATE, NANOGPT_VAL = 1e-3, 1.88  # nanoGPT's README: "a loss of only 1.88" after this recipe's 2000 steps
 RUN_RECORD = "run.json"
 
 
@@ -326,10 +327,7 @@ def laptop_summary(results: dict) -> str:
             lines.append(f"- {b} minus {a}: " + (str(d) if d else "fewer than 2 paired seeds finished"))
     anchor = anchor_losses(results)
     if anchor:
-        values = list(anchor.values())
-        text = mean_interval(values).format() + f" over {len(values)} seeds" if len(values) > 1 else f"{values[0]:.4f}"
-        lines += ["", f"GPT-2 at nanoGPT's rate {NANOGPT_RATE:g} on seeds {sorted(anchor)}: {text} (nanoGPT's README: "
-                  f"{NANOGPT_VAL}, one run, its evaluation the mean of 20 random batches)."]
+        lines += ["", anchor_sentence(anchor)]
     done = [r for r in results["runs"] if not r.get("diverged")]
     tps = sorted(r["tokens_per_s"] for r in done if r.get("tokens_per_s"))
     s = results["settings"]
@@ -342,6 +340,22 @@ def laptop_summary(results: dict) -> str:
                                    f"{per_cpu[-1]:,.0f} tokens over the {len(per_cpu)} runs trained in one session"
                                    if per_cpu else "") + "."]
     return "\n".join(lines)
+
+
+def anchor_sentence(anchor: dict[int, float]) -> str:
+    """GPT-2 at nanoGPT's rate against nanoGPT's one published run: is 1.88 where one more run of ours would fall?"""
+    values = [anchor[s] for s in sorted(anchor)]
+    text = f"GPT-2 at nanoGPT's rate {NANOGPT_RATE:g} on seeds {format_seeds(sorted(anchor))}: "
+    if len(values) < 2:
+        return text + f"{values[0]:.4f} (one seed: no spread to hold nanoGPT's {NANOGPT_VAL} against)."
+    interval = mean_interval(values)
+    low, high = interval.next_value_range
+    inside = low <= NANOGPT_VAL <= high
+    return (text + f"{interval.format()} over {len(values)} seeds (range {min(values):.4f}-{max(values):.4f}). "
+            f"nanoGPT's README reports {NANOGPT_VAL} from one run (its evaluation: 20 random batches), so it is held "
+            f"against where one more run falls, not against the mean: {CONFIDENCE:.0%} prediction interval "
+            f"{low:.4f}-{high:.4f}, and {NANOGPT_VAL} is " + ("inside it: within the seed spread." if inside else
+                                                                "outside it: beyond the seed spread."))
 
 
 def laptop_finding(results: dict) -> str | None:

@@ -137,6 +137,13 @@ class Interval:
     def high(self) -> float:
         return self.mean + self.half_width
 
+    @property
+    def next_value_range(self) -> tuple[float, float]:
+        """Where one more value from the same spread falls, at the same confidence: mean ± t · sd · sqrt(1 + 1/n)
+        (a prediction interval). Wider than the mean's interval: it is about one run, not about the mean."""
+        half = t_quantile(0.5 + self.confidence / 2, self.df) * self.sd * math.sqrt(1 + 1 / self.n)
+        return self.mean - half, self.mean + half
+
     def format(self, digits: int = 4) -> str:
         """"2.4809 ± 0.0521" (the half-width of the interval, not the standard deviation)."""
         if not math.isfinite(self.mean):
