@@ -132,3 +132,23 @@ def decode_step_seconds(decoders: dict, rounds: int, short: int = 8, long: int =
             t2 = clock()
             seconds[name].append(((t2 - t1) - (t1 - t0)) / (long - short))
     return seconds, tokens
+
+
+def step_table_lines(step_s: dict[str, list[float]], floor_ms: float, baseline: str = "plain",
+                     same_tokens: dict[str, bool] | None = None) -> list[str]:
+    """The lines of a table of decoding paths, from ``decode_step_seconds``' rounds: each path's median ms per
+    token, how many times as fast as ``baseline`` it is (the median of the per-round ratios, and their range:
+    the spread the rounds show) and the share of the floor (``floor_ms``) it reaches; with ``same_tokens``
+    (name -> bool), whether it gave the baseline's tokens. One layout, so every benchmark reads alike."""
+    if baseline not in step_s:
+        raise ValueError(f"baseline {baseline!r} must be one of the paths in step_s: {sorted(step_s)}")
+    extra = "" if same_tokens is None else " same tokens"
+    lines = [f"{'path':36s} {'ms/token':>8s} {'x ' + baseline:>8s} "
+             f"{'rounds':>11s} {'of floor':>8s}{extra}"]
+    for name, s in step_s.items():
+        x = [b / t for b, t in zip(step_s[baseline], s, strict=True)]  # > 1: faster than the baseline
+        ms = 1e3 * statistics.median(s)
+        same = "" if same_tokens is None else f" {same_tokens[name]}"
+        lines.append(f"{name:36s} {ms:8.1f} {statistics.median(x):7.2f}x {min(x):5.2f}-{max(x):<5.2f} "
+                     f"{100 * floor_ms / ms:7.0f}%{same}")
+    return lines
