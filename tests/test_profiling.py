@@ -42,6 +42,8 @@ def test_decode_weight_bytes_counts_one_embedding_row():
     # tied: the matrix is one parameter (counted once), read whole by the head, plus the looked-up row
     assert decode_weight_bytes(tied) == 4 * sum(p.numel() for p in tied.parameters()) + 4 * 16
     assert decode_weight_bytes(tied) == everything - 4 * 100 * 16 + 4 * 16
+    with pytest.raises(TypeError, match="model must be a DecoderLM"):
+        decode_weight_bytes(torch.nn.Linear(16, 100))  # a head alone: no embedding to tell apart
 
 
 def test_memory_bandwidth_is_positive():

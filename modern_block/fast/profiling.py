@@ -21,8 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
+
+from ..decoder import DecoderLM
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::dot")
 
@@ -79,15 +80,16 @@ def profile_ops(fn) -> OpProfile:
     return OpProfile(len(outermost), seconds, by_kind)
 
 
-def decode_weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights one decoding step of a ``LlamaStyleLM`` reads: every parameter once, except the
-    token embedding, of which it reads one row (a tied output head still reads the whole matrix)."""
+def decode_weight_bytes(model: DecoderLM) -> int:
+    """Bytes of weights one decoding step of a ``DecoderLM`` (``LlamaStyleLM``, ``GPT2LM``) reads: every
+    parameter once, except the token embedding, of which it reads one row (a tied output head still reads
+    the whole matrix)."""
+    if not isinstance(model, DecoderLM):
+        raise TypeError(f"model must be a DecoderLM (LlamaStyleLM, GPT2LM, ...), not {type(model).__name__}")
     total = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied matrix counted once
-    emb, head = model.get_submodule("emb"), model.get_submodule("head")
-    assert isinstance(emb, nn.Embedding) and isinstance(head, nn.Linear), "a decoder with emb and head"
-    tied = head.weight is emb.weight
-    row = emb.weight.shape[1] * emb.weight.element_size()
-    return total - (0 if tied else emb.weight.numel() * emb.weight.element_size()) + row
+    table = model.emb.weight  # [V, d]
+    row = table.shape[1] * table.element_size()
+    return total - (0 if model.tied else table.numel() * table.element_size()) + row
 
 
 def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, device=None, clock=time.perf_counter) -> dict:
