@@ -29,7 +29,12 @@ from cpu_vs_hf import _cpu_name, fresh_compile_cache, hf_static_generate  # noqa
 
 from modern_block import generate  # noqa: E402
 from modern_block.fast import decoding as fast  # noqa: E402
-from modern_block.fast.profiling import decode_step_seconds, decode_weight_bytes, memory_bandwidth  # noqa: E402
+from modern_block.fast.profiling import (  # noqa: E402
+    decode_step_seconds,
+    decode_weight_bytes,
+    memory_bandwidth,
+    step_table_lines,
+)
 from modern_block.interop import load_gguf, to_hf  # noqa: E402
 
 QUESTION = "What is the capital of France?"
@@ -147,11 +152,9 @@ def main(argv=None) -> dict:
 def print_table(r: dict) -> None:
     print(f"{r['cpu']}, {r['threads']} thread, torch {r['torch']}, transformers {r['transformers']}, {r['date']}; "
           f"{r['rounds']} interleaved rounds, {r['clock']}")
-    print(f"{'path':36s} {'ms/token':>8s} {'x plain':>8s} {'rounds':>11s} {'of floor':>8s} same tokens")
-    for name, row in r["steps"].items():
-        lo, hi = row["x_plain_range"]
-        print(f"{name:36s} {row['median_ms']:8.1f} {row['x_plain_median']:7.2f}x {lo:5.2f}-{hi:<5.2f} "
-              f"{100 * row['floor_fraction']:7.0f}% {row['same_tokens']}")
+    steps = r["steps"]
+    print("\n".join(step_table_lines({name: row["step_s"] for name, row in steps.items()}, r["floor_ms"],
+                                     same_tokens={name: row["same_tokens"] for name, row in steps.items()})))
     vs = r["compiled_vs_hf_static"]
     if vs:
         print(f"compiled fast layer vs transformers static cache + compile: {vs['median']:.2f}x as fast "

@@ -37,10 +37,11 @@ CONFIGS = {  # every kind of model fast.prepare takes: GQA/MQA/MHA, QK-norm or n
 }
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def fresh_compiler():
-    """Each test starts with torch.compile's caches empty: every FastLM compiles the same step function, and
-    torch refuses a function recompiled more than 8 times in one process (its recompile limit)."""
+    """torch.compile's caches emptied before and after a test that compiles: every FastLM compiles the same step
+    function, and torch refuses a function recompiled more than 8 times in one process (its recompile limit).
+    Only the compiling tests (marked slow) use it: the eager ones compile nothing and need no reset."""
     torch.compiler.reset()
     yield
     torch.compiler.reset()
@@ -177,6 +178,7 @@ def test_bad_input_is_refused_clearly():
 
 # ---------------------------------------------------------------- compiled, against Hugging Face
 @pytest.mark.slow
+@pytest.mark.usefixtures("fresh_compiler")
 @pytest.mark.parametrize("case", ["llama-gqa", "qwen3-gqa-tied"])
 def test_compiled_decoding_gives_the_plain_models_and_hugging_faces_tokens(case):
     from test_hf import hf_model  # tiny random Llama / Qwen3 (head_dim 12 != d/h, tied) at unit scale
@@ -200,6 +202,7 @@ def test_compiled_decoding_gives_the_plain_models_and_hugging_faces_tokens(case)
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fresh_compiler")
 @pytest.mark.parametrize("name", ["dynamic-ntk", "mla", "gpt2"])
 def test_compiled_decoding_of_the_other_models(name):
     """What the fast layer leaves unfused (MLA, GPT-2's attention) and dynamic NTK's per-step frequencies run

@@ -1,12 +1,18 @@
 """modern_block/profiling.py: the profile summary counts what a call dispatches, its parts add up, the
 profiler's banner stays off stderr, the decoding floor counts the right weights, and a decoding step's time is
-measured by difference in interleaved rounds."""
+measured by difference in interleaved rounds, and the benchmarks' table of decoding paths."""
 
 import pytest
 import torch
 
 from modern_block import LlamaStyleLM, generate
-from modern_block.fast.profiling import decode_step_seconds, decode_weight_bytes, memory_bandwidth, profile_ops
+from modern_block.fast.profiling import (
+    decode_step_seconds,
+    decode_weight_bytes,
+    memory_bandwidth,
+    profile_ops,
+    step_table_lines,
+)
 
 
 def test_profile_counts_outermost_ops_and_its_parts_add_up(capfd):
@@ -36,6 +42,8 @@ def test_decode_weight_bytes_counts_one_embedding_row():
     # tied: the matrix is one parameter (counted once), read whole by the head, plus the looked-up row
     assert decode_weight_bytes(tied) == 4 * sum(p.numel() for p in tied.parameters()) + 4 * 16
     assert decode_weight_bytes(tied) == everything - 4 * 100 * 16 + 4 * 16
+    with pytest.raises(TypeError, match="model must be a DecoderLM"):
+        decode_weight_bytes(torch.nn.Linear(16, 100))  # a head alone: no embedding to tell apart
 
 
 def test_memory_bandwidth_is_positive():
@@ -66,3 +74,20 @@ def test_decode_step_seconds_takes_the_difference_in_interleaved_rounds():
     assert tokens["a"].shape == (1, 6)
     with pytest.raises(ValueError, match="long"):
         decode_step_seconds({}, 1, short=4, long=4)
+
+
+def test_step_table_lines_show_ms_the_median_ratio_its_range_and_the_floor_share():
+    step_s = {"plain": [0.100, 0.120, 0.110], "fast": [0.050, 0.080, 0.044]}  # per-round ratios 2.0, 1.5, 2.5
+    header, plain, fast = step_table_lines(step_s, floor_ms=22.0, same_tokens={"plain": True, "fast": False})
+    assert header.split() == ["path", "ms/token", "x", "plain", "rounds", "of", "floor", "same", "tokens"]
+    assert plain.split() == ["plain", "110.0", "1.00x", "1.00-1.00", "20%", "True"]
+    # the median of the rounds' ratios (2.0x), not the ratio of the medians (110 / 50 = 2.2x)
+    assert fast.split() == ["fast", "50.0", "2.00x", "1.50-2.50", "44%", "False"]
+    for row, ms in ((plain, "110.0"), (fast, "50.0")):  # the numbers end under their headings
+        assert row.index(ms) + len(ms) == header.index("ms/token") + len("ms/token")
+        assert row.index("%") + 1 == header.index("of floor") + len("of floor")
+    no_tokens = step_table_lines(step_s, 22.0, baseline="fast")
+    assert "same" not in no_tokens[0] and "x fast" in no_tokens[0]
+    assert no_tokens[1].split()[2:4] == ["0.50x", "0.40-0.67"]
+    with pytest.raises(ValueError, match="baseline"):
+        step_table_lines(step_s, 22.0, baseline="hf")

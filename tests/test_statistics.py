@@ -12,6 +12,7 @@ from modern_block.training.statistics import (
     LOWER,
     NO_DIFFERENCE,
     band,
+    choose_rate,
     difference,
     differences_from,
     format_seeds,
@@ -173,6 +174,18 @@ def test_select_and_report_chooses_on_selection_seeds_and_reports_on_the_others(
 def test_select_and_report_breaks_ties_towards_the_lower_rate():
     rows = [{"model": "m", "lr": lr, "seed": s, "loss": 2.0} for lr in (2e-3, 1e-3) for s in (0, 1, 2)]
     assert select_and_report(rows, [0], [1, 2])["m"].lr == 1e-3
+
+
+def test_choose_rate_lowest_mean_lower_rate_on_a_tie_and_never_a_non_finite_mean():
+    assert choose_rate({1e-3: 2.1, 2e-3: 1.9, 4e-3: 2.0}) == 2e-3
+    assert choose_rate({4e-3: 1.9, 1e-3: 1.9, 2e-3: 2.0}) == 1e-3  # a tie: the lower rate, whatever the order
+    assert choose_rate({1e-3: 2.5, 2e-3: math.inf, 4e-3: math.nan}) == 1e-3  # diverged or undefined: never chosen
+    assert choose_rate({1e-3: math.nan, 2e-3: 3.0}) == 2e-3  # a nan first does not win (min alone would pick it)
+    assert choose_rate({2e-3: -math.inf, 4e-3: 1.0}) == 4e-3
+    assert choose_rate({4e-3: math.inf, 2e-3: math.nan}) == 2e-3  # all non-finite: the lowest rate
+    assert choose_rate({3e-4: 7.0}) == 3e-4
+    with pytest.raises(ValueError, match="means_by_rate"):
+        choose_rate({})
 
 
 @pytest.mark.parametrize(("change", "match"), [

@@ -21,8 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
+
+from ..decoder import DecoderLM
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::dot")
 
@@ -79,15 +80,16 @@ def profile_ops(fn) -> OpProfile:
     return OpProfile(len(outermost), seconds, by_kind)
 
 
-def decode_weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights one decoding step of a ``LlamaStyleLM`` reads: every parameter once, except the
-    token embedding, of which it reads one row (a tied output head still reads the whole matrix)."""
+def decode_weight_bytes(model: DecoderLM) -> int:
+    """Bytes of weights one decoding step of a ``DecoderLM`` (``LlamaStyleLM``, ``GPT2LM``) reads: every
+    parameter once, except the token embedding, of which it reads one row (a tied output head still reads
+    the whole matrix)."""
+    if not isinstance(model, DecoderLM):
+        raise TypeError(f"model must be a DecoderLM (LlamaStyleLM, GPT2LM, ...), not {type(model).__name__}")
     total = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied matrix counted once
-    emb, head = model.get_submodule("emb"), model.get_submodule("head")
-    assert isinstance(emb, nn.Embedding) and isinstance(head, nn.Linear), "a decoder with emb and head"
-    tied = head.weight is emb.weight
-    row = emb.weight.shape[1] * emb.weight.element_size()
-    return total - (0 if tied else emb.weight.numel() * emb.weight.element_size()) + row
+    table = model.emb.weight  # [V, d]
+    row = table.shape[1] * table.element_size()
+    return total - (0 if model.tied else table.numel() * table.element_size()) + row
 
 
 def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, device=None, clock=time.perf_counter) -> dict:
@@ -132,3 +134,23 @@ def decode_step_seconds(decoders: dict, rounds: int, short: int = 8, long: int =
             t2 = clock()
             seconds[name].append(((t2 - t1) - (t1 - t0)) / (long - short))
     return seconds, tokens
+
+
+def step_table_lines(step_s: dict[str, list[float]], floor_ms: float, baseline: str = "plain",
+                     same_tokens: dict[str, bool] | None = None) -> list[str]:
+    """The lines of a table of decoding paths, from ``decode_step_seconds``' rounds: each path's median ms per
+    token, how many times as fast as ``baseline`` it is (the median of the per-round ratios, and their range:
+    the spread the rounds show) and the share of the floor (``floor_ms``) it reaches; with ``same_tokens``
+    (name -> bool), whether it gave the baseline's tokens. One layout, so every benchmark reads alike."""
+    if baseline not in step_s:
+        raise ValueError(f"baseline {baseline!r} must be one of the paths in step_s: {sorted(step_s)}")
+    extra = "" if same_tokens is None else " same tokens"
+    lines = [f"{'path':36s} {'ms/token':>8s} {'x ' + baseline:>8s} "
+             f"{'rounds':>11s} {'of floor':>8s}{extra}"]
+    for name, s in step_s.items():
+        x = [b / t for b, t in zip(step_s[baseline], s, strict=True)]  # > 1: faster than the baseline
+        ms = 1e3 * statistics.median(s)
+        same = "" if same_tokens is None else f" {same_tokens[name]}"
+        lines.append(f"{name:36s} {ms:8.1f} {statistics.median(x):7.2f}x {min(x):5.2f}-{max(x):<5.2f} "
+                     f"{100 * floor_ms / ms:7.0f}%{same}")
+    return lines

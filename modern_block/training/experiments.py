@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from .config import TrainConfig
 from .data import Corpus
 from .rungs import ABLATION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
-from .statistics import difference, select_and_report
+from .statistics import choose_rate, difference, select_and_report
 from .trainer import TrainResult
 from .workers import train_many
 
@@ -206,7 +206,7 @@ def select_then_report(base: TrainConfig, rungs, rates, selection_seeds, reporte
             for s, run in zip(selection_seeds, runs, strict=True)]
     means = {r: {lr: mean_std([final_loss(x) for x in runs])[0] for lr, runs in arm.runs.items()}
              for r, arm in selection.items()}
-    chosen = {r: min(sorted(m), key=m.__getitem__) for r, m in means.items()}  # a tie goes to the lower rate
+    chosen = {r: choose_rate(m) for r, m in means.items()}
     reported = sweep(base, rungs, {r: (chosen[r],) for r in rungs}, reported_seeds, **kwargs)
     rows += [{"model": r, "lr": chosen[r], "seed": s, "loss": final_loss(run)}
              for r, arm in reported.items() for s, run in zip(reported_seeds, arm.best, strict=True)]

@@ -34,7 +34,15 @@ import torch
 from .config import RUNTIME_FIELDS, TrainConfig
 from .files import write_text_atomic
 from .rungs import get_rung
-from .statistics import CONFIDENCE, format_seeds, markdown_table, mean_interval, paired_difference, select_and_report
+from .statistics import (
+    CONFIDENCE,
+    choose_rate,
+    format_seeds,
+    markdown_table,
+    mean_interval,
+    paired_difference,
+    select_and_report,
+)
 
 LAPTOP_ARMS = {"gpt2": "gpt2_nobias", "llama": "llama", "llama_tied": "llama_tied"}  # arm -> model (rung)
 LAPTOP_LABELS = {"gpt2": "GPT-2 (tied, no biases: nanoGPT's)", "llama": "Llama (untied)", "llama_tied": "Llama, tied"}
@@ -195,7 +203,7 @@ def run_laptop(base: TrainConfig, out_dir, rates=LAPTOP_RATES, selection_seeds=S
 
     means = {a: {lr: math.fsum(loss(Run(a, lr, s, "selection")) for s in selection_seeds) / len(selection_seeds)
                  for lr in rates} for a in arms}
-    chosen = {a: min(sorted(means[a]), key=means[a].__getitem__) for a in arms}  # a tie goes to the lower rate
+    chosen = {a: choose_rate(means[a]) for a in arms}
     say("chosen rates: " + ", ".join(f"{a} {lr:g}" for a, lr in chosen.items()))
     reported = [Run(a, chosen[a], s, "reported") for s in reported_seeds for a in arms]  # whole seeds first
     if anchor and "gpt2" in arms and chosen["gpt2"] != NANOGPT_RATE:
@@ -238,7 +246,7 @@ def chosen_rates(results: dict) -> dict[str, float]:
             if len(losses) == len(results["selection_seeds"]):
                 means[lr] = math.fsum(math.inf if v is None else v for v in losses) / len(losses)
         if len(means) == len(results["rates"]):
-            out[arm] = min(sorted(means), key=means.__getitem__)  # a tie goes to the lower rate
+            out[arm] = choose_rate(means)
     return out
 
 

@@ -305,6 +305,18 @@ class Selection:
         return self.selection_means[self.lr] - self.interval.mean
 
 
+def choose_rate(means_by_rate: Mapping[float, float]) -> float:
+    """The rate to report: the one with the lowest mean loss over the selection seeds. A tie goes to the lower
+    rate (the safer step, and a choice that does not depend on the order the rates were tried in). A non-finite
+    mean (inf: a run diverged; nan) is never chosen unless every mean is, and then the lowest rate is."""
+    if not means_by_rate:
+        raise ValueError("means_by_rate must hold at least one rate and its mean loss")
+    finite = {lr: mean for lr, mean in means_by_rate.items() if math.isfinite(mean)}
+    if not finite:
+        return min(means_by_rate)
+    return min(finite, key=lambda lr: (finite[lr], lr))
+
+
 def _loss(row: Mapping, key: str) -> float:
     value = row[key]
     if value is None:
@@ -325,8 +337,9 @@ def _check_seeds(name: str, seeds) -> tuple[int, ...]:
 
 def select_and_report(rows: Iterable[Mapping], selection_seeds, reported_seeds, models=None,
                       loss_key: str = "loss") -> dict[str, Selection]:
-    """For each model in a results table, the rate with the lowest mean loss over ``selection_seeds`` (ties:
-    the lower rate) and the losses at that rate on ``reported_seeds``, which must be other seeds.
+    """For each model in a results table, the rate with the lowest mean loss over ``selection_seeds``
+    (``choose_rate``: ties go to the lower rate) and the losses at that rate on ``reported_seeds``, which must
+    be other seeds.
 
     ``rows``: mappings with "model", "lr", "seed" and ``loss_key`` (None or inf: the run diverged). Every rate a
     model was tried at needs every selection seed; the reported seeds are needed at the chosen rate only (runs at
@@ -360,7 +373,7 @@ def select_and_report(rows: Iterable[Mapping], selection_seeds, reported_seeds, 
                 raise ValueError(f"model {model!r} at lr {lr:g} lacks selection seeds {lacking}")
         losses = {lr: {s: runs[s] for s in selection_seeds} for lr, runs in sorted(by_rate.items())}
         means = {lr: math.fsum(runs.values()) / len(runs) for lr, runs in losses.items()}
-        chosen = min(means, key=lambda lr: (means[lr], lr))
+        chosen = choose_rate(means)
         at_chosen = table[model][chosen]
         lacking = [s for s in reported_seeds if s not in at_chosen]
         if lacking:
