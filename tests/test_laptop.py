@@ -97,7 +97,7 @@ def test_laptop_grid_selects_on_some_seeds_reports_on_others_and_resumes(tmp_pat
     report = (tmp_path / "report.md").read_text()
     assert report == laptop.laptop_report(saved)
     assert "llama minus gpt2: " in report and "95% interval, 2 paired seeds" in report
-    assert "GPT-2 at nanoGPT's rate 0.001 on seeds [0, 1, 2]" in report
+    assert "GPT-2 at nanoGPT's rate 0.001 on seeds 0-2: " in report and "prediction interval" in report
 
     said.clear()  # the same command again: every run is read back, none trained
     again = laptop.run_laptop(base, tmp_path, rates=(1e-3, 1e-2), selection_seeds=(0,), reported_seeds=(1, 2),

@@ -401,7 +401,7 @@ def write_figure(results: dict, path) -> None:
     from .report import plot_curve_bands
 
     curves = reported_curves(results)
-    title = "laptop scale (nanoGPT's CPU recipe): val loss, mean and 95% band over the reported seeds"
+    title = "laptop scale (nanoGPT's CPU recipe), reported seeds:\nval loss, mean and 95% band"
     if not curves:
         title = "laptop scale: selection runs so far (one seed each)"
         curves = {f"{results['arms'][r['arm']]['label']} lr {r['lr']:g}": [r["metrics"]] for r in results["runs"]
