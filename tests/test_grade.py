@@ -191,7 +191,11 @@ _runner.Runner.describe_module = staticmethod(_forged)"""
         "kills_its_parent": (["passed", "not attempted"], dict(  # no parent in sight; init ignores SIGKILL
             ex1_rms="import os, signal\nfor pid in (os.getppid(), 1):\n    try:\n        if pid > 0:\n"
                     "            os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n" + RIGHT_RMS), None),
-        "kills_all_it_can": (["failed", "not attempted"], dict(  # itself and its sandbox, nothing else
+        # SIGKILL to every process of its sandbox but itself (Linux spares the caller of kill(-1)), nothing else.
+        # Exercise 2 then depends on scheduling: a fresh sandbox replays the cells run before, the killing one
+        # too; whether the stub of exercise 2 is read before that replay kills the sandbox again decides "not
+        # attempted" or "failed (died)" (CI under load saw the second, an idle machine the first). Nothing passes.
+        "kills_all_it_can": (["failed", {"not attempted", "failed"}], dict(
             ex1_rms="import os, signal\nos.kill(-1, signal.SIGKILL)\n" + RIGHT_RMS), None),
         "overwrites_others": (["passed", "not attempted"], dict(
             ex1_rms=f"for path in [{str(victim)!r}, {str(REFERENCE / 'x.ipynb')!r}]:\n    try:\n"
@@ -302,6 +306,13 @@ def statuses(row) -> list[str]:
     return [e["status"] for e in row["exercises"]]
 
 
+def as_expected(got: list[str], want: list) -> bool:
+    """Each exercise's status is the one expected, or one of a set where scheduling decides between them."""
+    if len(got) != len(want):
+        return False
+    return all(g in w if isinstance(w, set) else g == w for g, w in zip(got, want, strict=True))
+
+
 def cell_errors(row) -> str:
     return "\n".join(c["error"] for c in row["cells"])
 
@@ -323,7 +334,7 @@ def test_no_attack_changes_a_grade(class_run, kind):
             continue
         row = class_run["rows"][key]
         assert row["status"] == "graded", (key, row["error"])
-        assert statuses(row) == want, (key, json.dumps(row, indent=1, ensure_ascii=True)[:3000])
+        assert as_expected(statuses(row), want), (key, json.dumps(row, indent=1, ensure_ascii=True)[:3000])
 
 
 @needs_sandbox
