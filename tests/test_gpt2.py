@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -47,3 +48,21 @@ def test_gpt2_parameter_count_by_hand():
     model = GPT2LM(V, d=d, n_layers=L, n_heads=4, max_len=T)
     per_block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
     assert model.num_parameters() == V * d + T * d + L * per_block + 2 * d
+
+
+def test_bias_false_leaves_no_bias_anywhere_and_dropout_reaches_the_embeddings():
+    """GPT-2 as nanoGPT builds it: no bias in any linear or LayerNorm, the final norm included; the dropout rate
+    reaches every dropout of the model, the one after the embeddings included."""
+    model = GPT2LM(V=50, d=16, n_layers=2, n_heads=2, max_len=8, bias=False, dropout=0.25)
+    assert [name for name, _ in model.named_parameters() if name.endswith("bias")] == []
+    assert model.norm.bias is None
+    drops = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert model.drop in drops and {m.p for m in drops} == {0.25}
+    assert [name for name, _ in GPT2LM(V=50, d=16, n_layers=2, n_heads=2, max_len=8).named_parameters()
+            if name.endswith("bias")]  # the default keeps GPT-2's biases
+
+
+def test_gpt2_sizes_are_checked_by_name():
+    for kwargs, name in ((dict(n_layers=0), "n_layers"), (dict(d=0), "d"), (dict(max_len=0), "max_len")):
+        with pytest.raises(ValueError, match=name):
+            GPT2LM(V=50, **{"d": 16, "n_heads": 2, **kwargs})
