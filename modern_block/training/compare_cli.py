@@ -76,22 +76,31 @@ def build_parser() -> argparse.ArgumentParser:
     return cmp_parser
 
 
-def _laptop(parser, args, base, argv) -> int:
-    """``--scale laptop``: the resumable two-phase grid of ``training.laptop``."""
-    from .laptop import main_laptop
-
-    given = [name for name in ("lr", "lr_gpt2", "lr_llama") if getattr(args, name) is not None] + (
-        ["tied"] if args.tied else [])
+def _refuse(parser, args, valued: tuple[str, ...], flags: tuple[str, ...], why: str) -> None:
+    """Usage error naming every option given that the chosen mode does not take."""
+    given = [n for n in valued if getattr(args, n) is not None] + [n for n in flags if getattr(args, n)]
     if given:
-        options = ", ".join("--" + g.replace("_", "-") for g in given)
-        parser.error(f"--scale laptop sweeps --rates and trains all three arms; drop {options}")
+        parser.error(f"{why}; drop {', '.join('--' + g.replace('_', '-') for g in given)}")
+
+
+def _check_two_phase(parser, args, reported_default, selection_default) -> None:
+    """Rates chosen on --selection-seeds, reported on --seeds: each list distinct, the two lists apart."""
     for name in ("seeds", "rates", "selection_seeds"):
         values = getattr(args, name)
         if values is not None and len(set(values)) != len(values):
             parser.error(f"--{name.replace('_', '-')} must be distinct, got {values}")
-    shared = set(args.seeds or ()) & set(args.selection_seeds or (0,))
+    shared = set(args.seeds or reported_default) & set(args.selection_seeds or selection_default)
     if shared:
         parser.error(f"--seeds (reported) and --selection-seeds must be different seeds; both hold {sorted(shared)}")
+
+
+def _laptop(parser, args, base, argv) -> int:
+    """``--scale laptop``: the resumable two-phase grid of ``training.laptop``."""
+    from .laptop import REPORTED_SEEDS, SELECTION_SEEDS, main_laptop
+
+    _refuse(parser, args, ("lr", "lr_gpt2", "lr_llama"), ("tied",),
+            "--scale laptop sweeps --rates and trains all three arms")
+    _check_two_phase(parser, args, REPORTED_SEEDS, SELECTION_SEEDS)
     if args.out == "runs/compare":
         args.out = "runs/laptop"
     command = "python -m modern_block compare " + shlex.join(sys.argv[1:] if argv is None else argv)
@@ -109,22 +118,13 @@ def _laptop(parser, args, base, argv) -> int:
 
 def _ladder(parser, args, argv) -> int:
     """``--ladder``: lesson 08's study at its quick budget (``training.ladder_study``)."""
-    from .ladder_study import QUICK_STUDY, main_ladder
+    from .ladder_study import QUICK_STUDY, REPORTED_SEEDS, SELECTION_SEEDS, main_ladder
 
-    given = [name for name in ("lr", "lr_gpt2", "lr_llama", "arms") if getattr(args, name) is not None] + [
-        name for name in ("tied", "anchor", "collect") if getattr(args, name)]
-    if given:
-        parser.error(f"--ladder trains every model at every rate of --rates; drop "
-                     f"{', '.join('--' + g.replace('_', '-') for g in given)}")
+    _refuse(parser, args, ("lr", "lr_gpt2", "lr_llama", "arms"), ("tied", "anchor", "collect"),
+            "--ladder trains every model at every rate of --rates")
     if scale_asked(args) not in (None, "quick"):
         parser.error("--ladder runs at lesson 08's quick budget; change its size with --d, --n-layers, --max-steps")
-    for name in ("seeds", "rates", "selection_seeds"):
-        values = getattr(args, name)
-        if values is not None and len(set(values)) != len(values):
-            parser.error(f"--{name.replace('_', '-')} must be distinct, got {values}")
-    shared = set(args.seeds or (2, 3, 4, 5, 6, 7)) & set(args.selection_seeds or (0, 1))
-    if shared:
-        parser.error(f"--seeds (reported) and --selection-seeds must be different seeds; both hold {sorted(shared)}")
+    _check_two_phase(parser, args, REPORTED_SEEDS, SELECTION_SEEDS)
     if args.out == "runs/compare":
         args.out = "runs/ladder"
     args.scale = "quick"
