@@ -10,8 +10,10 @@ loader and through transformers' GGUF support, once per module (about 20 s of CP
 greedy tokens and the logits on prompts of its own.
 """
 
+import functools
 import importlib.util
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -346,13 +348,24 @@ def test_installed_file_is_checked_against_its_record(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    """The real checkpoint through the course's loader and through transformers, loaded once."""
+    """The real checkpoint through the course's loader and through transformers, loaded once.
+
+    Most of that time is bookkeeping, not the weights: ``gguf.GGUFReader`` parses the file's metadata (49,152
+    vocabulary strings and 48,900 merges) element by element, which transformers does twice, and transformers
+    rebuilds gguf's tensor-name table once per submodule of the model (hundreds of times). Here the three loads
+    share one parse of the file and the table is built once per (architecture, layers); each loader still reads
+    and converts every tensor its own way, so the comparison stays independent."""
     path = _installed()
     transformers = pytest.importorskip("transformers") if not IN_CI else __import__("transformers")
-    gf = read_gguf(path)
+    reader = gguf.GGUFReader(path)
+    gf = gguf_module.from_reader(reader, path)
     model, tok = load_gguf(gf, tokenizer=True)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                           dtype=torch.float32).eval()
+    with pytest.MonkeyPatch.context() as patch:  # transformers imports both names from gguf when it loads
+        parse, real = gguf.GGUFReader, path.resolve()
+        patch.setattr(gguf, "GGUFReader", lambda p, *a, **k: reader if Path(p).resolve() == real else parse(p, *a, **k))
+        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                               dtype=torch.float32).eval()
     hf.generation_config = transformers.GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=2)
     return gf, model, tok, hf
 
