@@ -3,9 +3,10 @@
 The cell's text is taken from a lesson notebook. It runs in a throwaway virtual environment that sees this
 environment's packages through a .pth file placed after its own site-packages (so torch and the other
 dependencies are there, and nothing needs downloading except the build backend), with the source pointed at a
-copy of this checkout (``MODERN_BLOCK_SOURCE``) and Colab simulated two ways: the ``MODERN_BLOCK_FORCE_SETUP``
-variable, and a ``google.colab`` module in ``sys.modules``. Afterwards ``import modern_block`` in that environment
-must resolve to the copy the cell installed into the venv, not to this checkout. Without either signal the cell
+copy of this checkout (``MODERN_BLOCK_SOURCE``) and Colab simulated by the ``MODERN_BLOCK_FORCE_SETUP`` variable.
+Afterwards ``import modern_block`` in that environment must resolve to the copy the cell installed into the venv,
+not to this checkout. The other signal, a ``google.colab`` module in ``sys.modules``, must take the same branch
+(shown with a source pip cannot install, so the install is not paid twice); without either signal the cell
 must install nothing.
 """
 
@@ -94,10 +95,9 @@ def _installed_in_venv(python: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signal", ["env", "google.colab"])
-def test_setup_cell_installs_the_package_on_colab(signal, tmp_path):
+def test_setup_cell_installs_the_package_on_colab(tmp_path):
     source = _checkout_copy(tmp_path / "checkout")
-    python, found, proc = _run_setup(tmp_path, signal, source)
+    python, found, proc = _run_setup(tmp_path, "env", source)
     if proc.returncode and "Could not find a version" in proc.stderr and not os.environ.get("CI"):
         pytest.skip(f"no package index for the build backend: {proc.stderr[-300:]}")
     assert proc.returncode == 0, f"the setup cell failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
@@ -108,6 +108,18 @@ def test_setup_cell_installs_the_package_on_colab(signal, tmp_path):
     assert not Path(found["file"]).resolve().is_relative_to(ROOT.resolve())
     assert found["has_model"] and found["version"]
     assert "modern_block" in _installed_in_venv(python)
+
+
+def test_setup_cell_installs_when_google_colab_is_imported(tmp_path):
+    """The other signal, ``google.colab`` in ``sys.modules``, takes the same branch as the variable above; that
+    the branch installs is shown there, so here the source is a folder that does not exist: pip must be run on it
+    (and fail, naming it) before anything else happens."""
+    missing = tmp_path / "no-such-source"
+    python, found, proc = _run_setup(tmp_path, "google.colab", missing)
+    assert proc.returncode != 0 and found is None, "the cell went on although pip could not install the source"
+    assert "CalledProcessError" in proc.stderr and "pip" in proc.stderr, proc.stderr[-2000:]
+    assert str(missing) in proc.stderr, f"pip was not run on MODERN_BLOCK_SOURCE:\n{proc.stderr[-2000:]}"
+    assert _installed_in_venv(python) == []
 
 
 def test_setup_cell_does_nothing_outside_colab(tmp_path):
