@@ -8,13 +8,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-import torch
+from training_setup import rerun_committed
 
 from modern_block.training import compare_cli, ladder_study
-from modern_block.training.config import TrainConfig
-from modern_block.training.data import load_corpus
 from modern_block.training.experiments import select_then_report
-from modern_block.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "ladder" / "results.json"
@@ -98,18 +95,7 @@ def test_the_committed_study_is_the_lessons_design_and_the_report_is_the_codes()
 def test_the_first_steps_of_a_committed_ladder_run_repeat():
     results = _committed()
     run = next(r for r in results["runs"] if r["config"] and r["model"] == "llama")
-    if results["torch"] != torch.__version__:
-        pytest.skip(f"the runs were made with torch {results['torch']}, this is {torch.__version__}")
-    corpus = load_corpus(verbose=False)
-    if corpus.name != results["corpus"]:
-        pytest.skip(f"the runs used {results['corpus']}; this machine has {corpus.name!r} (set MODERN_BLOCK_DATA)")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        res = train(TrainConfig(**run["config"]), corpus=corpus, checkpoints=False, progress=False, verbose=False,
-                    until=ladder_study.RECORDED_STEPS)
-    finally:
-        torch.set_num_threads(threads)
+    res = rerun_committed(run["config"], results["torch"], results["corpus"], ladder_study.RECORDED_STEPS)
     assert res.metrics[0]["val_loss"] == pytest.approx(run["first_eval"]["val_loss"], abs=1e-6)
     diffs = [abs(a - b) for a, b in zip(res.losses, run["train_losses"], strict=True)]
     assert max(diffs) <= 1e-6, f"llama lr {run['lr']} seed {run['seed']}: step losses differ by {max(diffs)}"

@@ -6,12 +6,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-import torch
+from training_setup import rerun_committed
 
 from modern_block.training import laptop
-from modern_block.training.config import TrainConfig, laptop_config
-from modern_block.training.data import load_corpus
-from modern_block.training.trainer import train
+from modern_block.training.config import laptop_config
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "laptop" / "results.json"
@@ -27,18 +25,7 @@ def test_the_first_steps_of_a_committed_laptop_run_repeat():
     runs = [r for r in results["runs"] if r.get("train_losses")]
     assert runs, "no committed run records its per-step losses"
     run = runs[0]
-    if run["torch"] != torch.__version__:
-        pytest.skip(f"the run was made with torch {run['torch']}, this is {torch.__version__}")
-    corpus = load_corpus(verbose=False)
-    if corpus.name != "tinyshakespeare":
-        pytest.skip(f"the runs used tinyshakespeare; this machine has {corpus.name!r} (set MODERN_BLOCK_DATA)")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(run.get("threads", 1))
-    try:
-        res = train(TrainConfig(**run["config"]), corpus=corpus, checkpoints=False, progress=False, verbose=False,
-                    until=STEPS)
-    finally:
-        torch.set_num_threads(threads)
+    res = rerun_committed(run["config"], run["torch"], "tinyshakespeare", STEPS, threads=run.get("threads", 1))
     first = run["metrics"][0]
     assert res.metrics[0]["step"] == first["step"] == 0
     assert res.metrics[0]["val_loss"] == pytest.approx(first["val_loss"], abs=1e-6)

@@ -8,9 +8,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 from modern_block.training.config import TrainConfig
-from modern_block.training.data import Corpus
+from modern_block.training.data import Corpus, load_corpus
 from modern_block.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,3 +74,21 @@ def disk_fills_up_after(n_bytes: int):
             self.file.close()
 
     return FillsUp
+
+
+def rerun_committed(config: dict, made_with: str, corpus_name: str, steps: int, threads: int = 1):
+    """The first ``steps`` steps of a committed run, trained again from its recorded settings on ``threads``
+    threads (the TrainResult); skips the test where the run cannot repeat to the last bit: another torch than
+    ``made_with``, or another text than ``corpus_name`` (no MODERN_BLOCK_DATA)."""
+    if made_with != torch.__version__:
+        pytest.skip(f"the run was made with torch {made_with}, this is {torch.__version__}")
+    corpus = load_corpus(verbose=False)
+    if corpus.name != corpus_name:
+        pytest.skip(f"the run used {corpus_name}; this machine has {corpus.name!r} (set MODERN_BLOCK_DATA)")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return train(TrainConfig(**config), corpus=corpus, checkpoints=False, progress=False, verbose=False,
+                     until=steps)
+    finally:
+        torch.set_num_threads(before)
