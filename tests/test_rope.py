@@ -1,15 +1,19 @@
 """RoPE: relative positions, norms, the two layouts and the permutation between them."""
 
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modern_block import (
+    RotaryEmbedding,
     apply_rope,
     apply_rope_interleaved,
     permute_qk_weight,
     rope_cache,
+    rope_frequencies,
 )
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
@@ -115,3 +119,68 @@ def test_permute_qk_weight_refuses_bad_arguments_by_name():
         permute_qk_weight(w, 2, to="halfsplit")
     with pytest.raises(ValueError, match=r"^weight.shape\[0\] \(16\) must be divisible by n_heads \(3\)$"):
         permute_qk_weight(w, 3)
+
+
+def test_the_default_base_is_10000():
+    """θ_i = 10000^(-2i/d_h) (the RoPE paper's base) wherever the base is left out."""
+    for dh in (8, 64):
+        want = torch.tensor([10000.0 ** (-2 * i / dh) for i in range(dh // 2)], dtype=torch.float64)
+        torch.testing.assert_close(rope_frequencies(dh).double(), want, rtol=1e-6, atol=0)
+    cos, sin = rope_cache(16, 8)
+    torch.testing.assert_close((cos, sin), rope_cache(16, 8, 10000.0), rtol=0, atol=0)
+    rope = RotaryEmbedding(8, 16)
+    torch.testing.assert_close((rope.cos, rope.sin), (cos, sin), rtol=0, atol=0)
+    assert "base=10000" in repr(rope)
+
+
+def test_any_base_above_one_is_accepted():
+    for base in (1.5, 2.0, 500000.0):
+        want = torch.tensor([base ** (-2 * i / 8) for i in range(4)], dtype=torch.float64)
+        torch.testing.assert_close(rope_frequencies(8, base).double(), want, rtol=1e-6, atol=0)
+
+
+_x8, _table = torch.zeros(1, 2, 5, 8), torch.zeros(5, 4)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: rope_frequencies(7), "dh must be even for RoPE (dimensions are rotated in pairs), got 7"),
+    (lambda: rope_frequencies(8, 1.0), "base must be > 1, got 1.0"),
+    (lambda: rope_frequencies(8, 0.5), "base must be > 1, got 0.5"),
+    (lambda: RotaryEmbedding(0, 16), "dim must be positive, got 0"),
+    (lambda: RotaryEmbedding(7, 16), "dim must be even for RoPE (dimensions are rotated in pairs), got 7"),
+    (lambda: RotaryEmbedding(8, 0), "max_len must be positive, got 0"),
+    (lambda: apply_rope(torch.zeros(1, 2, 5, 7), _table, _table),
+     "the head dimension x.shape[-1] must be even for RoPE, got 7"),
+    (lambda: apply_rope_interleaved(torch.zeros(1, 2, 5, 7), _table, _table),
+     "the head dimension x.shape[-1] must be even for RoPE, got 7"),
+    (lambda: apply_rope(_x8, _table, torch.zeros(3, 4)), "cos and sin must have the same shape, got [5, 4] and [3, 4]"),
+    (lambda: apply_rope(_x8, torch.zeros(5, 3), torch.zeros(5, 3)), "cos/sin last dim must be head_dim/2 = 4, got 3"),
+    (lambda: apply_rope_interleaved(_x8, torch.zeros(1, 5, 3), torch.zeros(1, 5, 3)),
+     "cos/sin last dim must be head_dim/2 = 4, got 3"),
+], ids=["odd-dh", "base-1", "base-0.5", "dim-0", "odd-dim", "max_len-0", "odd-x", "odd-x-interleaved",
+        "cos-vs-sin", "last-dim", "last-dim-per-sequence"])
+def test_bad_rope_arguments_are_refused_with_the_argument_and_the_rule(call, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        call()
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 2e-2), (torch.float16, 2e-3), (torch.float64, 0.0)])
+def test_x_is_rotated_in_its_own_dtype(dtype, tol):
+    """float32 tables rotate bf16/fp16 (or fp64) activations in the activations' dtype, as Hugging Face does."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 8).to(dtype)
+    cos, sin = rope_cache(5, 8)  # float32
+    for rope in (apply_rope, apply_rope_interleaved):
+        y = rope(x, cos, sin)
+        assert y.dtype == dtype
+        want = rope(x.double(), cos.double(), sin.double())  # the same rotation of the same x, in float64
+        torch.testing.assert_close(y.double(), want, atol=tol, rtol=tol)
+
+
+def test_the_tables_are_built_on_the_device_asked():
+    """The meta device stands in for a GPU: a table computed on the CPU and left there would not come back on it."""
+    cos, sin = rope_cache(16, 8, device="meta")
+    assert cos.device.type == sin.device.type == "meta" and cos.shape == sin.shape == (16, 4)
+    yarn = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=8)
+    cos, sin = rope_cache(16, 8, device=torch.device("meta"), scaling=yarn)
+    assert cos.device.type == sin.device.type == "meta" and cos.shape == (16, 4)

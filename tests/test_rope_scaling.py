@@ -7,6 +7,7 @@ small ones chosen so that every band of a piecewise rule holds at least one freq
 
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -50,6 +51,18 @@ CONFIGS = {
     "yarn-small-attention_factor": (32, 10000.0, 512, dict(rope_type="yarn", factor=4.0, attention_factor=1.3,
                                                           original_max_position_embeddings=128, beta_fast=8.0,
                                                           beta_slow=2.0)),
+    # YaRN's defaults on a Llama-3-like base: with β_fast = 33, i_fast would floor to 17 instead of 18
+    "yarn-default-betas": (128, 500000.0, 32768, dict(rope_type="yarn", factor=4.0,
+                                                      original_max_position_embeddings=8192)),
+    # a small base: i_slow (≈ 17.7) is clamped to d_h − 1 = 15 and the ramp reaches the slowest pairs
+    "yarn-i_slow-clamped": (16, 10.0, 4096, dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=1024)),
+    # β_fast = β_slow, untruncated: i_fast = i_slow ≈ 3.2, a step instead of a ramp
+    "yarn-step": (16, 10000.0, 4096, dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=1024,
+                                          beta_fast=4.0, beta_slow=4.0, truncate=False)),
+    "yarn-mscale-only": (32, 10000.0, 512, dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128,
+                                                mscale=0.707)),
+    "yarn-mscale-ratio": (32, 10000.0, 512, dict(rope_type="yarn", factor=1.5, original_max_position_embeddings=128,
+                                                 mscale=0.707, mscale_all_dim=1.0)),
     "llama3-3.1-8B": (128, 500000.0, 131072, dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                                  high_freq_factor=4.0, original_max_position_embeddings=8192)),
     "llama3-3.2-1B": (64, 500000.0, 131072, dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
@@ -175,24 +188,40 @@ def test_dynamic_model_table_depends_on_the_length():
         assert (model(idx) - plain(idx)).abs().max() > 1e-3  # beyond: a new base for the whole sequence
 
 
-@pytest.mark.parametrize("scaling, error, match", [
-    ([("rope_type", "linear")], TypeError, "rope_scaling must be a dict"),
-    (dict(rope_type="longrope", factor=2.0), ValueError, r"rope_scaling\['rope_type'\]"),
-    (dict(factor=2.0), ValueError, r"rope_scaling\['rope_type'\]"),
+TYPES = "['linear', 'dynamic', 'yarn', 'llama3']"
+
+
+@pytest.mark.parametrize("scaling, error, message", [
+    ([("rope_type", "linear")], TypeError,
+     "rope_scaling must be a dict such as {'rope_type': 'linear', 'factor': 4.0} or None, got list"),
+    (dict(rope_type="longrope", factor=2.0), ValueError,
+     f"rope_scaling['rope_type'] must be one of {TYPES}, got 'longrope'"),
+    (dict(factor=2.0), ValueError, f"rope_scaling['rope_type'] must be one of {TYPES}, got None"),
     (dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0), ValueError,
-     "original_max_position_embeddings"),
-    (dict(rope_type="linear", factor=2.0, rope_theta=1e4), ValueError, "rope_base"),
-    (dict(rope_type="linear", factor=0.0), ValueError, "factor"),
-    (dict(rope_type="linear", factor=None), ValueError, "factor"),
+     "rope_scaling of type 'llama3' needs the keys ['original_max_position_embeddings']"),
+    (dict(rope_type="linear", factor=2.0, rope_theta=1e4), ValueError,
+     "rope_scaling of type 'linear' does not take ['rope_theta'] (the base is rope_base)"),
+    (dict(rope_type="linear", factor=2.0, beta_fast=32.0), ValueError,
+     "rope_scaling of type 'linear' does not take ['beta_fast']"),  # the hint about the base only for rope_theta
+    (dict(rope_type="linear", factor=0.0), ValueError, "rope_scaling['factor'] must be a number > 0, got 0.0"),
+    (dict(rope_type="linear", factor=None), ValueError, "rope_scaling['factor'] must be a number > 0, got None"),
     (dict(rope_type="llama3", factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0,
-          original_max_position_embeddings=8192), ValueError, "high_freq_factor > low_freq_factor"),
+          original_max_position_embeddings=8192), ValueError,
+     "rope_scaling needs high_freq_factor > low_freq_factor > 0, got 1.0 and 4.0"),
+    (dict(rope_type="llama3", factor=8.0, low_freq_factor=2.0, high_freq_factor=2.0,  # the blend would divide by 0
+          original_max_position_embeddings=8192), ValueError,
+     "rope_scaling needs high_freq_factor > low_freq_factor > 0, got 2.0 and 2.0"),
+    (dict(rope_type="llama3", factor=8.0, low_freq_factor=0.0, high_freq_factor=4.0,  # L₀/low would divide by 0
+          original_max_position_embeddings=8192), ValueError,
+     "rope_scaling needs high_freq_factor > low_freq_factor > 0, got 4.0 and 0.0"),
     (dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=0), ValueError,
-     "original_max_position_embeddings"),
+     "rope_scaling['original_max_position_embeddings'] must be positive, got 0"),
 ])
-def test_bad_scalings_are_refused_by_name(scaling, error, match):
-    with pytest.raises(error, match=match):
+def test_bad_scalings_are_refused_by_name(scaling, error, message):
+    """The whole message: it names the key and the rule (and, for rope_theta only, where the base goes)."""
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
         check_rope_scaling(scaling)
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
         LlamaStyleLM(50, d=32, n_layers=1, n_heads=2, d_ff=32, rope_scaling=scaling)
 
 
@@ -217,3 +246,68 @@ def test_dynamic_frequencies_from_a_tensor_length_equal_the_int_ones():
         by_int = dynamic_ntk_frequencies(64, 1e4, 4.0, seq_len, 16)
         assert torch.equal(dynamic_ntk_frequencies(64, 1e4, 4.0, torch.tensor(seq_len), 16), by_int)
     assert torch.equal(dynamic_ntk_frequencies(64, 1e4, 4.0, 16, 16), rope_frequencies(64, 1e4))  # L ≤ L₀: plain
+
+
+@pytest.mark.parametrize("name", ["yarn-qwen2.5", "yarn-default-betas", "yarn-i_slow-clamped"])
+def test_yarn_frequencies_defaults_are_the_papers(name):
+    """Left out, β_fast = 32, β_slow = 1 and truncate = True (the YaRN paper's, and Hugging Face's, defaults)."""
+    head_dim, theta, max_pos, params = CONFIGS[name]
+    assert not {"beta_fast", "beta_slow", "truncate"} & set(params)
+    ref, _ = ROPE_INIT_FUNCTIONS["yarn"](hf_config(head_dim, theta, max_pos, params), "cpu")
+    ours = yarn_frequencies(head_dim, theta, params["factor"], params["original_max_position_embeddings"])
+    torch.testing.assert_close(ours, ref, rtol=RTOL, atol=0)
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 1.5, 2.0, 4.0, 40.0])
+@pytest.mark.parametrize("mscale, mscale_all_dim", [(None, None), (0.707, None), (None, 1.0), (0.707, 1.0),
+                                                    (1.0, 0.707), (1.0, 1.0)])
+def test_yarn_attention_factor_equals_hugging_face(factor, mscale, mscale_all_dim):
+    params = dict(rope_type="yarn", factor=factor, original_max_position_embeddings=128)
+    params.update({k: v for k, v in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)) if v is not None})
+    _, ref = ROPE_INIT_FUNCTIONS["yarn"](hf_config(32, 10000.0, 512, params), "cpu")
+    assert yarn_attention_factor(factor, mscale, mscale_all_dim) == pytest.approx(ref, rel=1e-12)
+
+
+@pytest.mark.parametrize("attention_factor", [0.5, 1.0, 2.0])
+def test_rope_cache_multiplies_the_tables_by_an_explicit_attention_factor(attention_factor):
+    yarn = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32, attention_factor=attention_factor)
+    cos, sin = rope_cache(64, 16, 1e4, scaling=yarn)
+    torch.testing.assert_close(cos**2 + sin**2, torch.full_like(cos, attention_factor**2))
+
+
+@pytest.fixture
+def float64_default():
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
+
+def test_frequencies_stay_float32_under_a_float64_default_dtype(float64_default):
+    """Hugging Face computes θ in float32 whatever the default dtype; so does every rule here."""
+    assert rope_frequencies(16, 1e4).dtype == torch.float32
+    for name, (head_dim, theta, max_pos, params) in CONFIGS.items():
+        ref, _ = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf_config(head_dim, theta, max_pos, params), "cpu",
+                                                          seq_len=3 * max_pos)
+        ours, _ = ours_for(head_dim, theta, max_pos, params, seq_len=3 * max_pos)
+        assert ours.dtype == ref.dtype == torch.float32, name
+        torch.testing.assert_close(ours, ref, rtol=RTOL, atol=0)
+
+
+def test_dynamic_frequencies_equal_hugging_face_bit_for_bit():
+    """The new base b' is computed in float64, as Hugging Face does in Python, then θ' in float32 like it."""
+    for name in ("dynamic-2", "dynamic-4-dh128", "dynamic-8-dh16"):
+        head_dim, theta, max_pos, params = CONFIGS[name]
+        for seq_len in (max_pos + 1, 2 * max_pos + 3, 3 * max_pos + 7, 10 * max_pos + 11, 100003):
+            ref, _ = ROPE_INIT_FUNCTIONS["dynamic"](hf_config(head_dim, theta, max_pos, params), "cpu", seq_len=seq_len)
+            ours, _ = ours_for(head_dim, theta, max_pos, params, seq_len)
+            assert torch.equal(ours, ref), (name, seq_len)
+
+
+def test_dynamic_frequencies_stay_on_the_device_of_the_length():
+    """The meta device stands in for a GPU: from a length held on it, nothing is computed elsewhere."""
+    theta = dynamic_ntk_frequencies(16, 1e4, 2.0, torch.tensor(40, device="meta"), 16)
+    assert theta.device.type == "meta" and theta.shape == (8,)
+    rope = RotaryEmbedding(16, 64, 1e4, dict(rope_type="dynamic", factor=2.0, original_max_position_embeddings=16))
+    cos, sin = rope(torch.arange(40, device="meta"))
+    assert cos.device.type == sin.device.type == "meta" and cos.shape == (40, 8)
