@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn as nn
 
-from .validate import even, positive_int, positive_number
+from .validate import even, non_negative_number, positive_int, positive_number
 
 
 def rope_frequencies(dh: int, base: float = 10000.0) -> torch.Tensor:
@@ -158,9 +158,19 @@ def check_rope_scaling(scaling) -> dict | None:
     positive_number("rope_scaling['factor']", scaling["factor"])
     if "original_max_position_embeddings" in scaling:
         positive_int("rope_scaling['original_max_position_embeddings']", scaling["original_max_position_embeddings"])
-    if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0:
-        raise ValueError("rope_scaling needs high_freq_factor > low_freq_factor > 0, got "
-                         f"{scaling['high_freq_factor']} and {scaling['low_freq_factor']}")
+    if kind == "llama3":
+        for key in ("low_freq_factor", "high_freq_factor"):
+            non_negative_number(f"rope_scaling[{key!r}]", scaling[key])
+        if not scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0:
+            raise ValueError("rope_scaling needs high_freq_factor > low_freq_factor > 0, got "
+                             f"{scaling['high_freq_factor']} and {scaling['low_freq_factor']}")
+    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):  # YaRN's: 0 or None means the default
+        if scaling.get(key) is not None:
+            non_negative_number(f"rope_scaling[{key!r}]", scaling[key])
+    if scaling.get("attention_factor") is not None:  # None: computed from factor (and mscale)
+        positive_number("rope_scaling['attention_factor']", scaling["attention_factor"])
+    if not isinstance(scaling.get("truncate", True), bool):
+        raise TypeError(f"rope_scaling['truncate'] must be True or False, got {scaling['truncate']!r}")
     return dict(scaling)
 
 

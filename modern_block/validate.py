@@ -19,6 +19,13 @@ def positive_number(name: str, value) -> float:
     return value
 
 
+def non_negative_number(name: str, value) -> float:
+    """Return ``value`` if it is a real number >= 0 (a factor where 0 means "not given"), else raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+    return value
+
+
 def positive_ints(**values) -> None:
     """``positive_int`` for each keyword: ``positive_ints(V=V, d=d)``."""
     for name, value in values.items():

@@ -216,6 +216,24 @@ TYPES = "['linear', 'dynamic', 'yarn', 'llama3']"
      "rope_scaling needs high_freq_factor > low_freq_factor > 0, got 4.0 and 0.0"),
     (dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=0), ValueError,
      "rope_scaling['original_max_position_embeddings'] must be positive, got 0"),
+    (dict(rope_type="llama3", factor=8.0, low_freq_factor=None, high_freq_factor=4.0,
+          original_max_position_embeddings=8192), ValueError,
+     "rope_scaling['low_freq_factor'] must be a number >= 0, got None"),
+    (dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor="4",
+          original_max_position_embeddings=8192), ValueError,
+     "rope_scaling['high_freq_factor'] must be a number >= 0, got '4'"),
+    (dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16, beta_fast=-32.0), ValueError,
+     "rope_scaling['beta_fast'] must be a number >= 0, got -32.0"),
+    (dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16, beta_slow="1"), ValueError,
+     "rope_scaling['beta_slow'] must be a number >= 0, got '1'"),
+    (dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16, mscale=-1.0), ValueError,
+     "rope_scaling['mscale'] must be a number >= 0, got -1.0"),
+    (dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16, mscale_all_dim=True), ValueError,
+     "rope_scaling['mscale_all_dim'] must be a number >= 0, got True"),
+    (dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16, attention_factor=0.0), ValueError,
+     "rope_scaling['attention_factor'] must be a number > 0, got 0.0"),
+    (dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16, truncate="no"), TypeError,
+     "rope_scaling['truncate'] must be True or False, got 'no'"),
 ])
 def test_bad_scalings_are_refused_by_name(scaling, error, message):
     """The whole message: it names the key and the rule (and, for rope_theta only, where the base goes)."""
@@ -311,3 +329,13 @@ def test_dynamic_frequencies_stay_on_the_device_of_the_length():
     rope = RotaryEmbedding(16, 64, 1e4, dict(rope_type="dynamic", factor=2.0, original_max_position_embeddings=16))
     cos, sin = rope(torch.arange(40, device="meta"))
     assert cos.device.type == sin.device.type == "meta" and cos.shape == (40, 8)
+
+
+@pytest.mark.parametrize("extra", [dict(beta_fast=None, beta_slow=None, mscale=None, mscale_all_dim=None),
+                                   dict(beta_fast=0, beta_slow=0, mscale=0, mscale_all_dim=0),
+                                   dict(beta_fast=32, beta_slow=1, mscale=1, mscale_all_dim=1, truncate=False,
+                                        attention_factor=1.2)])
+def test_yarn_takes_the_optional_values_hugging_face_configs_hold(extra):
+    """None and 0 mean "the default" for YaRN's betas and mscales (as in Hugging Face); whole numbers are numbers."""
+    scaling = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16, **extra)
+    assert check_rope_scaling(scaling) == scaling
