@@ -47,6 +47,8 @@ class LayerCache:
             raise ValueError(f"the cache holds at most {self.capacity} tokens; {start} + {T} new would exceed it")
         if not self.buffers:  # first call: allocate room for `capacity` tokens, once
             self.buffers = [x.new_zeros(*x.shape[:-2], self.capacity, x.shape[-1]) for x in new]
+        if len(new) != len(self.buffers):
+            raise ValueError(f"append got {len(new)} tensors but this cache stores {len(self.buffers)} per token")
         for buf, x in zip(self.buffers, new, strict=True):
             if x.shape[:-2] != buf.shape[:-2] or x.shape[-1] != buf.shape[-1]:
                 raise ValueError(f"cache entries of shape {list(x.shape)} do not match the cache's "

@@ -100,3 +100,45 @@ def test_per_sequence_rope_tables_match_shared_tables():
     out = attn(x, cos[pos2], sin[pos2])
     torch.testing.assert_close(out[0], shared[0])
     torch.testing.assert_close(out[1], attn(x[1:], cos[10:16], sin[10:16])[0], atol=1e-5, rtol=1e-4)
+
+
+def test_gqattention_defaults_are_the_chapters_layer():
+    """GQAttention(d, h, n_kv) is the chapter's layer: QK-norm on with eps 1e-6 (Qwen3's), no biases, no dropout."""
+    torch.manual_seed(0)
+    default = GQAttention(32, 4, 2)
+    explicit = GQAttention(32, 4, 2, qk_norm=True, norm_eps=1e-6, qkv_bias=False, dropout=0.0)
+    explicit.load_state_dict(default.state_dict())  # strict: the same parameters, QK-norm weights included
+    x = torch.randn(2, 5, 32)
+    cos, sin = rope_cache(5, 8)
+    torch.testing.assert_close(default.train()(x, cos, sin), explicit.train()(x, cos, sin))
+
+
+def test_attention_dropout_acts_in_training_only():
+    torch.manual_seed(0)
+    attn, plain = GQAttention(32, 4, 2, dropout=0.5), GQAttention(32, 4, 2)
+    plain.load_state_dict(attn.state_dict())
+    x = torch.randn(2, 6, 32)
+    cos, sin = rope_cache(6, 8)
+    reference = plain.train()(x, cos, sin)  # no dropout: the same output in either mode
+    torch.testing.assert_close(attn.eval()(x, cos, sin), reference)
+    attn.train()
+    first, second = attn(x, cos, sin), attn(x, cos, sin)
+    assert (first - reference).abs().max() > 1e-3 and (first - second).abs().max() > 1e-3
+
+
+SIZES = dict(d=32, n_heads=4, n_kv_heads=2, head_dim=8)
+
+
+@pytest.mark.parametrize("name", SIZES)
+def test_every_size_is_refused_by_its_own_name(name):
+    GQAttention(**SIZES)
+    with pytest.raises(ValueError, match=rf"^{name} must be positive, got 0$"):
+        GQAttention(**{**SIZES, name: 0})
+
+
+@pytest.mark.parametrize("sizes,head_dim", [(dict(d=36, n_heads=4, n_kv_heads=2), 9),
+                                            (dict(d=32, n_heads=4, n_kv_heads=2, head_dim=7), 7)])
+def test_an_odd_head_dim_is_refused_with_the_reason(sizes, head_dim):
+    with pytest.raises(ValueError, match=rf"^head_dim must be even for RoPE \(dimensions are rotated in pairs\), "
+                                         rf"got {head_dim}$"):
+        GQAttention(**sizes)

@@ -1,13 +1,16 @@
 """Decoding: the same tokens with and without the cache, seeded sampling, top-k."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import tiny_models
 
 from modern_block import (
+    LlamaStyleLM,
     generate,
 )
+from modern_block.generate import next_token
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
 
@@ -47,3 +50,40 @@ def test_a_tiny_temperature_is_greedy_not_an_error():
         idx = torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(1))
         tiny_t = generate(model, idx, 8, temperature=1e-45, generator=torch.Generator().manual_seed(0))
         assert torch.equal(tiny_t, generate(model, idx, 8))
+
+
+def test_next_token_is_greedy_by_default():
+    logits = torch.randn(8, 50, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(next_token(logits), logits.argmax(dim=-1, keepdim=True))
+
+
+def test_top_k_samples_each_row_from_its_own_k_largest():
+    """top_k below V filters every row, whatever the batch size (here top_k = 5 > B = 4)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=g)
+    allowed = logits.topk(5, dim=-1).indices  # [B, 5]
+    drawn = torch.cat([next_token(logits, 1.0, top_k=5, generator=g) for _ in range(200)], dim=1)  # [B, 200]
+    assert all(set(row.tolist()) <= set(ok.tolist()) for row, ok in zip(drawn, allowed, strict=True))
+    assert all(len(set(row.tolist())) > 1 for row in drawn)  # sampled, not greedy
+
+
+def test_the_last_new_token_needs_no_room():
+    """prompt + max_new_tokens - 1 positions are run (the last token is never fed back): that may equal max_len."""
+    model = LlamaStyleLM(V=50, d=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_len=8)
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    for use_cache in (True, False):
+        assert generate(model, idx, 5, use_cache=use_cache).shape == (1, 9)
+    with pytest.raises(ValueError, match=r"^prompt length \(4\) \+ max_new_tokens \(6\) - 1 = 9 exceeds the model's "
+                                         r"max_len \(8\)$"):
+        generate(model, idx, 6)
+
+
+def test_bad_requests_are_refused_naming_the_argument():
+    model = tiny_models()[0]
+    with pytest.raises(ValueError, match=r"^top_k must be positive, got 0$"):
+        generate(model, torch.zeros(1, 4, dtype=torch.long), 2, temperature=1.0, top_k=0)
+    rule = r"^idx must be a \[batch, seq_len\] tensor of token ids, got "
+    with pytest.raises(ValueError, match=rule + r"torch.Size\(\[4\]\)$"):  # a tensor: its shape
+        generate(model, torch.zeros(4, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match=rule + r"\[\[1, 2\]\]$"):  # anything else: itself
+        generate(model, [[1, 2]], 2)

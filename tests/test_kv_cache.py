@@ -1,5 +1,7 @@
 """The KV cache: bytes equal to the formula, chunked prefill, clear errors, the chapter's cache figures."""
 
+import re
+
 import pytest
 import torch
 from tiny_models import tiny_models
@@ -8,6 +10,7 @@ from modern_block import (
     GPT2LM,
     PRESETS,
     KVCache,
+    LayerCache,
     LlamaStyleLM,
     cache_size,
     kv_cache_bytes_per_token,
@@ -55,6 +58,42 @@ def test_cache_overflow_and_batch_mismatch_are_clear_errors():
         model(torch.zeros(1, 1, dtype=torch.long), KVCache(3, 4))
     with pytest.raises(ValueError, match="capacity must be positive"):
         KVCache(2, 0)
+    with pytest.raises(ValueError, match=r"^n_layers must be positive, got 0$"):
+        KVCache(0, 4)
+
+
+def test_a_layer_cache_holds_any_number_of_tensors_and_refuses_another_count():
+    """One stored tensor (or three) works like K and V: the views hold everything so far, the old length comes back."""
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 3):
+        cache = LayerCache(5)
+        first = [torch.randn(2, 3, 4 + i, generator=g) for i in range(n)]
+        *held, start = cache.append(*first)
+        assert start == 0 and all(torch.equal(h, x) for h, x in zip(held, first, strict=True))
+        second = [torch.randn(2, 2, 4 + i, generator=g) for i in range(n)]
+        *held, start = cache.append(*second)
+        assert start == 3 and cache.length == 5
+        assert all(torch.equal(h, torch.cat([a, b], dim=1)) for h, a, b in zip(held, first, second, strict=True))
+        other = LayerCache(9)
+        other.append(*first)
+        with pytest.raises(ValueError, match=rf"^append got {n + 1} tensors but this cache stores {n} per token$"):
+            other.append(*first, first[0])  # one more than it stores (a K/V cache handed to an MLA layer, ...)
+        if n > 1:
+            with pytest.raises(ValueError, match=rf"^append got 1 tensors but this cache stores {n} per token$"):
+                other.append(first[0])
+
+
+@pytest.mark.parametrize("stored,new,layout", [
+    ([(1, 2, 3, 8)] * 2, [(3, 2, 1, 8)] * 2, "[1, 2] + [T, 8]"),  # K and V [B, n_kv, T, d_h]: the batch changed
+    ([(1, 2, 3, 8)] * 2, [(1, 4, 1, 8)] * 2, "[1, 2] + [T, 8]"),  # the KV heads changed
+    ([(1, 3, 16), (1, 3, 4)], [(2, 1, 16), (2, 1, 4)], "[1] + [T, 16]"),  # MLA's latent [B, T, d_c] and key
+])
+def test_a_changed_batch_or_head_count_is_refused_showing_the_cache_layout(stored, new, layout):
+    cache = LayerCache(6)
+    cache.append(*(torch.zeros(s) for s in stored))
+    message = f"cache entries of shape {list(new[0])} do not match the cache's {layout} (batch size or heads changed?)"
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        cache.append(*(torch.zeros(s) for s in new))
 
 
 def test_llama3_70b_cache_table():

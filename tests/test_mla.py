@@ -225,3 +225,42 @@ def test_the_defaults_are_deepseek_v3s_and_every_size_is_checked():
     with pytest.raises(ValueError, match="^d must be positive"):
         MLAttention(0, 2, 32)
     assert MLAConfig(kv_latent_dim=16, rope_dim=8, nope_dim=8, v_head_dim=8).build(32, 4, dropout=0.25).dropout == 0.25
+
+
+def test_an_odd_rope_dim_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match=r"^rope_dim must be even for RoPE \(dimensions are rotated in pairs\), "
+                                         r"got 7$"):
+        MLAttention(32, 4, 16, rope_dim=7)
+
+
+@torch.no_grad()
+def test_norm_eps_is_the_epsilon_of_both_latent_norms():
+    """The query latent c_Q and the KV latent c are RMS-normalised with norm_eps (unit norm weights at init)."""
+    torch.manual_seed(0)
+    attn = MLAttention(32, 4, 16, rope_dim=8, nope_dim=8, v_head_dim=8, q_lora_rank=12, norm_eps=0.5)
+    x = torch.randn(2, 5, 32)
+    cos, sin = rope_cache(5, 8)
+
+    def rms_norm(z):
+        return z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 0.5)
+
+    q = attn.wq_up(rms_norm(attn.wq_down(x))).view(2, 5, 4, 16).transpose(1, 2)  # [B, h, T, d_nope + d_R]
+    q_nope, _ = attn.queries(x, cos, sin)
+    torch.testing.assert_close(q_nope, q[..., :8])
+    latent, _ = attn.latents(x, cos, sin)
+    torch.testing.assert_close(latent, rms_norm(attn.w_dkv(x)))
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+@torch.no_grad()
+def test_absorb_forces_one_path_with_or_without_a_cache(absorb):
+    model, idx = mla_model("q-lora"), tokens(length=6)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the other path ran")
+
+    for blk in model.blocks:
+        blk.attn.absorb = absorb
+        setattr(blk.attn, "attend_naive" if absorb else "attend_absorbed", refuse)  # shadows the method
+    model(idx)  # no cache
+    generate(model, idx, 3, use_cache=True)

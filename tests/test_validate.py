@@ -113,6 +113,7 @@ def test_token_ids_and_positions_at_their_edges():
     with pytest.raises(ValueError, match=r"^sequence length 5 \(idx.shape\[1\]=2, cache offset 3\) exceeds max_len=4$"):
         validate.token_ids(ids, vocab_size=10, max_len=4, offset=3)
     validate.token_ids(ids, vocab_size=10, max_len=None, offset=100)  # no limit without max_len
+    validate.token_ids(ids, vocab_size=10, max_len=2)  # no offset (no cache): a prompt of exactly max_len fits
     validate.token_ids(ids, vocab_size=10, max_len=2, offset=torch.tensor(5))  # a tensor offset: its owner checks
     with pytest.raises(ValueError, match=r"min 0, max 10"):
         validate.token_ids(torch.tensor([[0, 10]]), vocab_size=10, max_len=None)
@@ -129,10 +130,22 @@ def test_token_ids_and_positions_at_their_edges():
     for bad, error, match in ((torch.tensor([0, 4]), ValueError, r"\[0, max_len=4\), got min 0, max 4"),
                               (torch.tensor([-1, 0]), ValueError, r"got min -1, max 0"),
                               (torch.tensor([0.0, 1.0]), TypeError, "int64 or int32 tensor, got torch.float32"),
-                              ([0, 1], TypeError, "int64 or int32 tensor"),
+                              ([0, 1], TypeError, r"int64 or int32 tensor, got \[0, 1\]$"),
                               (torch.tensor([0, 1, 2]), ValueError, r"shape \[T\] or \[B, T\] = \[1, 2\], got \[3\]")):
         with pytest.raises(error, match=match):
             validate.check_positions(bad, ids, max_len=4)
+
+
+def test_the_range_checks_read_no_values_off_the_device_and_pass_an_empty_batch():
+    """Token ids and positions are range-checked on the CPU only (elsewhere reading them would synchronise every
+    step): a tensor whose values cannot be read (the meta device) passes unread, and so does a batch of 0 sequences."""
+    validate.token_ids(torch.zeros(0, 3, dtype=torch.long), vocab_size=10, max_len=None)
+    unread = torch.full((1, 3), 99, dtype=torch.long, device="meta")
+    validate.token_ids(unread, vocab_size=10, max_len=None)
+    validate.check_positions(torch.full((3,), 99, dtype=torch.long, device="meta"), unread, max_len=4)
+    model = LlamaStyleLM(V=50, d=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_len=8)
+    assert model(torch.zeros(0, 3, dtype=torch.long)).shape == (0, 3, 50)
+    assert model.to("meta")(unread, positions=torch.arange(3, device="meta")).shape == (1, 3, 50)
 
 
 SIZE_ARGUMENTS = [  # (callable, valid keyword arguments): each int argument set to 0 is refused by its own name
