@@ -57,3 +57,10 @@ def test_mismatched_entries_are_a_clear_error():
             model(prompts(batch=1, length=1), cache)
     with pytest.raises(ValueError, match="capacity must be positive"):
         StaticKVCache(2, 0)
+    layer = StaticKVCache(1, 8).layers[0]  # the same refusal as the plain cache's when the count differs
+    k = torch.zeros(1, 2, 3, 4)
+    layer.append(k, k)
+    with pytest.raises(ValueError, match=r"^append got 3 tensors but this cache stores 2 per token$"):
+        layer.append(k, k, k)
+    with pytest.raises(ValueError, match=r"^append got 1 tensors but this cache stores 2 per token$"):
+        layer.append(k)

@@ -33,6 +33,8 @@ class StaticLayerCache(LayerCache):
         T = new[0].shape[-2]
         if not self.buffers:  # first call: allocate room for `capacity` tokens, once
             self.buffers = [x.new_zeros(*x.shape[:-2], self.capacity, x.shape[-1]) for x in new]
+        if len(new) != len(self.buffers):
+            raise ValueError(f"append got {len(new)} tensors but this cache stores {len(self.buffers)} per token")
         slots = self.length + torch.arange(T, device=self.length.device)  # [T]
         for buf, x in zip(self.buffers, new, strict=True):
             if x.shape[:-2] != buf.shape[:-2] or x.shape[-1] != buf.shape[-1]:
