@@ -71,7 +71,7 @@ class LlamaStyleLM(DecoderLM):
                  qk_norm: bool = True, norm_eps: float = 1e-6, head_dim: int | None = None,
                  dropout: float = 0.0, mla: MLAConfig | None = None, qkv_bias: bool = False,
                  rope_scaling: dict | None = None):
-        positive_ints(V=V, d=d, n_layers=n_layers, max_len=max_len)
+        positive_ints(V=V, d=d, n_layers=n_layers, n_heads=n_heads, max_len=max_len)  # before d // n_heads
         if mla is not None and not isinstance(mla, MLAConfig):
             raise TypeError(f"mla must be an MLAConfig, got {type(mla).__name__}")
         rope = RotaryEmbedding(mla.rope_dim if mla else head_dim or d // n_heads,  # the rotated part of a head

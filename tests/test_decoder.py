@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from modern_block import GPT2LM, DecoderLM, GPT2Block, LlamaStyleLM, MLAConfig, RotaryEmbedding
+from modern_block import GPT2LM, DecoderLM, GPT2Block, KVCache, LlamaStyleLM, MLAConfig, RotaryEmbedding
 
 
 class Recorder(nn.Module):
@@ -79,3 +79,77 @@ def test_bad_parts_are_refused():
         DecoderLM(nn.Embedding(10, 8), [], nn.Identity(), max_len=4, dropout=-0.1)
     with pytest.raises(ValueError, match="n_heads must be positive"):
         GPT2LM(10, n_heads=0)
+
+
+class Keep(nn.Module):
+    """A block that keeps the x it is handed and passes it through."""
+
+    def __init__(self):
+        super().__init__()
+        self.x = None
+
+    def residual_projections(self) -> list:
+        return []
+
+    def forward(self, x, *tables, cache=None):
+        self.x = x
+        return x
+
+
+def test_the_head_is_its_own_matrix_unless_tied():
+    emb = nn.Embedding(10, 8)
+    untied = DecoderLM(emb, [], nn.Identity(), max_len=4)  # the default
+    assert not untied.tied and untied.head.weight.shape == (10, 8) and untied.head.bias is None
+    assert DecoderLM(nn.Embedding(10, 8), [], nn.Identity(), max_len=4, tie=True).tied
+
+
+def test_dropout_after_the_embeddings_in_training_only():
+    """With dropout p, the first block sees the embeddings with a fraction p zeroed and the rest scaled by 1/(1-p)
+    while training; in eval mode, and with p = 0, it sees them unchanged."""
+    torch.manual_seed(0)
+    keep = Keep()
+    model = DecoderLM(nn.Embedding(10, 64), [keep], nn.Identity(), max_len=32, dropout=0.5)
+    idx = torch.randint(0, 10, (4, 32))
+    emb = model.emb(idx).detach()
+    model.eval()(idx)
+    assert torch.equal(keep.x, emb)
+    model.train()(idx)
+    kept = keep.x != 0
+    assert 0.4 < kept.float().mean() < 0.6
+    torch.testing.assert_close(keep.x[kept], 2 * emb[kept])
+    plain = DecoderLM(nn.Embedding(10, 64), [keep], nn.Identity(), max_len=32).train()
+    plain(idx)
+    assert torch.equal(keep.x, plain.emb(idx))
+
+
+@pytest.mark.parametrize("build", [lambda: GPT2LM(50, d=32, n_layers=2, n_heads=4, max_len=8),
+                                   lambda: LlamaStyleLM(50, d=32, n_layers=2, n_heads=4, d_ff=40, max_len=8)],
+                         ids=["learned", "rope"])
+def test_a_cache_cannot_carry_a_sequence_past_max_len(build):
+    """The tokens a cache holds count towards max_len: refused by name, not by an index error in a position table."""
+    model = build().eval()
+    cache = KVCache(n_layers=2, capacity=16)  # room enough: max_len is the limit
+    with torch.no_grad():
+        model(torch.zeros(1, 6, dtype=torch.long), cache)
+        with pytest.raises(ValueError, match=r"^sequence length 9 \(idx.shape\[1\]=3, cache offset 6\) exceeds "
+                                             r"max_len=8$"):
+            model(torch.zeros(1, 3, dtype=torch.long), cache)
+        model(torch.zeros(1, 2, dtype=torch.long), cache)  # 8 fits
+
+
+class Positions(nn.Module):
+    """A rotary module that keeps the positions it is asked for."""
+
+    def forward(self, positions):
+        self.positions = positions
+        return ()
+
+
+def test_the_default_positions_are_made_on_the_tokens_device():
+    """On a GPU, positions made on the CPU would fail in the position table; "meta" stands in for such a device."""
+    rope = Positions()
+    model = DecoderLM(nn.Embedding(10, 16), [Keep()], nn.Identity(), max_len=16, rope=rope)
+    model(torch.zeros(2, 5, dtype=torch.long))
+    assert torch.equal(rope.positions, torch.arange(5))
+    model.to("meta")(torch.zeros(2, 5, dtype=torch.long, device="meta"))
+    assert rope.positions.device.type == "meta"

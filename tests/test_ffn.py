@@ -41,3 +41,11 @@ def test_swiglu_sizing_figures():
 ])
 def test_the_hidden_size_rounds_up_to_the_next_multiple_only(d, multiple_of, want):
     assert swiglu_hidden_dim(d, multiple_of) == want
+
+
+@pytest.mark.parametrize("d,d_ff,name,bad", [(0, 8, "d", 0), (-4, 8, "d", -4), (8, 0, "d_ff", 0)])
+def test_swiglu_refuses_sizes_by_name(d, d_ff, name, bad):
+    with pytest.raises(ValueError, match=rf"^{name} must be positive, got {bad}$"):
+        SwiGLU(d, d_ff)
+    with pytest.raises(TypeError, match=r"^d must be an int, got float$"):
+        SwiGLU(8.0, 16)

@@ -9,6 +9,7 @@ import torch.nn as nn
 import modern_block as mb
 from modern_block import (
     GPT2LM,
+    LlamaStyleLM,
 )
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
@@ -62,7 +63,130 @@ def test_bias_false_leaves_no_bias_anywhere_and_dropout_reaches_the_embeddings()
             if name.endswith("bias")]  # the default keeps GPT-2's biases
 
 
-def test_gpt2_sizes_are_checked_by_name():
-    for kwargs, name in ((dict(n_layers=0), "n_layers"), (dict(d=0), "d"), (dict(max_len=0), "max_len")):
-        with pytest.raises(ValueError, match=name):
-            GPT2LM(V=50, **{"d": 16, "n_heads": 2, **kwargs})
+GPT2_SIZES = dict(V=50, d=16, n_layers=1, n_heads=2, max_len=8)
+
+
+@pytest.mark.parametrize("name", list(GPT2_SIZES))
+@pytest.mark.parametrize("bad,error,rule", [(0, ValueError, "must be positive, got 0"),
+                                            (-2, ValueError, "must be positive, got -2"),
+                                            (2.0, TypeError, "must be an int, got float")])
+def test_gpt2_sizes_are_checked_by_name(name, bad, error, rule):
+    """Each size of GPT2LM, zero, negative or a float, is refused naming it (not by torch deep inside)."""
+    GPT2LM(**GPT2_SIZES)
+    with pytest.raises(error, match=rf"^{name} {rule}$"):
+        GPT2LM(**{**GPT2_SIZES, name: bad})
+
+
+@pytest.mark.parametrize("build,name", [(lambda: mb.CausalSelfAttention(0, 2), "d"),
+                                        (lambda: mb.CausalSelfAttention(16, 0), "n_heads"),
+                                        (lambda: mb.CausalSelfAttention(16, -2), "n_heads"),
+                                        (lambda: mb.GeluMLP(0), "d"),
+                                        (lambda: mb.GeluMLP(16, d_ff=0), "d_ff"),
+                                        (lambda: mb.GeluMLP(16, d_ff=-2), "d_ff")])
+def test_gpt2_parts_refuse_sizes_by_name(build, name):
+    with pytest.raises(ValueError, match=rf"^{name} must be positive, got -?\d+$"):
+        build()
+
+
+def test_gpt2_defaults_are_the_chapter_models_shape():
+    """GPT2LM(V) has the shape of the chapter's LlamaStyleLM(V) (d 256, 4 layers, 8 heads, 1024 positions), with
+    GPT-2's tied head and biases: lesson 08 compares the two at the same size."""
+    gpt2, llama = GPT2LM(V=50), LlamaStyleLM(V=50)
+    for model in (gpt2, llama):
+        assert (model.emb.embedding_dim, len(model.blocks), model.blocks[0].attn.h, model.max_len) == (256, 4, 8, 1024)
+    assert gpt2.wpe.num_embeddings == 1024 and gpt2.tied and gpt2.norm.bias is not None
+
+
+@pytest.mark.parametrize("build", [lambda **kw: mb.CausalSelfAttention(16, 2, **kw), lambda **kw: mb.GeluMLP(16, **kw),
+                                   lambda **kw: mb.GPT2Block(16, 2, **kw),
+                                   lambda **kw: GPT2LM(50, d=16, n_layers=2, n_heads=2, max_len=8, **kw)],
+                         ids=["attention", "mlp", "block", "lm"])
+def test_bias_false_reaches_every_part(build):
+    """bias=False leaves no bias in any linear or LayerNorm of the part; the default (GPT-2's) has one in each."""
+    def biases(module):
+        return [m for m in module.modules() if isinstance(m, (nn.Linear, nn.LayerNorm)) and m.bias is not None]
+
+    assert biases(build(bias=False)) == []
+    with_bias = build()
+    assert biases(with_bias) == [m for m in with_bias.modules() if isinstance(m, nn.LayerNorm)
+                                 or (isinstance(m, nn.Linear) and m is not getattr(with_bias, "head", None))]
+
+
+def dropout_rates(model: nn.Module) -> list[float]:
+    """The rate of every dropout of a model: each nn.Dropout module, and each attention's dropout on its weights."""
+    return ([m.p for m in model.modules() if isinstance(m, nn.Dropout)]
+            + [m.dropout for m in model.modules() if isinstance(m, mb.CausalSelfAttention)])
+
+
+def test_dropout_reaches_every_place_it_applies():
+    """In each block: the attention weights and the two residual branches (one module, used twice); in the LM
+    also after the embeddings. dropout=0 leaves no dropout anywhere."""
+    assert dropout_rates(mb.GPT2Block(16, 2, dropout=0.25)) == [0.25, 0.25]
+    assert dropout_rates(GPT2LM(50, d=16, n_layers=3, n_heads=2, max_len=8, dropout=0.25)) == [0.25] * (1 + 3 + 3)
+    assert dropout_rates(GPT2LM(50, d=16, n_layers=3, n_heads=2, max_len=8)) == [0.0] * 3
+
+
+def test_attention_dropout_applies_in_training_only():
+    torch.manual_seed(0)
+    attn = mb.CausalSelfAttention(16, 2, dropout=0.5)
+    plain = mb.CausalSelfAttention(16, 2)
+    plain.load_state_dict(attn.state_dict())
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(attn.eval()(x), plain.eval()(x), rtol=0, atol=0)  # eval: no dropout
+        assert (attn.train()(x) - plain(x)).abs().max() > 0.1  # training: attention weights dropped
+
+
+def attention_by_hand(q, k, v, past_len):
+    """softmax(q·kᵀ/sqrt(dq) + mask)·v with each K/V head repeated for its group of query heads; new token i
+    (at position past_len + i) sees keys 0 .. past_len + i."""
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    T, S = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, h, T, S]
+    future = torch.arange(S) > int(past_len) + torch.arange(T).unsqueeze(-1)  # [T, S]
+    return scores.masked_fill(future, float("-inf")).softmax(-1) @ v
+
+
+CASES = [  # (T new tokens, S keys, past_len)
+    (4, 4, 0),  # a prompt: causal
+    (1, 1, 0),  # a one-token prompt
+    (3, 4, 1),  # a cache holding one token, then three new ones
+    (1, 5, 4),  # a decoding step: the new token sees every key
+    (2, 5, 3),  # two new tokens after three
+    (1, 5, 2),  # more keys than past + new (a static cache's unwritten slots): those after the token masked
+    (2, 6, 1),
+    (1, 5, torch.tensor(2)),  # the fast layer's static cache: past_len in a tensor
+    (2, 6, torch.tensor(1)),
+]
+
+
+@pytest.mark.parametrize("n_kv", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("T,S,past_len", CASES, ids=lambda x: str(int(x)) if isinstance(x, torch.Tensor) else str(x))
+def test_causal_attention_matches_attention_by_hand(T, S, past_len, n_kv):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, T, 8), torch.randn(2, n_kv, S, 8), torch.randn(2, n_kv, S, 6)
+    want = attention_by_hand(q, k, v, past_len)
+    torch.testing.assert_close(mb.causal_attention(q, k, v, past_len), want, atol=1e-5, rtol=1e-5)
+    if isinstance(past_len, int) and past_len == 0 and T == S:  # the defaults: a prompt, no dropout
+        torch.testing.assert_close(mb.causal_attention(q, k, v), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("T,S,past_len", [(4, 4, 0), (1, 5, 4), (2, 5, 3)], ids=["prompt", "step", "masked"])
+def test_causal_attention_dropout_drops_weights_without_bias(T, S, past_len):
+    """dropout_p drops attention weights (each draw differs from the plain attention) and rescales the kept ones
+    by 1/(1 - p): the mean over many draws is the plain attention."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, T, 8), torch.randn(1, 2, S, 8), torch.randn(1, 2, S, 8)
+    plain = mb.causal_attention(q, k, v, past_len)
+    n = 4000
+    dropped = mb.causal_attention(*(t.expand(n, -1, -1, -1) for t in (q, k, v)), past_len, dropout_p=0.5)
+    assert (dropped - plain).abs().amax(dim=(1, 2, 3)).min() > 1e-3  # no draw is the plain attention
+    torch.testing.assert_close(dropped.mean(0, keepdim=True), plain, atol=0.15, rtol=0)
+
+
+@pytest.mark.parametrize("T,S,past_len", [(4, 4, 0), (1, 5, 4), (2, 5, 3), (1, 5, 2)])
+def test_causal_attention_stays_on_the_inputs_device(T, S, past_len):
+    """The mask is made on q's device (on a GPU a CPU mask fails); "meta" stands in for a device that is not the CPU."""
+    q, k, v = torch.empty(1, 2, T, 8, device="meta"), torch.empty(1, 2, S, 8, device="meta"), \
+        torch.empty(1, 2, S, 8, device="meta")
+    assert mb.causal_attention(q, k, v, past_len).device == q.device

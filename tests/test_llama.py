@@ -10,6 +10,8 @@ from modern_block import (
     Block,
     GQAttention,
     LlamaStyleLM,
+    MLAConfig,
+    MLAttention,
     RMSNorm,
     rope_cache,
 )
@@ -70,3 +72,63 @@ def test_explicit_positions_are_checked():
         model(idx, positions=torch.tensor([0.0, 1.0, 2.0]))
     with pytest.raises(ValueError, match=r"positions must have shape \[T\] or \[B, T\]"):
         model(idx, positions=torch.arange(4))
+
+
+def test_block_defaults_are_the_chapters():
+    """Block(d, n_heads, n_kv_heads, d_ff) is the block with QK-norm and eps 1e-6 (COURSE.md's public names)."""
+    torch.manual_seed(0)
+    default = Block(32, 4, 2, 48)
+    with torch.no_grad():
+        for p in default.parameters():  # norm scales away from one, so that QK-norm counts
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    explicit = Block(32, 4, 2, 48, qk_norm=True, norm_eps=1e-6)
+    explicit.load_state_dict(default.state_dict())  # strict: the same parts, QK-norm's scales included
+    x = torch.randn(2, 5, 32) * 1e-3  # small activations: an epsilon far from 1e-6 would show
+    cos, sin = rope_cache(5, 8)
+    torch.testing.assert_close(default(x, cos, sin), explicit(x, cos, sin), rtol=0, atol=0)
+    assert {m.eps for m in default.modules() if isinstance(m, RMSNorm)} == {1e-6}
+    assert isinstance(default.attn.q_norm, RMSNorm) and isinstance(default.attn.k_norm, RMSNorm)
+
+
+def test_the_default_rope_base_is_10000():
+    """The default model's rotation tables are cos/sin(position · 10000^(-2i/d_h)), computed here by hand."""
+    model = LlamaStyleLM(V=10, n_layers=1)  # d 256, 8 heads: d_h 32, 1024 positions
+    i = torch.arange(16, dtype=torch.float64)
+    angles = torch.arange(1024, dtype=torch.float64).unsqueeze(-1) * 10000.0 ** (-2 * i / 32)  # [1024, 16]
+    cos, sin = model.rope(torch.arange(1024))
+    torch.testing.assert_close(cos.double(), angles.cos(), rtol=0, atol=2e-4)
+    torch.testing.assert_close(sin.double(), angles.sin(), rtol=0, atol=2e-4)
+
+
+@pytest.mark.parametrize("bad,error,rule", [(0, ValueError, "must be positive, got 0"),
+                                            (-8, ValueError, "must be positive, got -8"),
+                                            (8.0, TypeError, "must be an int, got float")])
+def test_n_heads_is_refused_by_name_before_it_divides_d(bad, error, rule):
+    """Not a ZeroDivisionError, nor a message about the rotary 'dim' derived from it."""
+    with pytest.raises(error, match=rf"^n_heads {rule}$"):
+        LlamaStyleLM(V=10, n_layers=1, n_heads=bad)
+
+
+def test_mla_of_the_wrong_type_is_refused_naming_what_it_got():
+    with pytest.raises(TypeError, match=r"^mla must be an MLAConfig, got dict$"):
+        LlamaStyleLM(V=10, n_layers=1, mla=dict(kv_latent_dim=16))
+
+
+MLA = MLAConfig(kv_latent_dim=16, rope_dim=8, nope_dim=8, v_head_dim=8)
+
+
+def dropout_rates(model: nn.Module) -> list[float]:
+    """The rate of every dropout of a model: each nn.Dropout module, and each attention's dropout on its weights."""
+    return ([m.p for m in model.modules() if isinstance(m, nn.Dropout)]
+            + [m.dropout for m in model.modules() if isinstance(m, (GQAttention, MLAttention))])
+
+
+@pytest.mark.parametrize("mla", [None, MLA], ids=["gqa", "mla"])
+def test_dropout_reaches_every_place_it_applies(mla):
+    """In each block: the attention weights (GQA's or MLA's) and the two residual branches (one module, used
+    twice); in the LM also after the embeddings. dropout=0 leaves no dropout anywhere."""
+    assert dropout_rates(Block(32, 4, 2, 48, dropout=0.25, mla=mla)) == [0.25, 0.25]
+    lm = dict(V=50, d=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=48, max_len=8, mla=mla)
+    assert dropout_rates(LlamaStyleLM(**lm, dropout=0.25)) == [0.25] * (1 + 3 + 3)
+    assert dropout_rates(LlamaStyleLM(**lm)) == [0.0] * 3

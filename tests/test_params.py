@@ -94,3 +94,11 @@ def test_the_breakdown_puts_each_parameter_under_its_component():
     assert parts["embedding"] == 100 * 32 and parts["positions"] == 16 * 32  # a tied head counts once, here
     assert sum(parts.values()) == count_parameters(model)
     assert set(parts) == {"embedding", "positions", "attention", "ffn", "norms", "other"}
+
+
+def test_counting_everything_by_default_or_only_the_trainable():
+    model = GPT2LM(100, d=32, n_layers=1, n_heads=4, max_len=16)
+    total = sum(p.numel() for p in model.parameters())
+    model.wpe.requires_grad_(False)  # freeze the position table only
+    assert count_parameters(model) == total  # frozen parameters count by default
+    assert count_parameters(model, trainable_only=True) == total - 16 * 32
