@@ -45,7 +45,15 @@ class LayerCache:
         start, T = self.length, new[0].shape[-2]
         if start + T > self.capacity:
             raise ValueError(f"the cache holds at most {self.capacity} tokens; {start} + {T} new would exceed it")
-        if not self.buffers:  # first call: allocate room for `capacity` tokens, once
+        for buf, x in zip(self.buffers_for(new), new, strict=True):
+            buf[..., start:start + T, :] = x
+        self.length = start + T
+        return (*(buf[..., :self.length, :] for buf in self.buffers), start)
+
+    def buffers_for(self, new: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        """The buffers that ``new`` is written into: allocated at the first call (room for ``capacity`` tokens,
+        in the shape, dtype and device of ``new``), then checked to match it tensor for tensor."""
+        if not self.buffers:
             self.buffers = [x.new_zeros(*x.shape[:-2], self.capacity, x.shape[-1]) for x in new]
         if len(new) != len(self.buffers):
             raise ValueError(f"append got {len(new)} tensors but this cache stores {len(self.buffers)} per token")
@@ -53,9 +61,7 @@ class LayerCache:
             if x.shape[:-2] != buf.shape[:-2] or x.shape[-1] != buf.shape[-1]:
                 raise ValueError(f"cache entries of shape {list(x.shape)} do not match the cache's "
                                  f"{list(buf.shape[:-2])} + [T, {buf.shape[-1]}] (batch size or heads changed?)")
-            buf[..., start:start + T, :] = x
-        self.length = start + T
-        return (*(buf[..., :self.length, :] for buf in self.buffers), start)
+        return self.buffers
 
     def nbytes(self) -> int:
         """Bytes allocated by this layer's buffers (0 before the first append)."""

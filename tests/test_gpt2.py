@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn as nn
+from tiny_models import dropout_rates
 
 import modern_block as mb
 from modern_block import (
@@ -110,12 +111,6 @@ def test_bias_false_reaches_every_part(build):
     with_bias = build()
     assert biases(with_bias) == [m for m in with_bias.modules() if isinstance(m, nn.LayerNorm)
                                  or (isinstance(m, nn.Linear) and m is not getattr(with_bias, "head", None))]
-
-
-def dropout_rates(model: nn.Module) -> list[float]:
-    """The rate of every dropout of a model: each nn.Dropout module, and each attention's dropout on its weights."""
-    return ([m.p for m in model.modules() if isinstance(m, nn.Dropout)]
-            + [m.dropout for m in model.modules() if isinstance(m, mb.CausalSelfAttention)])
 
 
 def test_dropout_reaches_every_place_it_applies():

@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn as nn
+from tiny_models import dropout_rates
 
 import modern_block as mb
 from modern_block import (
@@ -11,7 +12,6 @@ from modern_block import (
     GQAttention,
     LlamaStyleLM,
     MLAConfig,
-    MLAttention,
     RMSNorm,
     rope_cache,
 )
@@ -116,12 +116,6 @@ def test_mla_of_the_wrong_type_is_refused_naming_what_it_got():
 
 
 MLA = MLAConfig(kv_latent_dim=16, rope_dim=8, nope_dim=8, v_head_dim=8)
-
-
-def dropout_rates(model: nn.Module) -> list[float]:
-    """The rate of every dropout of a model: each nn.Dropout module, and each attention's dropout on its weights."""
-    return ([m.p for m in model.modules() if isinstance(m, nn.Dropout)]
-            + [m.dropout for m in model.modules() if isinstance(m, (GQAttention, MLAttention))])
 
 
 @pytest.mark.parametrize("mla", [None, MLA], ids=["gqa", "mla"])

@@ -31,15 +31,8 @@ class StaticLayerCache(LayerCache):
     def append(self, *new: torch.Tensor):
         """Write T new entries at slots length .. length + T - 1; return the whole buffers and the old length."""
         T = new[0].shape[-2]
-        if not self.buffers:  # first call: allocate room for `capacity` tokens, once
-            self.buffers = [x.new_zeros(*x.shape[:-2], self.capacity, x.shape[-1]) for x in new]
-        if len(new) != len(self.buffers):
-            raise ValueError(f"append got {len(new)} tensors but this cache stores {len(self.buffers)} per token")
         slots = self.length + torch.arange(T, device=self.length.device)  # [T]
-        for buf, x in zip(self.buffers, new, strict=True):
-            if x.shape[:-2] != buf.shape[:-2] or x.shape[-1] != buf.shape[-1]:
-                raise ValueError(f"cache entries of shape {list(x.shape)} do not match the cache's "
-                                 f"{list(buf.shape[:-2])} + [T, {buf.shape[-1]}] (batch size or heads changed?)")
+        for buf, x in zip(self.buffers_for(new), new, strict=True):  # allocated and checked as the plain cache's
             buf.index_copy_(-2, slots, x)
         self.length += T  # in place: the same tensor, one step further
         return (*self.buffers, self.length - T)
