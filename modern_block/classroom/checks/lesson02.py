@@ -66,8 +66,10 @@ def check_swiglu_hidden_dim(swiglu_hidden_dim_fn) -> str:
              (4096, 1, None), (768, 64, None), (100, 8, 1.5), (7, 1, None)]
     if is_graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
         g = generator(20)
-        cases += [(64 * int(torch.randint(2, 256, (1,), generator=g)), pick(g, [16, 64, 128, 256, 1024]),
-                   pick(g, [None, 1.3, 1.5])) for _ in range(3)]
+        # d >= 1024 and the first case without a multiplier: there the answer is never GPT-2's 4d (with
+        # ffn_dim_multiplier=1.5 it is exactly 4d for every d = 64k, so a table falling back to 4d could pass)
+        cases += [(64 * int(torch.randint(16, 256, (1,), generator=g)), pick(g, [16, 64, 128, 256, 1024]),
+                   None if i == 0 else pick(g, [None, 1.3, 1.5])) for i in range(3)]
     for d, m, mult in cases:
         args = (d,) if m is None else (d, m) if mult is None else (d, m, mult)
         call = f"swiglu_hidden_dim({', '.join(map(str, args))})"
