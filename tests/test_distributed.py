@@ -1,9 +1,10 @@
 """Data parallelism on the CPU: two gloo processes on 127.0.0.1 against one process.
 
-Two ways of starting the processes: forked from this test process with torchrun's environment
-(cheap: torch is already imported), and once the real ``torchrun`` for what only it does (stopping
-every process when one of them dies). A torchrun launch costs three fresh interpreters, so there is
-one; the resume it prints runs in forked processes, which the trainer cannot tell from torchrun's.
+Two ways of starting the processes: children of ``training_setup.start_child`` with torchrun's
+environment (cheap: forked from a server that has imported torch), and once the real ``torchrun`` for
+what only it does (stopping every process when one of them dies). A torchrun launch costs three fresh
+interpreters, so there is one; the resume it prints runs in such children, which the trainer cannot
+tell from torchrun's.
 
 Why two processes match one process with gradient accumulation to the last bit, and one process
 without it only approximately: with the same global batch of 4 sequences, process r (or micro-batch r)
@@ -18,7 +19,6 @@ sqrt(v), which carries those ~1e-7 relative differences into the weights, and th
 
 import contextlib
 import json
-import multiprocessing
 import os
 import re
 import shlex
@@ -27,12 +27,13 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from training_setup import CORPUS, ROOT, evals, never_online, run, tiny  # noqa: F401 (never_online is autouse)
+from training_setup import CORPUS, ROOT, evals, never_online, output, run, start_child, tiny  # noqa: F401 (autouse)
 
 from modern_block.training import config, distributed, train_cli
 from modern_block.training import trainer as T
@@ -62,20 +63,20 @@ def test_in_one_process_nothing_is_exchanged():
         distributed.agree_or_raise(KeyError("mine"))
 
 
-# ---- two forked processes ----------------------------------------------------------------------------
+# ---- two processes started here ----------------------------------------------------------------------
 def _two_processes(tmp_path: Path, job) -> list[dict]:
-    """Run ``job()`` in two processes forked from this one, with the environment torchrun would give
-    them (rank, world size, the address of a store this process serves on a free port); returns
-    what each job returned. Forking keeps the imports: a new interpreter costs seconds."""
+    """Run ``job()`` in two child processes (``start_child``: they share this one's imports), with the
+    environment torchrun would give them (rank, world size, the address of a store this process serves
+    on a free port); returns what each job returned. ``job`` is pickled: a module-level function."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # port 0: a free one
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_child, args=(rank, store.port, job, tmp_path)) for rank in range(2)]
-    for p in procs:
-        p.start()
+    procs = [start_child(tmp_path / f"rank{rank}.log", _child, rank, store.port, job, tmp_path) for rank in range(2)]
     for p in procs:
         p.join(300)
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
     errors = [(tmp_path / f"rank{r}.err").read_text() for r in range(2) if (tmp_path / f"rank{r}.err").exists()]
-    assert [p.exitcode for p in procs] == [0, 0], "\n".join(errors)
+    assert [p.exitcode for p in procs] == [0, 0], "\n".join(errors + [output(p) for p in procs])
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -100,17 +101,23 @@ def _outcome(result: T.TrainResult) -> dict:
             "weights": sum(float(p.double().sum()) for p in result.model.parameters())}
 
 
+def _whole_and_until(cfg: config.TrainConfig, whole: Path, part: Path, until: int) -> dict:
+    """A whole run into ``whole`` (its outcome returned), and one into ``part`` stopped after ``until`` steps."""
+    out = _outcome(run(cfg, whole))
+    run(cfg, part, until=until)
+    return out
+
+
+def _resumed(cfg: config.TrainConfig, out: Path) -> dict:
+    return _outcome(run(cfg, out, resume=True))
+
+
 def test_two_processes_take_the_steps_of_one_with_the_same_global_batch(tmp_path):
     cfg = tiny("llama", batch_size=4, eval_batches=3, dropout=0.0, max_steps=6)  # 3 eval batches: 2 + 1
     accumulated = run(replace(cfg, micro_batch_size=2))  # one process, two passes of 2 sequences per step
-    one_pass = run(cfg)  # (also imports what the forked processes will use, once)
+    one_pass = run(cfg)
 
-    def job():
-        out = _outcome(run(cfg, tmp_path / "two"))
-        run(cfg, tmp_path / "half", until=4)
-        return out
-
-    rank0, rank1 = _two_processes(tmp_path, job)
+    rank0, rank1 = _two_processes(tmp_path, partial(_whole_and_until, cfg, tmp_path / "two", tmp_path / "half", 4))
     assert rank0 == rank1, "every process holds the same losses and the same weights"
     assert rank0["world_size"] == 2
     assert rank0["losses"] == accumulated.losses, "gradient accumulation: the same numbers"
@@ -129,16 +136,11 @@ def test_two_processes_take_the_steps_of_one_with_the_same_global_batch(tmp_path
 def test_resume_with_two_processes_repeats_the_run_exactly(tmp_path):
     cfg = tiny("gpt2", batch_size=4, dropout=0.1, max_steps=8)  # dropout: every process's random state matters
 
-    def first():
-        whole = _outcome(run(cfg, tmp_path / "whole"))
-        run(cfg, tmp_path / "split", until=5)
-        return whole
-
-    whole, _ = _two_processes(tmp_path, first)
+    whole, _ = _two_processes(tmp_path, partial(_whole_and_until, cfg, tmp_path / "whole", tmp_path / "split", 5))
     ckpt = load_checkpoint(tmp_path / "split" / CHECKPOINT)
     assert ckpt["step"] == 5 and ckpt["world_size"] == 2 and len(ckpt["rng_ranks"]) == 2
     assert not torch.equal(ckpt["rng_ranks"][0]["cpu"], ckpt["rng_ranks"][1]["cpu"]), "a dropout stream each"
-    resumed, _ = _two_processes(tmp_path, lambda: _outcome(run(cfg, tmp_path / "split", resume=True)))
+    resumed, _ = _two_processes(tmp_path, partial(_resumed, cfg, tmp_path / "split"))
     assert resumed == whole
 
 
@@ -173,6 +175,12 @@ def _worker_pid(launcher_pid: int, local_rank: int) -> int:
     raise AssertionError(f"no process with LOCAL_RANK={local_rank} under {launcher_pid}")
 
 
+def _main_printing_to(argv: list[str], folder: Path) -> int:
+    """``train_cli.main(argv)`` with what it prints in ``folder``/out<RANK>.txt."""
+    with open(folder / f"out{os.environ['RANK']}.txt", "w") as f, contextlib.redirect_stdout(f):
+        return train_cli.main(argv)
+
+
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds torchrun's workers through /proc (Linux)")
 def test_torchrun_stops_every_process_when_one_dies_and_the_printed_command_resumes_exactly(tmp_path):
     cfg = config.quick_config("gpt2", max_steps=30, eval_interval=2, batch_size=4, block_size=16, eval_batches=2,
@@ -200,11 +208,8 @@ def test_torchrun_stops_every_process_when_one_dies_and_the_printed_command_resu
     assert command[:6] == ["torchrun", "--nproc_per_node", "2", "-m", "modern_block", "train"]
     assert command[6:] == [*FLAGS, "--out", str(out), "--resume"]
 
-    def resume():  # the printed command's options, in two processes with torchrun's environment
-        with open(tmp_path / f"out{os.environ['RANK']}.txt", "w") as f, contextlib.redirect_stdout(f):
-            return train_cli.main(command[6:])
-
-    assert _two_processes(tmp_path, resume) == [0, 0]
+    # the printed command's options, in two processes with torchrun's environment
+    assert _two_processes(tmp_path, partial(_main_printing_to, command[6:], tmp_path)) == [0, 0]
     assert f"resumed from {out / CHECKPOINT} at step {kept['step']}" in (tmp_path / "out0.txt").read_text()
     assert (tmp_path / "out1.txt").read_text() == "", "rank 0 alone prints"
     final = load_checkpoint(out / CHECKPOINT)

@@ -4,7 +4,7 @@
   uninterrupted run's, bit for bit, and no temporary file survives the next start;
 - kills inside checkpoint writes (the process dies with a half-written temporary file): the next
   start removes it and the resumed run is exact;
-- a small file system that fills up (a tmpfs, mounted in a private mount namespace of a forked child;
+- a small file system that fills up (a tmpfs, mounted in a private mount namespace of a child;
   skipped, with the reason, where the process may not mount one): every run finishes or ends with one
   line and exit status 1, leaving no temporary file, and continues exactly once there is room again;
 - ``compare`` killed with SIGKILL: no worker outlives it by 5 s; Ctrl-C: it stops at the next step,
@@ -13,27 +13,29 @@
   exactly what was saved.
 
 Each test prints one row of the closing table of issue 26: fault | tries | survived | leftovers | message.
-Children are forked from this process (torch is imported once); ``compare``'s workers are spawned by it.
+Children start from the fork server of ``training_setup.start_child``; ``compare``'s workers are spawned by it.
 """
 
 import contextlib
 import ctypes
 import io
 import json
+import multiprocessing
 import os
 import random
 import re
 import shutil
 import signal
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from training_setup import never_online, run, tiny  # noqa: F401 (never_online is an autouse fixture)
+from training_setup import never_online, output, run, start_child, tiny  # noqa: F401 (never_online is autouse)
 
-from modern_block.training import files, train_cli
+from modern_block.training import compare_cli, files, train_cli
 from modern_block.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from modern_block.training.config import ConfigError
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
@@ -62,35 +64,14 @@ def reference():
     return result.losses, _weights(result.model)
 
 
-def _fork(target) -> int:
-    """Run ``target()`` in a forked child (exit status 0 if it returns); returns the child's pid."""
-    pid = os.fork()
-    if pid == 0:  # the child: no pytest teardown, no atexit handlers
-        code = 1
-        try:
-            torch.set_num_threads(1)
-            target()
-            code = 0
-        except BaseException:  # noqa: BLE001 - the parent judges by the exit status
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    return pid
-
-
-def _wait(pid: int, timeout: float = 120) -> int:
+def _wait(child: multiprocessing.Process, timeout: float = 120) -> int:
     """The child's exit status, or -signal when a signal killed it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        time.sleep(0.01)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    raise AssertionError(f"child {pid} did not finish in {timeout} s")
+    child.join(timeout)
+    if child.exitcode is None:
+        child.kill()
+        child.join()
+        raise AssertionError(f"child {child.pid} did not finish in {timeout} s")
+    return child.exitcode
 
 
 def _resumed_equals(reference, out: Path) -> bool:
@@ -101,19 +82,20 @@ def _resumed_equals(reference, out: Path) -> bool:
 
 
 # ---- kill -9 during training -------------------------------------------------------------------------
+def _slow_training(out: Path) -> None:  # ~12 steps of 20 ms: the kills land in steps, evaluations and writes
+    run(CFG, out, resume=True, on_step=lambda trainer: time.sleep(0.02))
+
+
 def test_random_kill_9_during_training_resumes_bit_for_bit(tmp_path, reference):
     rng, tries, survived, left = random.Random(26), 4, 0, []
     for i in range(tries):
         out = tmp_path / f"run{i}"
 
-        def slow_training(out=out):  # ~12 steps of 20 ms: the kills land in steps, evaluations and writes
-            run(CFG, out, resume=True, on_step=lambda trainer: time.sleep(0.02))
-
-        for _ in range(2):  # killed twice, then left to finish
-            pid = _fork(slow_training)
+        for k in range(2):  # killed twice, then left to finish
+            child = start_child(tmp_path / f"child{i}-{k}.log", _slow_training, out)
             time.sleep(rng.uniform(0.02, 0.6))
-            os.kill(pid, signal.SIGKILL)
-            _wait(pid)
+            os.kill(child.pid, signal.SIGKILL)
+            _wait(child)
         survived += _resumed_equals(reference, out)
         left += _temporaries(out)
     _row("kill -9 during training (twice per run), then resume", tries, survived, f"{len(left)} temporary files",
@@ -148,6 +130,17 @@ def _dies_while_writing_a_checkpoint_after(n_bytes: int):
     return opener
 
 
+def _dies_at_a_checkpoint(cut: int, at_write: int, out: Path) -> None:
+    count = [0]
+
+    def arm(trainer):  # before the chosen checkpoint, every write of ckpt.pt dies after `cut` bytes
+        count[0] += trainer.step % CFG.eval_interval == CFG.eval_interval - 1
+        if count[0] == at_write:
+            files._open_for_writing = _dies_while_writing_a_checkpoint_after(cut)
+
+    run(CFG, out, on_step=arm)
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="names an open file through /proc (Linux)")
 def test_kills_inside_checkpoint_writes_leave_nothing_after_the_next_start(tmp_path, reference):
     rng, tries, survived, before, after = random.Random(7), 4, 0, 0, []
@@ -156,18 +149,8 @@ def test_kills_inside_checkpoint_writes_leave_nothing_after_the_next_start(tmp_p
         cut = rng.randrange(1, 200_000)  # a tiny model's checkpoint is ~300 kB
         at_write = rng.randrange(1, 4)  # the first, second or third checkpoint
 
-        def dies_at_a_checkpoint(cut=cut, at_write=at_write, out=out):
-            count = [0]
-
-            def arm(trainer):  # before the chosen checkpoint, every write of ckpt.pt dies after `cut` bytes
-                count[0] += trainer.step % CFG.eval_interval == CFG.eval_interval - 1
-                if count[0] == at_write:
-                    files._open_for_writing = _dies_while_writing_a_checkpoint_after(cut)
-
-            run(CFG, out, on_step=arm)
-
-        pid = _fork(dies_at_a_checkpoint)
-        assert _wait(pid) == -signal.SIGKILL, "the child died inside the checkpoint write"
+        child = start_child(tmp_path / f"child{i}.log", _dies_at_a_checkpoint, cut, at_write, out)
+        assert _wait(child) == -signal.SIGKILL, "the child died inside the checkpoint write:\n" + output(child)
         before += len(_temporaries(out))
         survived += _resumed_equals(reference, out)
         after += _temporaries(out)
@@ -228,6 +211,30 @@ TMPFS_FLAGS = ["--arch", "llama", "--quick", "--max-steps", "12", "--eval-interv
                "2", "--seed", "5", "--no-progress", "--device", "cpu"]
 
 
+def _sweep(mount: Path, frees: list[int], reference: list[float], tmp_path: Path, report: Path) -> None:
+    """In a child: a tmpfs of 16 MB at ``mount``, filled to each of ``frees`` bytes free in turn; a run on
+    each, resumed with room again where it stopped (its losses must equal ``reference``)."""
+    _private_tmpfs(mount, 16 << 20)
+    rows = []
+    for i, free in enumerate(frees):
+        (mount / "filler").unlink(missing_ok=True)
+        _fill(mount, free)
+        out = mount / f"run{i}"
+        code = _cli([*TMPFS_FLAGS, "--out", str(out)], tmp_path / f"err{i}")
+        temporaries = _temporaries(mount)
+        (mount / "filler").unlink()  # room again: the run continues where it stopped
+        resumed = None
+        if code == 1 and (out / CHECKPOINT).exists():
+            resumed = _cli([*TMPFS_FLAGS, "--out", str(out), "--resume"], tmp_path / f"resume{i}") == 0
+            resumed = resumed and load_checkpoint(out / CHECKPOINT)["losses"] == reference
+        rows.append({"free": free, "code": code, "err": (tmp_path / f"err{i}").read_text(),
+                     "temporaries": temporaries, "folder_left": out.exists() and not any(out.iterdir()),
+                     "resumed": resumed, "resume_err": (tmp_path / f"resume{i}").read_text()
+                     if (tmp_path / f"resume{i}").exists() else ""})
+        shutil.rmtree(out, ignore_errors=True)  # the next try starts on an empty disk
+    report.write_text(json.dumps(rows))
+
+
 def test_a_small_file_system_that_fills_up(tmp_path):
     """Free space from nothing to enough for a run, on a tmpfs: the lock, the metrics, the checkpoints, their
     rewrites and the summary each meet a full disk somewhere in the sweep. Then room again: --resume goes on."""
@@ -236,30 +243,9 @@ def test_a_small_file_system_that_fills_up(tmp_path):
     reference = load_checkpoint(tmp_path / "room" / CHECKPOINT)["losses"]  # a 4 MB checkpoint, at steps 2, 4, ...
     frees = [0, 6_000, 10_000, 1_000_000, 6_000_000, 9_000_000, 13_000_000]
 
-    def sweep():
-        _private_tmpfs(mount, 16 << 20)
-        rows = []
-        for i, free in enumerate(frees):
-            (mount / "filler").unlink(missing_ok=True)
-            _fill(mount, free)
-            out = mount / f"run{i}"
-            code = _cli([*TMPFS_FLAGS, "--out", str(out)], tmp_path / f"err{i}")
-            temporaries = _temporaries(mount)
-            (mount / "filler").unlink()  # room again: the run continues where it stopped
-            resumed = None
-            if code == 1 and (out / CHECKPOINT).exists():
-                resumed = _cli([*TMPFS_FLAGS, "--out", str(out), "--resume"], tmp_path / f"resume{i}") == 0
-                resumed = resumed and load_checkpoint(out / CHECKPOINT)["losses"] == reference
-            rows.append({"free": free, "code": code, "err": (tmp_path / f"err{i}").read_text(),
-                         "temporaries": temporaries, "folder_left": out.exists() and not any(out.iterdir()),
-                         "resumed": resumed, "resume_err": (tmp_path / f"resume{i}").read_text()
-                         if (tmp_path / f"resume{i}").exists() else ""})
-            shutil.rmtree(out, ignore_errors=True)  # the next try starts on an empty disk
-        report.write_text(json.dumps(rows))
-
-    pid = _fork(sweep)
-    if _wait(pid, 300) != 0 and not report.exists():
-        pytest.skip("cannot mount a tmpfs here (no mount namespace for this process)")
+    child = start_child(tmp_path / "child.log", _sweep, mount, frees, reference, tmp_path, report)
+    if _wait(child, 300) != 0 and not report.exists():
+        pytest.skip(f"cannot mount a tmpfs here (no mount namespace for this process): {output(child)[-300:]}")
     rows = json.loads(report.read_text())
     for r in rows:
         lines = r["err"].strip().splitlines()
@@ -304,26 +290,26 @@ COMPARE = ["--quick", "--workers", "2", "--rates", "0.01", "0.02", "--seeds", "0
            "--eval-interval", "50", "--batch-size", "4", "--block-size", "16", "--eval-batches", "1", "--no-progress"]
 
 
-def _compare_parent(out: Path, log: Path):
-    """A forked ``compare`` with two workers and four long runs (two of them queued)."""
-    def main():
-        os.setpgid(0, 0)  # its own process group, as a shell gives a job: Ctrl-C reaches it and its workers
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (pytest may run in the background)
-        with open(log, "w") as f:
-            os.dup2(f.fileno(), 2)
-            os.dup2(f.fileno(), 1)
-            from modern_block.training import compare_cli
-
-            os._exit(compare_cli.main([*COMPARE, "--out", str(out)]))
-    return _fork(main)
+def _compare_main(out: Path) -> None:
+    os.setpgid(0, 0)  # its own process group, as a shell gives a job: Ctrl-C reaches it and its workers
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (pytest may run in the background)
+    code = compare_cli.main([*COMPARE, "--out", str(out)])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # compare's own exit status (130 after Ctrl-C)
 
 
-def _training_workers(parent: int, out: Path, timeout: float = 120) -> list[int]:
+def _compare_parent(out: Path, log: Path) -> multiprocessing.Process:
+    """``compare`` in a child process, with two workers and four long runs (two of them queued)."""
+    return start_child(log, _compare_main, out)
+
+
+def _training_workers(parent: multiprocessing.Process, out: Path, timeout: float = 120) -> list[int]:
     """The worker processes of a forked ``compare`` once both are training (each run has logged its first
     evaluation, so each worker has set itself up)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        workers = [p for p in _children(parent) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        workers = [p for p in _children(parent.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
         if len(workers) == 2 and len([m for m in out.glob("*/" + METRICS) if m.stat().st_size]) == 2:
             return workers
         time.sleep(0.05)
@@ -346,8 +332,8 @@ def test_a_killed_compare_leaves_no_worker_behind(tmp_path):
     out = tmp_path / "cmp"
     parent = _compare_parent(out, tmp_path / "log")
     workers = _training_workers(parent, out)
-    children = _children(parent)  # the workers and multiprocessing's resource tracker
-    os.kill(parent, signal.SIGKILL)
+    children = _children(parent.pid)  # the workers (and multiprocessing's resource tracker, if it started one)
+    os.kill(parent.pid, signal.SIGKILL)
     _wait(parent)
     t0 = time.monotonic()
     orphans = _gone_within(children, 5)
@@ -363,8 +349,8 @@ def test_ctrl_c_stops_compare_at_the_next_step_and_starts_no_queued_run(tmp_path
     out, log = tmp_path / "cmp", tmp_path / "log"
     parent = _compare_parent(out, log)
     _training_workers(parent, out)
-    children = _children(parent)
-    os.killpg(parent, signal.SIGINT)  # the terminal's Ctrl-C: the whole process group
+    children = _children(parent.pid)
+    os.killpg(parent.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole process group
     t0 = time.monotonic()
     code = _wait(parent, 60)
     stopped_in = time.monotonic() - t0

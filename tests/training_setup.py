@@ -1,8 +1,12 @@
 """What the training tests share: a small inline corpus, a tiny configuration, a runner, a disk
-that fills up, and a fixture that keeps every test offline (import it into a test module to apply
-it there)."""
+that fills up, a fixture that keeps every test offline (import it into a test module to apply
+it there), and a way to start a child process that may train."""
 
 import errno
+import multiprocessing
+import os
+import sys
+import traceback
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,14 +24,15 @@ TEXT = "".join(f"{w} the quick brown fox {i % 7} jumps over the lazy dog; " for 
 CORPUS = Corpus(TEXT, "test-text", "inline")
 
 
+def _refuse_downloads(*args, **kwargs):
+    raise urllib.error.URLError("the tests do not use the network")
+
+
 @pytest.fixture(autouse=True)
 def never_online(monkeypatch, tmp_path):
     """The command-line tests load the text as users do; they must never reach the internet: they
     read $MODERN_BLOCK_DATA (CI sets it) or fall back to the standard library's source text."""
-    def refuse(*args, **kwargs):
-        raise urllib.error.URLError("the tests do not use the network")
-
-    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+    monkeypatch.setattr(urllib.request, "urlopen", _refuse_downloads)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 
@@ -92,3 +97,48 @@ def rerun_committed(config: dict, made_with: str, corpus_name: str, steps: int, 
                      until=steps)
     finally:
         torch.set_num_threads(before)
+
+
+# A child forked from a test process cannot train once that process has run a backward pass with autograd's
+# worker threads started (torch refuses: "Unable to handle autograd's threading in combination with fork-based
+# multiprocessing"; whether they start depends on the build and on what ran before in that process). So children
+# are forked from multiprocessing's fork server instead: a fresh interpreter that imports torch and the trainer
+# once and never trains, which keeps a child's start at milliseconds.
+FRESH = multiprocessing.get_context("forkserver")
+FRESH.set_forkserver_preload(["training_setup", "modern_block.training.train_cli", "modern_block.training.compare_cli"])
+
+
+def start_child(log: Path, target, *args) -> multiprocessing.Process:
+    """Start ``target(*args)`` in a new process with this one's environment, intra-op thread count and
+    offline guard, its stdout and stderr in ``log``; its exit status is 0 if ``target`` returns, 1 if it
+    raises (the traceback is in ``log``). ``target`` and ``args`` travel by pickle: a module-level function
+    (``functools.partial`` for bound arguments)."""
+    child = FRESH.Process(target=_child_main, args=(dict(os.environ), torch.get_num_threads(), str(log), target, args))
+    child.start()
+    child.log = Path(log)  # type: ignore[attr-defined]
+    return child
+
+
+def output(child: multiprocessing.Process) -> str:
+    """What a child of ``start_child`` wrote to stdout and stderr (its traceback, if it raised)."""
+    return child.log.read_text(errors="replace")  # type: ignore[attr-defined]
+
+
+def _child_main(env: dict, threads: int, log: str, target, args) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+    torch.set_num_threads(threads)
+    urllib.request.urlopen = _refuse_downloads
+    with open(log, "w") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    code = 1
+    try:
+        target(*args)
+        code = 0
+    except BaseException:  # noqa: BLE001 - the parent judges by the exit status and reads the log
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # no pytest teardown, no atexit handlers
