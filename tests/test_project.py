@@ -1,5 +1,6 @@
 """The repository's own promises: requirements agree, CI runs the README's command, the code is lint-clean."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -86,3 +87,21 @@ def test_ruff_is_clean():
     dirs = [d for d in ("modern_block", "tests", "scripts", "benchmarks") if (ROOT / d).exists()]
     result = subprocess.run([ruff, "check", *dirs], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_each_xdist_worker_gets_its_share_of_the_cores(tmp_path):
+    """The root conftest.py: under ``-n 2`` each worker's processes get cores // 2 intra-op threads (a notebook's
+    kernel inherits it). A value set by xdist's controller must not pass for the user's: it did, and the workers
+    ran 2 threads each on 2 cores."""
+    (tmp_path / "test_probe.py").write_text(
+        "import os\n"
+        "def test_threads():\n"
+        "    assert os.environ['PYTEST_XDIST_WORKER_COUNT'] == '2'\n"
+        "    open(os.environ['PROBE_OUT'], 'w').write(os.environ.get('OMP_NUM_THREADS', 'unset'))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "OMP_NUM_THREADS"))}
+    env.update(PYTHONPATH=str(ROOT), PROBE_OUT=str(tmp_path / "threads"))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest", "-n", "2",
+                           "--rootdir", str(tmp_path), str(tmp_path / "test_probe.py")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "threads").read_text() == str(max(1, (os.cpu_count() or 1) // 2))
