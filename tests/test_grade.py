@@ -588,12 +588,13 @@ def test_the_notebook_time_limit_gives_an_error_row(tmp_path):
 
 @needs_sandbox
 def test_memory_is_bounded_for_the_whole_sandbox(tmp_path):
-    """Four children of 500 MB each: each is within the per-process limit, together they are not."""
+    """Four children of 500 MB each: each is within the per-process limit, together they are not. Each holds its
+    memory for 6 s, long enough for all four to hold it at once (they start within a second)."""
     launcher = grade.launcher_for(None, grade.Limits(memory_mb=256, cpu_seconds=120))
     if launcher.cgroups is None:
         pytest.skip("no cgroup may be created here: memory is bounded per process (and the pid namespace)")
     hog = ("import subprocess, sys\nchildren = [subprocess.Popen([sys.executable, '-c', 'import time; "
-           "b = bytearray(500 << 20); b[::4096] = bytes(len(b[::4096])); time.sleep(30)']) for _ in range(4)]\n"
+           "b = bytearray(500 << 20); b[::4096] = bytes(len(b[::4096])); time.sleep(6)']) for _ in range(4)]\n"
            "codes = [c.wait() for c in children]\n"
            "def rms(x, eps=1e-6):\n    assert codes == [0, 0, 0, 0], codes\n"
            "    return (x.float().pow(2).mean(-1, keepdim=True) + eps).sqrt()")

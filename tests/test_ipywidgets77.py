@@ -1,6 +1,7 @@
 """The course's widgets on ipywidgets 7.7, what Colab ships, as well as on the installed 8.x.
 
-A throwaway virtual environment gets ``ipywidgets>=7.7,<7.8`` on top of this environment's packages (a .pth
+A throwaway virtual environment gets ``ipywidgets>=7.7,<7.8`` and the three small packages it needs that 8.x does
+not (``WIDGETS_77``) on top of this environment's packages (a .pth
 file adds this environment's site-packages after the venv's own, so the venv's ipywidgets 7.7 shadows 8.x and
 torch is not installed again). It is built once and cached in the temporary folder.
 
@@ -29,6 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 PIN = "ipywidgets>=7.7,<7.8"
+# what ipywidgets 7.7 needs that this environment's 8.x stack lacks, each at a version 7.7 accepts, installed without
+# dependencies: pip's own resolution adds the classic notebook server (for widgetsnbextension's extension, which a
+# kernel never imports) and about 30 s of downloads on a fresh machine
+WIDGETS_77 = [PIN, "widgetsnbextension>=3.6.5,<3.7", "jupyterlab_widgets>=1.0,<2", "ipython_genutils>=0.2,<0.3"]
 CELL_TIMEOUT_S = 120
 
 
@@ -51,8 +56,8 @@ def _build_venv(venv: Path) -> None:
     Path(purelib, "_modern_block_parent_env.pth").write_text("\n".join(lines) + "\n")
     # this environment's pip installs into the venv (pip >= 22.3); it never removes the parent's ipywidgets 8
     # because that lies outside the venv
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
-                    "--disable-pip-version-check", PIN], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+                    "--disable-pip-version-check", *WIDGETS_77], check=True)
 
 
 def _widgets_version(python: Path) -> str:
@@ -63,7 +68,7 @@ def _widgets_version(python: Path) -> str:
 @pytest.fixture(scope="module")
 def python77() -> Path:
     """A Python whose ipywidgets is 7.7.x and which sees every other package of this environment."""
-    key = hashlib.sha1("|".join([sys.prefix, sys.version, PIN, *_site_dirs()]).encode()).hexdigest()[:12]
+    key = hashlib.sha1("|".join([sys.prefix, sys.version, *WIDGETS_77, *_site_dirs()]).encode()).hexdigest()[:12]
     venv = Path(tempfile.gettempdir()) / f"modern_block_ipywidgets77_{key}"
     lock = Path(tempfile.gettempdir()) / f"modern_block_ipywidgets77_{key}.lock"
     with open(lock, "w") as fh:
