@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from training_setup import CORPUS, ROOT, evals, never_online, output, run, start_child, tiny  # noqa: F401 (autouse)
+from training_setup import CORPUS, ROOT, evals, never_online, output, run, start_child, tiny, wait_for  # noqa: F401
 
 from modern_block.training import config, distributed, train_cli
 from modern_block.training import trainer as T
@@ -70,30 +70,17 @@ def _two_processes(tmp_path: Path, job) -> list[dict]:
     on a free port); returns what each job returned. ``job`` is pickled: a module-level function."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # port 0: a free one
     procs = [start_child(tmp_path / f"rank{rank}.log", _child, rank, store.port, job, tmp_path) for rank in range(2)]
-    for p in procs:
-        p.join(300)
-    for p in procs:
-        if p.exitcode is None:
-            p.kill()
-    errors = [(tmp_path / f"rank{r}.err").read_text() for r in range(2) if (tmp_path / f"rank{r}.err").exists()]
-    assert [p.exitcode for p in procs] == [0, 0], "\n".join(errors + [output(p) for p in procs])
+    assert [wait_for(p, 300) for p in procs] == [0, 0], "\n".join(output(p) for p in procs)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def _child(rank: int, port: int, job, tmp_path: Path) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
-    code = 0
     try:
         (tmp_path / f"rank{rank}.json").write_text(json.dumps(job()))
-    except BaseException:  # noqa: BLE001 - reported to the test through the file
-        import traceback
-
-        (tmp_path / f"rank{rank}.err").write_text(traceback.format_exc())
-        code = 1
     finally:
         distributed._leave()
-        os._exit(code)  # no pytest teardown in the child
 
 
 def _outcome(result: T.TrainResult) -> dict:

@@ -26,14 +26,13 @@ import random
 import re
 import shutil
 import signal
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from training_setup import never_online, output, run, start_child, tiny  # noqa: F401 (never_online is autouse)
+from training_setup import never_online, output, run, start_child, tiny, wait_for  # noqa: F401 (autouse fixture)
 
 from modern_block.training import compare_cli, files, train_cli
 from modern_block.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -64,16 +63,6 @@ def reference():
     return result.losses, _weights(result.model)
 
 
-def _wait(child: multiprocessing.Process, timeout: float = 120) -> int:
-    """The child's exit status, or -signal when a signal killed it."""
-    child.join(timeout)
-    if child.exitcode is None:
-        child.kill()
-        child.join()
-        raise AssertionError(f"child {child.pid} did not finish in {timeout} s")
-    return child.exitcode
-
-
 def _resumed_equals(reference, out: Path) -> bool:
     result = run(CFG, out, resume=True)
     losses, weights = reference
@@ -95,7 +84,7 @@ def test_random_kill_9_during_training_resumes_bit_for_bit(tmp_path, reference):
             child = start_child(tmp_path / f"child{i}-{k}.log", _slow_training, out)
             time.sleep(rng.uniform(0.02, 0.6))
             os.kill(child.pid, signal.SIGKILL)
-            _wait(child)
+            wait_for(child)
         survived += _resumed_equals(reference, out)
         left += _temporaries(out)
     _row("kill -9 during training (twice per run), then resume", tries, survived, f"{len(left)} temporary files",
@@ -150,7 +139,7 @@ def test_kills_inside_checkpoint_writes_leave_nothing_after_the_next_start(tmp_p
         at_write = rng.randrange(1, 4)  # the first, second or third checkpoint
 
         child = start_child(tmp_path / f"child{i}.log", _dies_at_a_checkpoint, cut, at_write, out)
-        assert _wait(child) == -signal.SIGKILL, "the child died inside the checkpoint write:\n" + output(child)
+        assert wait_for(child) == -signal.SIGKILL, "the child died inside the checkpoint write:\n" + output(child)
         before += len(_temporaries(out))
         survived += _resumed_equals(reference, out)
         after += _temporaries(out)
@@ -244,7 +233,7 @@ def test_a_small_file_system_that_fills_up(tmp_path):
     frees = [0, 6_000, 10_000, 1_000_000, 6_000_000, 9_000_000, 13_000_000]
 
     child = start_child(tmp_path / "child.log", _sweep, mount, frees, reference, tmp_path, report)
-    if _wait(child, 300) != 0 and not report.exists():
+    if wait_for(child, 300) != 0 and not report.exists():
         pytest.skip(f"cannot mount a tmpfs here (no mount namespace for this process): {output(child)[-300:]}")
     rows = json.loads(report.read_text())
     for r in rows:
@@ -290,13 +279,10 @@ COMPARE = ["--quick", "--workers", "2", "--rates", "0.01", "0.02", "--seeds", "0
            "--eval-interval", "50", "--batch-size", "4", "--block-size", "16", "--eval-batches", "1", "--no-progress"]
 
 
-def _compare_main(out: Path) -> None:
+def _compare_main(out: Path) -> int:
     os.setpgid(0, 0)  # its own process group, as a shell gives a job: Ctrl-C reaches it and its workers
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (pytest may run in the background)
-    code = compare_cli.main([*COMPARE, "--out", str(out)])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # compare's own exit status (130 after Ctrl-C)
+    return compare_cli.main([*COMPARE, "--out", str(out)])  # the child's exit status (130 after Ctrl-C)
 
 
 def _compare_parent(out: Path, log: Path) -> multiprocessing.Process:
@@ -334,7 +320,7 @@ def test_a_killed_compare_leaves_no_worker_behind(tmp_path):
     workers = _training_workers(parent, out)
     children = _children(parent.pid)  # the workers (and multiprocessing's resource tracker, if it started one)
     os.kill(parent.pid, signal.SIGKILL)
-    _wait(parent)
+    wait_for(parent)
     t0 = time.monotonic()
     orphans = _gone_within(children, 5)
     gone_in = time.monotonic() - t0
@@ -352,7 +338,7 @@ def test_ctrl_c_stops_compare_at_the_next_step_and_starts_no_queued_run(tmp_path
     children = _children(parent.pid)
     os.killpg(parent.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole process group
     t0 = time.monotonic()
-    code = _wait(parent, 60)
+    code = wait_for(parent, 60)
     stopped_in = time.monotonic() - t0
     text = log.read_text()
     runs = sorted(p.parent.name for p in out.glob("*/" + METRICS))

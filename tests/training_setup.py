@@ -110,13 +110,24 @@ FRESH.set_forkserver_preload(["training_setup", "modern_block.training.train_cli
 
 def start_child(log: Path, target, *args) -> multiprocessing.Process:
     """Start ``target(*args)`` in a new process with this one's environment, intra-op thread count and
-    offline guard, its stdout and stderr in ``log``; its exit status is 0 if ``target`` returns, 1 if it
-    raises (the traceback is in ``log``). ``target`` and ``args`` travel by pickle: a module-level function
-    (``functools.partial`` for bound arguments)."""
+    offline guard, its stdout and stderr in ``log``. Its exit status is what ``target`` returns if that is an
+    int, else 0; 1 if it raises (the traceback is in ``log``). ``target`` and ``args`` travel by pickle: a
+    module-level function (``functools.partial`` for bound arguments)."""
     child = FRESH.Process(target=_child_main, args=(dict(os.environ), torch.get_num_threads(), str(log), target, args))
     child.start()
     child.log = Path(log)  # type: ignore[attr-defined]
     return child
+
+
+def wait_for(child: multiprocessing.Process, timeout: float = 120) -> int:
+    """The exit status of a child of ``start_child``, or -signal when a signal killed it; a child still
+    running after ``timeout`` seconds is killed and the test fails."""
+    child.join(timeout)
+    if child.exitcode is None:
+        child.kill()
+        child.join()
+        raise AssertionError(f"child {child.pid} did not finish in {timeout} s:\n{output(child)[-2000:]}")
+    return child.exitcode
 
 
 def output(child: multiprocessing.Process) -> str:
@@ -134,8 +145,8 @@ def _child_main(env: dict, threads: int, log: str, target, args) -> None:
         os.dup2(f.fileno(), 2)
     code = 1
     try:
-        target(*args)
-        code = 0
+        result = target(*args)
+        code = result if isinstance(result, int) else 0
     except BaseException:  # noqa: BLE001 - the parent judges by the exit status and reads the log
         traceback.print_exc()
     finally:
