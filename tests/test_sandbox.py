@@ -6,9 +6,11 @@ reports that escape what a student wrote. ``test_grade.py`` grades whole classes
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,21 +45,29 @@ def _launcher() -> Launcher | None:
 def test_the_bubblewrap_command_unshares_everything_and_shows_only_the_interpreter():
     interp = Interpreter.of(None)
     cmd = bwrap_command("bwrap", interp, "/copy", "/nb.ipynb", [str(ROOT), str(package_copy.PACKAGE)],
-                        ["python", "-c", "pass"])
+                        ["python", "-c", "pass"], seccomp_fd=7)
     for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-                 "--clearenv", "--proc", "--dev"):
+                 "--clearenv", "--proc"):
         assert flag in cmd
+    assert "--dev" not in cmd and cmd[1:3] == ["--seccomp", "7"]
     assert cmd[cmd.index("--cap-drop") + 1] == "ALL" and cmd[-4:] == ["--", "python", "-c", "pass"]
+    # /proc and /dev read-only; /dev holds four devices and nothing writable
+    assert [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--remount-ro"] == ["/proc", "/dev"]
+    assert [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--dev-bind"] == [f"/dev/{d}" for d in
+                                                                               ("null", "zero", "random", "urandom")]
     binds = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--ro-bind"]
     assert binds[0] == "/usr" and "/copy" in binds and "/nb.ipynb" in binds
     assert not any(b in ("/", "/home", "/root", "/etc", "/work", str(ROOT)) for b in binds), binds
     assert cmd[cmd.index("/copy") + 1] == COPY_MOUNT
     tmpfs = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--tmpfs"]
+    private_tmp = next(i for i, arg in enumerate(cmd) if arg == "--tmpfs" and cmd[i + 1] == "/tmp")
+    assert tmpfs[0] == "/dev" and cmd.index("--remount-ro", cmd.index("/dev")) < private_tmp
+    tmpfs = tmpfs[1:]
     assert tmpfs[0] == "/tmp" and cmd[cmd.index("--size") + 1:cmd.index("--size") + 4] == [str(256 << 20), "--tmpfs",
                                                                                              "/tmp"]
     # the private /tmp comes before the interpreter's folders, so a virtual environment under /tmp stays visible
     system = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}
-    assert cmd.index("--tmpfs") < min(i for i, arg in enumerate(cmd) if arg == "--ro-bind" and cmd[i + 1] not in system)
+    assert private_tmp < min(i for i, arg in enumerate(cmd) if arg == "--ro-bind" and cmd[i + 1] not in system)
     assert all(Path(t).is_relative_to(b) for t in tmpfs[1:] for b in binds if Path(t).is_relative_to(b))
     if str(ROOT) in tmpfs or any(Path(str(ROOT)).is_relative_to(b) for b in binds):
         assert str(ROOT) in tmpfs  # a checkout inside a shown folder is covered by an empty one
@@ -383,11 +393,22 @@ def test_outputs_are_written_whole_and_never_through_a_link(tmp_path):
                                                                             "victim"]
 
 
+@pytest.fixture
+def open_tmp():
+    """A folder every user may read: under a root grader the sandboxes run as an unprivileged user, and
+    pytest's own temporary folders are its runner's alone."""
+    path = Path(tempfile.mkdtemp())
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 FAILING_BWRAP = "#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n"
 
 
 @pytest.mark.parametrize("bwrap", [None, FAILING_BWRAP], ids=["not installed", "no user namespaces"])
-def test_without_a_working_sandbox_the_grader_refuses_and_names_the_flag(bwrap, tmp_path, monkeypatch, capsys):
+def test_without_a_working_sandbox_the_grader_refuses_and_names_the_flag(bwrap, open_tmp, monkeypatch, capsys):
+    tmp_path = open_tmp
     if bwrap is not None:
         (tmp_path / "bwrap").write_text(bwrap)
         (tmp_path / "bwrap").chmod(0o755)

@@ -3,8 +3,11 @@
 ``bwrap_command`` lists what a sandbox sees: the system's libraries (``/usr``; ``/bin``, ``/lib``... as on the
 host), each folder of the interpreter (its installation, the virtual environment) read-only, with the course
 package installed there, the checkout and the grader's own files covered by empty folders; the sandbox's copy
-of the package at ``/opt/modern-block``; the submission's notebook; a private ``/proc``, ``/dev`` and a
-size-limited tmpfs at ``/tmp``. Everything else (home folders, solutions, other submissions) is absent.
+of the package at ``/opt/modern-block``; the submission's notebook; a private ``/proc``, read-only (no
+``/proc/sys`` knob, no process setting can be written); a read-only ``/dev`` holding only ``null``, ``zero``,
+``random`` and ``urandom``; and a size-limited tmpfs at ``/tmp``, the only place it can write. Everything else
+(home folders, solutions, other submissions) is absent. The seccomp filter (``seccomp_filter``) is read from a
+file descriptor (``--seccomp FD``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from . import package_copy
 COPY_MOUNT = "/opt/modern-block"
 NOTEBOOK_MOUNT = "/submission/notebook.ipynb"
 TMPFS_BYTES = 256 << 20  # the sandbox's private /tmp
+DEVICES = ("null", "zero", "random", "urandom")
 ENV = {"HOME": "/tmp", "TMPDIR": "/tmp", "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
        "LC_ALL": "C.UTF-8", "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/matplotlib", "IPYTHONDIR": "/tmp/.ipython",
        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
@@ -100,9 +104,10 @@ def bwrap_features(bwrap: str) -> frozenset[str]:
 
 
 def bwrap_command(bwrap: str, interpreter: Interpreter, copy: str, notebook: str | None, hidden: list[str],
-                  argv: list[str], features: frozenset[str] = frozenset({"--disable-userns", "--size"})) -> list[str]:
+                  argv: list[str], features: frozenset[str] = frozenset({"--disable-userns", "--size"}),
+                  seccomp_fd: int | None = None) -> list[str]:
     """The bubblewrap command line for one sandbox (see the module's docstring)."""
-    cmd = [bwrap, "--unshare-all", "--unshare-user", *(["--disable-userns"] if "--disable-userns" in features else []),
+    cmd = [bwrap, *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []), "--unshare-all", "--unshare-user", *(["--disable-userns"] if "--disable-userns" in features else []),
            "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000", "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in ENV.items():
         cmd += ["--setenv", key, value]
@@ -115,7 +120,13 @@ def bwrap_command(bwrap: str, interpreter: Interpreter, copy: str, notebook: str
     size = ["--size", str(TMPFS_BYTES)] if "--size" in features else []
     # the private /tmp before the interpreter's folders: an interpreter (a virtual environment) under /tmp is
     # bound on top of it, not hidden by it
-    cmd += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp"]
+    cmd += ["--proc", "/proc", "--remount-ro", "/proc", "--tmpfs", "/dev"]
+    for device in DEVICES:
+        cmd += ["--dev-bind", f"/dev/{device}", f"/dev/{device}"]
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        cmd += ["--symlink", target, f"/dev/{name}"]
+    cmd += ["--remount-ro", "/dev", *size, "--tmpfs", "/tmp"]
     shown = ["/usr", *_outermost(f for f in interpreter.folders if not _inside(f, ["/usr"]))]
     for folder in shown[1:]:
         cmd += ["--ro-bind", folder, folder]

@@ -122,8 +122,9 @@ class Cgroups:
             Group(parents).remove(wait=0)
             return None
 
-    def create(self, memory_bytes: int, processes: int) -> Group:
-        """A child group limiting memory (swap included), processes and CPU (one CPU). Raises OSError."""
+    def create(self, memory_bytes: int, processes: int, owner: tuple[int, int] | None = None) -> Group:
+        """A child group limiting memory (swap included), processes and CPU (one CPU); ``owner`` (uid, gid) may
+        move its own processes into it. Raises OSError."""
         self.count += 1
         folders = {c: parent / f"s{self.count}" for c, parent in self.parents.items()}
         group = Group({})
@@ -138,6 +139,9 @@ class Cgroups:
             (folders["pids"] / "pids.max").write_text(str(processes))
             (folders["cpu"] / "cpu.cfs_period_us").write_text("100000")
             (folders["cpu"] / "cpu.cfs_quota_us").write_text("100000")
+            if owner is not None:
+                for folder in folders.values():
+                    os.chown(folder / "cgroup.procs", *owner)
         except OSError:
             group.remove(wait=0)
             raise

@@ -1,16 +1,20 @@
 """Each submission runs in a sandbox of its own, built by bubblewrap (``bwrap``), the sandbox Flatpak uses.
 
-    bwrap --unshare-all --unshare-user --disable-userns --cap-drop ALL --uid 1000 --gid 1000
+    bwrap --seccomp FD --unshare-all --unshare-user --disable-userns --cap-drop ALL --uid 1000 --gid 1000
           --die-with-parent --new-session --clearenv --setenv HOME /tmp ...
           --ro-bind /usr /usr --symlink usr/lib /lib ...   the system's libraries, as on the host
           --ro-bind PREFIX PREFIX ...                        the interpreter and its virtual environment
           --tmpfs PACKAGE --tmpfs CHECKOUT ...               inside those: the installed package, the checkout
           --ro-bind COPY /opt/modern-block                   the package as the submission sees it
           --ro-bind NOTEBOOK /submission/notebook.ipynb      this submission's copy
-          --proc /proc --dev /dev --size 268435456 --tmpfs /tmp --chdir /tmp
+          --proc /proc --remount-ro /proc --tmpfs /dev --dev-bind /dev/null /dev/null ... --remount-ro /dev
+          --size 268435456 --tmpfs /tmp --chdir /tmp
           --info-fd N -- /bin/sh -c 'printf x > /proc/self/fd/M && exec sleep 2147483647'
 
-New user, mount, pid, network, IPC and UTS namespaces: the submission sees only what is listed (no solutions,
+Never root: started as root, the grader starts bubblewrap and the zygote as an unprivileged user (the
+system user ``modern-block-sandbox`` where the instructor made one, else ``nobody``; ``sandbox_user``), so the
+user namespace maps the submission's uid to that user, never to uid 0; started as anyone else, as itself. New
+user, mount, pid, network, IPC and UTS namespaces: the submission sees only what is listed (no solutions,
 no reference, no other submission, no home folder), reaches no network, signals and traces only its own
 processes, and everything it starts ends with it: killing bwrap (or the grader dying: ``--die-with-parent``)
 ends the namespace's init, and the kernel ends every process in it. Its files live in a tmpfs that goes with
@@ -21,7 +25,8 @@ starts) plus the pid namespace.
 The process that runs the student's code is not a fresh interpreter (importing torch costs about two
 CPU-seconds, most of a class's grading time): the zygote (``zygote.py``), which has imported torch and
 IPython but no part of the course package, forks a process that enters the namespaces bubblewrap made, the
-way ``nsenter(1)`` does, drops the capabilities entering gave it, and imports the sandbox's copy of the package.
+way ``nsenter(1)`` does, drops the capabilities entering gave it, loads the seccomp filter (``seccomp_filter``,
+the same program bubblewrap loads for its own processes) and imports the sandbox's copy of the package.
 
 Where bubblewrap cannot start (not installed, no user namespaces) the grader refuses, unless the instructor
 passes ``--no-sandbox-i-trust-these-notebooks``: the submissions then run as plain processes of the grader's
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import select
 import shutil
 import signal
@@ -45,7 +51,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import package_copy, wire
+from . import package_copy, seccomp_filter, wire
 from .bwrap import (
     COPY_MOUNT,
     ENV,
@@ -63,6 +69,7 @@ INTERPRETER_BYTES = 1 << 30  # memory of the loaded interpreter (torch, IPython)
 PROCESSES = 128  # processes and threads of one sandbox (with a cgroup)
 EXTRA_PROCESSES = 64  # without a cgroup: processes a submission may add to its user's count
 UNSAFE_FLAG = "--no-sandbox-i-trust-these-notebooks"
+SANDBOX_USER = "modern-block-sandbox"  # the dedicated unprivileged user submissions run as under a root grader
 _PROBE = "import sys; sys.exit(0 if sys.path else 1)"
 
 
@@ -86,8 +93,23 @@ class Limits:
     sandbox: bool = True  # False: plain processes, no isolation (--no-sandbox-i-trust-these-notebooks)
 
 
-def _user_processes() -> int:
-    uid = os.getuid()
+def sandbox_user() -> tuple[int, int] | None:
+    """(uid, gid) the sandboxes run as when the grader runs as root: ``$MODERN_BLOCK_SANDBOX_USER``, else the
+    user ``modern-block-sandbox``, else ``nobody``. None when the grader is not root (they run as its user)."""
+    if os.geteuid() != 0:
+        return None
+    for name in (os.environ.get("MODERN_BLOCK_SANDBOX_USER"), SANDBOX_USER, "nobody"):
+        try:
+            entry = pwd.getpwnam(name) if name else None
+        except KeyError:
+            continue
+        if entry is not None and entry.pw_uid != 0 and entry.pw_gid != 0:
+            return entry.pw_uid, entry.pw_gid
+    raise SandboxError("the grader runs as root and found no unprivileged user to run the submissions as: create "
+                       f"one (useradd --system {SANDBOX_USER}) or name one in MODERN_BLOCK_SANDBOX_USER")
+
+
+def _user_processes(uid: int) -> int:
     count = 0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -246,17 +268,29 @@ class Launcher:
         self.count = 0
         self.started = False  # a sandbox has started: later failures are the submission's, not the setup's
         self.run_dir = Path(tempfile.mkdtemp(prefix="modern-block-grade-"))
+        self.user = sandbox_user() if limits.sandbox else None
+        self.uid = self.user[0] if self.user else os.getuid()
+        self.as_user: dict = {}  # Popen's arguments that start a process as that user
+        if self.user is not None:
+            self.run_dir.chmod(0o711)  # the sandbox user reaches the files it is given by name, lists nothing
+            self.as_user = {"user": self.user[0], "group": self.user[1], "extra_groups": []}
         self.hidden = [*installed_packages(self.interpreter.path), str(self.run_dir)]
         self.cgroups: Cgroups | None = None
         self.bwrap: str | None = None
         self.features: frozenset[str] = frozenset()
         self.zygote: subprocess.Popen | None = None
         self.control: socket.socket | None = None
+        self.seccomp = b""
         try:
             if limits.sandbox:
                 self.bwrap = shutil.which("bwrap")
                 if self.bwrap is None:
                     raise SandboxError(self._refusal("bubblewrap is not installed"))
+                try:
+                    self.seccomp = seccomp_filter.program()
+                except seccomp_filter.SeccompUnavailable as err:
+                    raise SandboxError(self._refusal(str(err))) from None
+                (self.run_dir / "seccomp.bpf").write_bytes(self.seccomp)
                 self.features = bwrap_features(self.bwrap)
                 self._probe()
                 self.cgroups = Cgroups.open()
@@ -294,34 +328,56 @@ class Launcher:
                 "limits on every process plus the sandbox's pid namespace (no cgroup may be created here)")
 
     def _refusal(self, why: str) -> str:
+        who = f" for uid {self.uid}" if self.user else ""
+        for knob, off in (("kernel/unprivileged_userns_clone", "0"), ("user/max_user_namespaces", "0")):
+            try:
+                if Path("/proc/sys", knob).read_text().strip() == off:
+                    why += f" (the kernel refuses user namespaces{who}: sysctl {knob.replace('/', '.')} is {off})"
+            except OSError:
+                pass
+        if self.user is not None and "Permission denied" in why:
+            why += (f" (the sandboxes run as uid {self.uid}, which must be able to read the interpreter "
+                    f"{self.interpreter.executable} and its folders: chmod o+rx them, or o+x a private folder above)")
         return (f"the grader runs every submission in a bubblewrap sandbox and cannot start one here: {why}. "
                 "Install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) on a kernel that allows user "
                 "namespaces, or grade in the container of docs/instructors.md. To grade without a sandbox, "
                 f"giving every notebook your user's files, processes and network, pass {UNSAFE_FLAG}.")
 
+    def _seccomp_fd(self) -> int:
+        """A fresh descriptor of the filter's program, for bubblewrap's ``--seccomp`` (it reads it to the end)."""
+        return os.open(self.run_dir / "seccomp.bpf", os.O_RDONLY)
+
     def _probe(self) -> None:
         copy = package_copy.build(self.run_dir, frozenset())
+        fd = self._seccomp_fd()
         cmd = bwrap_command(self._bwrap, self.interpreter, str(copy), None, self.hidden,
-                            [self.interpreter.executable, "-I", "-S", "-c", _PROBE], self.features)
+                            [self.interpreter.executable, "-I", "-S", "-c", _PROBE], self.features, fd)
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                                  pass_fds=[fd], cwd="/", **self.as_user)
         except (OSError, subprocess.SubprocessError) as err:
             raise SandboxError(self._refusal(str(err))) from None
+        finally:
+            os.close(fd)
         if done.returncode != 0:
             raise SandboxError(self._refusal((done.stderr.strip() or f"exit status {done.returncode}")[-500:]))
 
     def _start_zygote(self) -> None:
         mine, theirs = socket.socketpair()
-        env = {**ENV, "MPLCONFIGDIR": str(self.run_dir / "matplotlib"), "IPYTHONDIR": str(self.run_dir / "ipython"),
-               "HOME": str(self.run_dir)}
+        home = self.run_dir / "zygote"
+        home.mkdir(mode=0o700)
+        if self.user is not None:
+            os.chown(home, *self.user)
+        env = {**ENV, "MPLCONFIGDIR": str(home / "matplotlib"), "IPYTHONDIR": str(home / "ipython"), "HOME": str(home)}
         log = self.run_dir / "zygote.log"
         source = (Path(__file__).parent / "zygote.py").read_text(encoding="utf-8")
         try:
             with open(log, "wb") as out:
                 self.zygote = subprocess.Popen(
                     [self.interpreter.executable, "-I", "-S", "-c", source, str(theirs.fileno()),
-                     json.dumps(list(self.interpreter.path))], env=env, cwd=self.run_dir, stdin=subprocess.DEVNULL,
-                    stdout=out, stderr=out, pass_fds=[theirs.fileno()], start_new_session=True)
+                     json.dumps(list(self.interpreter.path)), self.seccomp.hex()], env=env, cwd=home,
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=out, pass_fds=[theirs.fileno()],
+                    start_new_session=True, **self.as_user)
         except OSError as err:
             raise SandboxError(f"cannot start {self.interpreter.executable}: {err}") from None
         finally:
@@ -343,19 +399,26 @@ class Launcher:
             nb = self.run_dir / f"notebook-{number}.ipynb"
             nb.write_bytes(notebook)
             files.append(nb)
+            if self.user is not None:
+                os.chown(nb, *self.user)
+                nb.chmod(0o400)
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
+        if self.user is not None:
+            os.fchown(ready_w, *self.user)  # the shell inside reopens it through /proc/self/fd
+        seccomp = self._seccomp_fd()
         hold = ["/bin/sh", "-c", f"printf x > /proc/self/fd/{ready_w} && exec sleep 2147483647"]
         cmd = bwrap_command(self._bwrap, self.interpreter, str(copy), str(nb) if nb else None, self.hidden, hold,
-                            self.features)
+                            self.features, seccomp)
         cmd[-len(hold) - 1:-len(hold) - 1] = ["--info-fd", str(info_w)]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, pass_fds=[info_w, ready_w], start_new_session=True,
-                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd="/")
+                                    stderr=subprocess.PIPE, pass_fds=[info_w, ready_w, seccomp], start_new_session=True,
+                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd="/", **self.as_user)
         finally:
             os.close(info_w)
             os.close(ready_w)
+            os.close(seccomp)
         try:
             deadline = time.monotonic() + 60
             ready = _read_until(ready_r, deadline, lambda d: len(d) >= 1)
@@ -382,13 +445,13 @@ class Launcher:
             number = self.count
             copy = package_copy.build(self.run_dir, hidden)
             group = self.cgroups.create(self.limits.memory_mb * (1 << 20) + INTERPRETER_BYTES + TMPFS_BYTES,
-                                        PROCESSES) if self.cgroups else None
+                                        PROCESSES, self.user) if self.cgroups else None
         files: list[Path] = []
         holder, ours, status = None, None, None
         try:
             spec = {"sandbox": self.bwrap is not None, "memory_mb": self.limits.memory_mb,
                     "cpu_seconds": self.limits.cpu_seconds, "cgroup": group.procs_files if group else [],
-                    "processes": None if group else _user_processes() + EXTRA_PROCESSES}
+                    "processes": None if group else _user_processes(self.uid) + EXTRA_PROCESSES}
             if self.bwrap:
                 holder, spec["pid"] = self._holder(number, copy, notebook, files)
                 spec.update(path=[COPY_MOUNT, *self.interpreter.path], workdir="/tmp", env=ENV)

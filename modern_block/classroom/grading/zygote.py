@@ -7,11 +7,13 @@ enters the sandbox bubblewrap has built for it, the way ``nsenter(1)`` enters a 
 
     zygote ──fork──▶ joiner: joins the sandbox's cgroup; setns(2) into its user, mount, network, IPC, UTS and
                      pid namespaces; chroot to its root; forks ──▶ the student's process (pid 3 inside): drops
-                     the capabilities that joining gave it, closes every file but its socket, imports the
+                     the capabilities that joining gave it, loads the seccomp filter (the program the grader
+                     built, the one bubblewrap loads), closes every file but its socket, imports the
                      sandbox's copy of the package and serves the grader (``runner.boot``)
                      The joiner waits and reports how the student's process ended.
 
-Bubblewrap makes the namespaces, the mounts and the limits; this file only joins them. Without a sandbox
+The zygote runs as the user bubblewrap runs as (never root: ``sandbox.sandbox_user``). Bubblewrap makes the
+namespaces, the mounts and the limits; this file only joins them. Without a sandbox
 (``--no-sandbox-i-trust-these-notebooks``) the joiner only starts the student's process in a session and
 folder of its own.
 """
@@ -29,9 +31,15 @@ NAMESPACES = (("mnt", 0x00020000), ("net", 0x40000000), ("ipc", 0x08000000), ("u
 CLONE_NEWUSER = 0x10000000
 NS_GET_PARENT = 0xB702  # ioctl: the user namespace that owns this one
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 BOOT = "from modern_block.classroom.grading.runner import boot"
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_FILTER = [b""]  # the seccomp program (BPF), from the grader
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
 def _setns(fd: int, kind: int, what: str) -> None:
@@ -80,12 +88,24 @@ def drop_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "no_new_privs failed")
 
 
+def load_filter(program: bytes) -> None:
+    """Put this process, and every process and thread it will start, under the seccomp filter ``program``
+    (classic BPF, 8 bytes an instruction; no_new_privs is set first). Irreversible."""
+    if not program or len(program) % 8:
+        raise OSError("no seccomp program")
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cannot load the seccomp filter")
+
+
 def student(sock_fd: int, spec: dict) -> None:
     """The student's process, once inside: contain itself, then serve the grader. Never returns."""
     try:
         os.setsid()  # its own session and process group: kill(0, ...) reaches nothing of the grader's
         if spec.get("sandbox"):
             drop_capabilities()
+            load_filter(_FILTER[0])
         os.closerange(3, sock_fd)
         os.closerange(sock_fd + 1, 1 << 16)
         os.chdir(spec["workdir"])
@@ -134,9 +154,10 @@ def joiner(sock_fd: int, status_fd: int, spec: dict) -> None:
         os._exit(0)
 
 
-def main(control_fd: int, path: list) -> None:
+def main(control_fd: int, path: list, program: bytes) -> None:
     """Import what every submission needs, then fork a joiner for each request on the control socket."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _FILTER[0] = program
     sys.path[:] = path
     import IPython.core.interactiveshell  # noqa: F401
     import torch
@@ -167,4 +188,4 @@ def main(control_fd: int, path: list) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), json.loads(sys.argv[2]))
+    main(int(sys.argv[1]), json.loads(sys.argv[2]), bytes.fromhex(sys.argv[3]))
