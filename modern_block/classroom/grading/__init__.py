@@ -5,12 +5,13 @@ The grade is decided in the grader's process, which never runs a line of student
 * ``files``: the class folder, read without following links or blocking; the outputs, written atomically;
 * ``notebook``: read and validate notebooks, find the exercises of the reference (the notebook handed out)
   and the cells of a submission that answer them (no regular expression can take long on student text);
-* ``sandbox``, ``bwrap``, ``cgroups``, ``zygote``: each submission's process in a bubblewrap sandbox of its own
-  (new user, mount, pid, network and IPC namespaces; memory, processes and CPU bounded for the whole sandbox);
+* ``sandbox``, ``bwrap``, ``cgroups``, ``zygote``, ``seccomp_filter``: each submission's process in a bubblewrap
+  sandbox of its own (an unprivileged uid; new user, mount, pid, network and IPC namespaces; a seccomp filter;
+  memory, processes and CPU bounded for the whole sandbox);
 * ``package_copy``: the package as a submission sees it, without the code of the pieces the exercises ask for;
 * ``runner``: what that process runs: it executes the submission's cells and answers calls;
-* ``wire``: the messages between the two: length-prefixed ``torch.save`` frames, read with
-  ``torch.load(weights_only=True)`` and checked (types, sizes) before use;
+* ``wire``: the messages between the two: length-prefixed safetensors buffers with the message as JSON in
+  their header (no pickle, no compression), every size checked before anything is allocated;
 * ``remote``: stand-ins for the student's functions, classes and modules, so the package's own checks
   (``modern_block.classroom.checks``, under ``graded``: inputs drawn from a per-run secret) judge them unchanged;
   arguments go as fresh copies, only declared outputs come back;

@@ -29,6 +29,11 @@ from .sandbox import Sandbox, SandboxLost
 from .wire import Unsupported
 
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))  # what nn.Module.__init__ sets up: rebuilt there, not sent
+MAX_NAMES = 10_000  # parameters, buffers, submodules and attributes in one module's description
+MAX_NAME = 300  # characters of one dotted name
+MAX_PARTS = 32  # parts of one dotted name
+MAX_SUBMODULES = 5_000  # submodules a stand-in may have
+MAX_ATTRS = 100  # attributes of a plain object
 
 
 class StudentError(Exception):
@@ -142,6 +147,28 @@ class Link:
         return proxy
 
 
+def checked_description(module) -> dict:
+    """A module's description with its shape checked before any of it is walked or built: its four parts
+    of the right types, at most ``MAX_NAMES`` names in all, each at most ``MAX_NAME`` characters and
+    ``MAX_PARTS`` dotted parts. Raises ValueError."""
+    parts = {k: module.get(k) for k in ("params", "buffers", "modules", "attrs")} if isinstance(module, dict) else {}
+    if not (isinstance(parts.get("params"), list) and isinstance(parts.get("buffers"), list) and
+            isinstance(parts.get("modules"), list) and isinstance(parts.get("attrs"), dict)):
+        raise ValueError("a malformed module description")
+    if sum(len(v) for v in parts.values()) > MAX_NAMES:
+        raise ValueError(f"a module with more than {MAX_NAMES:,} names")
+    shapes = [(parts["params"], 4), (parts["buffers"], 3)]
+    if not all(isinstance(item, list) and len(item) == n and isinstance(item[0], str) for items, n in shapes
+               for item in items):
+        raise ValueError("a malformed parameter or buffer entry")
+    names = [*(p[0] for p in parts["params"]), *(p[2] for p in parts["params"]), *(b[0] for b in parts["buffers"]),
+             *parts["modules"], *parts["attrs"]]
+    for name in names:
+        if not isinstance(name, str) or len(name) > MAX_NAME or name.count(".") >= MAX_PARTS:
+            raise ValueError(f"a name longer than {MAX_NAME} characters or {MAX_PARTS} parts")
+    return parts
+
+
 class _Missing:
     def __repr__(self) -> str:
         return "<not defined>"
@@ -159,7 +186,7 @@ class RemoteObject:
     def __init__(self, link: Link, number: int, desc: dict):
         self.__dict__.update(_link=link, _number=number)
         attrs = desc.get("attrs")
-        for key, value in (attrs.items() if isinstance(attrs, dict) else ()):
+        for key, value in list(attrs.items() if isinstance(attrs, dict) else ())[:MAX_ATTRS]:
             if isinstance(key, str) and key.isidentifier() and not key.startswith("_"):
                 self.__dict__[key] = value
 
@@ -196,7 +223,8 @@ class RemoteModule(nn.Module):
         self._rebuild(desc)
 
     def _rebuild(self, desc: dict) -> None:
-        module = desc["module"]
+        module = checked_description(desc["module"])
+        self.__dict__["_room"] = MAX_SUBMODULES
         self._parameters.clear()
         self._buffers.clear()
         self._modules.clear()
@@ -230,6 +258,9 @@ class RemoteModule(nn.Module):
             if not (part.isidentifier() or part.isdigit()) or part.startswith("_") or hasattr(nn.Module, part):
                 raise ValueError(f"an unusable submodule name {dotted!r}")
             if part not in owner._modules:
+                self.__dict__["_room"] -= 1
+                if self.__dict__["_room"] < 0:
+                    raise ValueError(f"more than {MAX_SUBMODULES:,} submodules")
                 owner._modules[part] = nn.Module()
             owner = owner.get_submodule(part)
         if not (leaf.isidentifier() or leaf.isdigit()) or leaf.startswith("_") or hasattr(nn.Module, leaf):

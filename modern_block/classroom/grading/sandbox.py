@@ -138,7 +138,7 @@ class Sandbox:
             raise SandboxLost("died", "the process had already ended")
         try:
             wire.send(self.sock, message, timeout=max(0.01, deadline - time.monotonic()))
-            reply = wire.clean(wire.receive(self.sock, deadline))
+            reply = wire.receive(self.sock, deadline)
         except TimeoutError:
             self.close()
             raise SandboxLost("timed out") from None
