@@ -425,11 +425,12 @@ def test_collection_refuses_links_special_files_and_oversized_files(tmp_path):
     os.mkdir(os.fsencode(folder) + b"/\xff")
     (Path(os.fsdecode(os.fsencode(folder) + b"/\xff")) / "01.ipynb").write_text("{}")
     subs = {(s.student, Path(s.path).name): s for s in files.collect([folder])}
-    assert subs[("ok", "01.ipynb")].data == b"{}" and subs[(os.fsdecode(b"\xff"), "01.ipynb")].data == b"{}"
+    assert subs[("ok", "01.ipynb")].read() == (b"{}", None)
+    assert subs[(one_line(os.fsdecode(b"\xff")), "01.ipynb")].read()[0] is None  # an undecodable name: refused
     for key, reason in {("link", "01.ipynb"): "a symbolic link", ("linked_folder", "linked_folder"): "a symbolic link",
                         ("pipe", "pipe.ipynb"): "not a regular file", ("big", "01.ipynb"): "larger than",
                         ("dir", "dir.ipynb"): "not a regular file"}.items():
-        assert subs[key].data is None and reason in subs[key].read_error, (key, subs[key].read_error)
+        assert subs[key].read()[0] is None and reason in subs[key].read_error, (key, subs[key].read_error)
 
 
 def test_outputs_are_written_whole_and_never_through_a_link(tmp_path):

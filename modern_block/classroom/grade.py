@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .exercises import default_root
-from .grading.files import OutputError, Submission, read_regular, refuse_target, write_atomic
+from .grading.files import CollectionError, OutputError, Submission, read_regular, refuse_target, write_atomic
 from .grading.files import collect as _collect_files
 from .grading.notebook import BadReference, NotebookError, Reference, read_notebook, reference_from
 from .grading.report import FAILED, NOT_ATTEMPTED, PASSED, Report, format_report, gradebook, one_line
@@ -53,11 +53,14 @@ class UsageError(Exception):
 
 def collect(paths, exclude=()) -> list[Submission]:
     """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``, ``exclude`` left
-    out of the search), read into memory; links and special files inside folders get error rows."""
+    out of the search), each read when it is graded; links, special files and over-large student folders
+    get error rows."""
     try:
         return _collect_files(paths, exclude)
     except FileNotFoundError as err:
         raise UsageError(f"no such notebook or folder: {err.args[0]}") from None
+    except CollectionError as err:
+        raise UsageError(str(err)) from None
 
 
 def load_reference(path) -> dict[str, Reference]:
@@ -81,11 +84,11 @@ def load_reference(path) -> dict[str, Reference]:
 _COURSE_REFERENCES: dict[str, Reference | None] = {}
 
 
-def course_reference(sub: Submission) -> Reference | None:
-    """Without --reference: the course's own solution notebook the submission was generated from (named in
-    its metadata), when this installation has it; its check cells are the ones handed out."""
+def course_reference(data: bytes | None) -> Reference | None:
+    """Without --reference: the course's own solution notebook the submission ``data`` was generated from (named
+    in its metadata), when this installation has it; its check cells are the ones handed out."""
     try:
-        generated = read_notebook(sub.data or b"")[0].generated_from
+        generated = read_notebook(data or b"")[0].generated_from
     except (NotebookError, IndexError):
         return None
     if not generated or not generated.startswith("solutions/") or "/" in generated[len("solutions/"):]:
@@ -102,9 +105,10 @@ def course_reference(sub: Submission) -> Reference | None:
     return _COURSE_REFERENCES[generated]
 
 
-def _reference_for(sub: Submission, refs: dict[str, Reference] | None) -> tuple[Reference | None, str | None]:
+def _reference_for(sub: Submission, data: bytes | None,
+                   refs: dict[str, Reference] | None) -> tuple[Reference | None, str | None]:
     if refs is None:
-        return course_reference(sub), None
+        return course_reference(data), None
     if len(refs) == 1:
         return next(iter(refs.values())), None
     name = os.path.basename(sub.path)
@@ -140,10 +144,11 @@ def grade_all(submissions: list[Submission], refs: dict[str, Reference] | None, 
     launcher.hide(private)
 
     def one(sub: Submission) -> Report:
-        ref, problem = _reference_for(sub, refs)
         try:
-            report = grade_submission(sub.notebook, sub.student, sub.data, ref, launcher, options,
-                                      read_error=sub.read_error or problem)
+            data, error = sub.read()  # now, not before: the grader holds one notebook per job
+            ref, problem = _reference_for(sub, data, refs)
+            report = grade_submission(sub.notebook, sub.student, data, ref, launcher, options,
+                                      read_error=error or problem)
             if refs is None and ref is not None:
                 report.notes.append(f"no --reference: graded with the check cells of the course's {ref.name}")
             return report

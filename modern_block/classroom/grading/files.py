@@ -1,9 +1,16 @@
-"""The grader's files: the class folder read without following links or blocking, the outputs written so that
-nothing planted at their paths can redirect them.
+"""The grader's files: the class folder read lazily, without following links or blocking, one student at a time
+bounded; the outputs written so that nothing planted at their paths can redirect them.
 
-Collection walks the folders the instructor names (those names are followed, as given); inside them a
-symbolic link, a pipe, a device, a folder too deep or a file over ``MAX_NOTEBOOK_BYTES`` is never opened or
-followed: it gets an error row of its own. Every file is read once, into memory, before any student code runs.
+Collection walks the folders the instructor names (those names are followed, as given) and only looks: each
+notebook is read when it is graded (``Submission.read``), so the grader holds at most one notebook per job.
+The class root is the folder given, or the folder common to all the paths given (``grade class/*``); the
+student is the name directly under it, whatever lies deeper. Inside a student's folder a symbolic link, a
+pipe, a device, a folder too deep or a file over ``MAX_NOTEBOOK_BYTES`` is never opened or followed: it gets
+an error row of its own. A student whose folder holds more than ``MAX_STUDENT_ENTRIES`` entries,
+``MAX_STUDENT_FILES`` notebooks or ``MAX_STUDENT_BYTES`` of them (by their sizes, read from the folder, never
+from the files) gets one error row, and no other row changes; the walk of that folder stops there. A name
+with control characters or letters of look-alike scripts mixed (a Cyrillic ``о`` in a Latin name) is shown
+escaped and its row is an error.
 
 Outputs (``--csv``, ``--json-file``) are written to a temporary file in the target's folder and renamed over
 the target, so a reader never sees half a gradebook and a symbolic link at the path is replaced, never
@@ -16,26 +23,41 @@ import errno
 import os
 import stat
 import tempfile
+import unicodedata
 from dataclasses import dataclass
-from pathlib import Path
 
 from .notebook import MAX_NOTEBOOK_BYTES
+from .report import one_line
 
-MAX_DEPTH = 16  # folder levels below a given folder
-MAX_FILES = 20_000  # notebooks in one run
+MAX_DEPTH = 16  # folder levels below a student's folder
+MAX_FILES = 20_000  # rows in one run: a class root with more is refused as a whole, never cut
+MAX_STUDENT_ENTRIES = 2_000  # files and folders looked at in one student's folder
+MAX_STUDENT_FILES = 64  # notebooks of one student
+MAX_STUDENT_BYTES = 64 << 20  # bytes of one student's notebooks together
+_EAST_ASIAN = {"CJK", "HIRAGANA", "KATAKANA", "HANGUL", "IDEOGRAPHIC"}  # scripts one name mixes legitimately
 
 
 class OutputError(Exception):
     """An output file cannot be written (its path is refused, or the disk says no)."""
 
 
+class CollectionError(ValueError):
+    """The paths given cannot be collected (the grader stops: exit status 2)."""
+
+
 @dataclass
 class Submission:
     path: str
     notebook: str  # as shown in the report
-    student: str
-    data: bytes | None = None
-    read_error: str | None = None
+    student: str  # as shown in the report (escaped)
+    read_error: str | None = None  # set at collection: the row is an error, nothing is read
+    follow: bool = False  # a file the instructor named: read through a link
+
+    def read(self) -> tuple[bytes | None, str | None]:
+        """The notebook's bytes now, or why there are none."""
+        if self.read_error:
+            return None, self.read_error
+        return read_regular(os.path.realpath(self.path) if self.follow else self.path)
 
 
 def read_regular(path: str) -> tuple[bytes | None, str | None]:
@@ -73,65 +95,188 @@ def read_regular(path: str) -> tuple[bytes | None, str | None]:
         os.close(fd)
 
 
-def _walk(folder: str, depth: int, found: list, refused: list) -> None:
-    """The ``*.ipynb`` files below ``folder`` (hidden names skipped), in name order; links, special files and
-    folders too deep go to ``refused`` as (path, reason)."""
+def name_problem(name: str) -> str | None:
+    """Why a student's name cannot be trusted in a gradebook, or None: control, format or separator
+    characters (a newline forges CSV lines, U+202E reverses text), characters that stand for others
+    (NFKC: fullwidth or mathematical letters), or letters of more than one script (``hоnest01`` with a
+    Cyrillic ``о`` looks like ``honest01``)."""
+    if one_line(name) != name:
+        return "control or invisible characters"
+    if unicodedata.normalize("NFKC", name) != unicodedata.normalize("NFC", name):
+        return "characters that stand for others (fullwidth, mathematical or compatibility forms)"
+    scripts = set()
+    for ch in name:
+        if unicodedata.category(ch).startswith("L"):
+            script = unicodedata.name(ch, "UNKNOWN").split(" ")[0]
+            scripts.add("CJK" if script in _EAST_ASIAN else script)
+    if len(scripts) > 1:
+        return f"letters of more than one script ({', '.join(sorted(scripts)).lower()}): a look-alike of another name?"
+    return None
+
+
+class _Student:
+    """One student's folder, walked with its caps."""
+
+    def __init__(self, name: str):
+        self.name, self.entries, self.files, self.bytes = name, 0, 0, 0
+        self.found: list[tuple[str, str | None]] = []  # (path, refusal)
+        self.over: str | None = None
+
+    def look(self, entry_path: str, size: int = 0, notebook: bool = False) -> bool:
+        """Count one entry; False once a cap is passed (the walk stops)."""
+        self.entries += 1
+        self.files += notebook
+        self.bytes += size if notebook else 0
+        for count, cap, what in ((self.entries, MAX_STUDENT_ENTRIES, "files and folders"),
+                                 (self.files, MAX_STUDENT_FILES, "notebooks"),
+                                 (self.bytes, MAX_STUDENT_BYTES, "bytes of notebooks")):
+            if count > cap:
+                self.over = f"the folder holds more than {cap:,} {what} (the limit per student): not graded"
+                return False
+        return True
+
+
+def _walk(folder: str, depth: int, student: _Student) -> bool:
+    """Add the ``*.ipynb`` files below ``folder`` (hidden names skipped) to ``student``, in name order; links,
+    special files and folders too deep as refusals. False once a cap is passed."""
+    entries = []
     try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        with os.scandir(folder) as it:
+            for entry in it:  # lazily: a folder of a million entries is not listed whole
+                if entry.name.startswith("."):
+                    continue
+                if not student.look(entry.path):
+                    return False
+                entries.append(entry)
     except OSError as err:
-        refused.append((folder, f"cannot read the folder ({err.strerror or err})"))
-        return
-    for entry in entries:
-        if entry.name.startswith(".") or len(found) + len(refused) >= MAX_FILES:
-            continue
+        student.found.append((folder, f"cannot read the folder ({err.strerror or err})"))
+        return True
+    for entry in sorted(entries, key=lambda e: e.name):
         if entry.is_symlink():
             if entry.name.endswith(".ipynb") or os.path.isdir(entry.path):
-                refused.append((entry.path, "a symbolic link: the grader does not follow links in a class folder"))
+                student.found.append((entry.path, "a symbolic link: the grader does not follow links in a class "
+                                                  "folder"))
         elif entry.is_dir(follow_symlinks=False):
             if entry.name.endswith(".ipynb"):
-                refused.append((entry.path, "not a regular file (a folder)"))
+                student.found.append((entry.path, "not a regular file (a folder)"))
             elif depth >= MAX_DEPTH:
-                refused.append((entry.path, f"a folder more than {MAX_DEPTH} levels deep"))
-            else:
-                _walk(entry.path, depth + 1, found, refused)
-        elif entry.name.endswith(".ipynb"):
-            found.append(entry.path)
+                student.found.append((entry.path, f"a folder more than {MAX_DEPTH} levels deep"))
+            elif not _walk(entry.path, depth + 1, student):
+                return False
+        elif entry.name.endswith(".ipynb") and not _notebook(student, entry.path):
+            return False
+    return True
+
+
+def _notebook(student: _Student, path: str) -> bool:
+    """Add the file ``path`` (not followed) to ``student``: refused when it is not a regular file or is too
+    large, by what the folder says of it. False once a cap is passed."""
+    try:
+        info = os.lstat(path)
+    except OSError as err:
+        student.found.append((path, f"cannot read the file ({err.strerror or err})"))
+        return True
+    if not student.look(path, info.st_size if stat.S_ISREG(info.st_mode) else 0, notebook=True):
+        return False
+    refusal = ("not a regular file" if not stat.S_ISREG(info.st_mode) else
+               f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB" if info.st_size > MAX_NOTEBOOK_BYTES else None)
+    student.found.append((path, refusal))
+    return True
+
+
+def _root(paths: list[str]) -> str:
+    """The class root: the one folder given, else the folder common to all the paths given."""
+    if len(paths) == 1 and os.path.isdir(paths[0]):
+        return os.path.abspath(paths[0])
+    try:
+        return os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
+    except ValueError:  # nothing in common (different drives)
+        return os.path.abspath(os.sep)
+
+
+def _student_of(path: str, root: str) -> str:
+    parts = os.path.relpath(os.path.abspath(path), root).split(os.sep)
+    return parts[0] if len(parts) > 1 else os.path.splitext(parts[0])[0]
+
+
+def _add(student: _Student, path: str) -> None:
+    """One path directly under the class root, or given by name, into its student's folder walk."""
+    if os.path.islink(path):
+        if path.endswith(".ipynb") or os.path.isdir(path):
+            student.found.append((path, "a symbolic link: the grader does not follow links in a class folder"))
+    elif os.path.isdir(path):
+        if path.endswith(".ipynb"):
+            student.found.append((path, "not a regular file (a folder)"))
+        else:
+            _walk(path, 0, student)
+    elif path.endswith(".ipynb"):
+        _notebook(student, path)
 
 
 def collect(paths, exclude=()) -> list[Submission]:
     """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``, ``exclude`` left
-    out of the search), read into memory. A notebook named here is read through a link; inside a folder
-    nothing is. Raises FileNotFoundError for a path that does not exist."""
-    excluded = {os.path.realpath(p) for p in exclude}
-    rows: list[tuple[str, str, str | None]] = []  # (path, student, refusal); student "" for a named file
-    for given in map(os.fspath, paths):
-        if os.path.isdir(given):
-            found: list[str] = []
-            refused: list[tuple[str, str]] = []
-            _walk(given, 0, found, refused)
-            for path, reason in [(p, None) for p in found if os.path.realpath(p) not in excluded] + refused:
-                parts = Path(os.path.relpath(path, given)).parts
-                student = parts[0] if len(parts) > 1 else Path(parts[0]).stem
-                rows.append((path, student, reason))
-        elif os.path.lexists(given):
-            rows.append((given, "", None))
+    out), looked at, not read. A notebook named here is read through a link; inside a folder nothing is.
+    Raises FileNotFoundError for a path that does not exist, CollectionError for a class root of more than
+    ``MAX_FILES`` entries."""
+    given = [os.fspath(p) for p in paths]
+    for path in given:
+        if not os.path.lexists(path):
+            raise FileNotFoundError(path)
+    excluded = [os.path.realpath(p) for p in exclude]
+
+    def left_out(path: str) -> bool:
+        real = os.path.realpath(path)
+        return any(real == e or real.startswith(e.rstrip(os.sep) + os.sep) for e in excluded)
+
+    root = _root(given)
+    students: dict[str, _Student] = {}
+    named: set[str] = set()  # files given by name: read through a link
+    for path in given:
+        if os.path.isdir(path) and os.path.abspath(path) == root:  # the class root: one student per entry
+            try:
+                with os.scandir(path) as it:
+                    tops = []
+                    for entry in it:
+                        if not entry.name.startswith("."):
+                            tops.append(entry.path)
+                        if len(tops) > MAX_FILES:
+                            raise CollectionError(f"{path} holds more than {MAX_FILES:,} entries: grade it in parts")
+            except OSError as err:
+                raise CollectionError(f"cannot read the folder {path} ({err.strerror or err})") from None
         else:
-            raise FileNotFoundError(given)
-    stems = [Path(path).stem for path, student, _ in rows if not student]
-    subs = []
-    data: bytes | None
-    error: str | None
-    for path, student, reason in rows:
-        if reason:
-            data, error = None, reason
-        elif student:
-            data, error = read_regular(path)
-        else:  # a file given by name: its stem, or folder/stem when two share a stem
-            p = Path(path)
-            student = f"{p.parent.name}/{p.stem}" if stems.count(p.stem) > 1 else p.stem
-            data, error = read_regular(os.path.realpath(path))
-        subs.append(Submission(path, path, student, data, error))
+            tops = [path]
+            if not os.path.isdir(path):
+                named.add(path)
+        for top in sorted(tops):
+            if left_out(top):
+                continue
+            student = students.setdefault(_student_of(top, root), _Student(_student_of(top, root)))
+            if student.over:
+                continue
+            if top in named:
+                student.found.append((top, None))
+            else:
+                _add(student, top)
+    subs: list[Submission] = []
+    seen: set[str] = set()
+    for name in sorted(students):
+        student = students[name]
+        if student.over:
+            subs.append(_submission(os.path.join(root, name), name, student.over))
+            continue
+        for path, refusal in student.found:
+            key = os.path.realpath(path) if path in named else os.path.abspath(path)  # the file read
+            if not left_out(path) and key not in seen:
+                seen.add(key)
+                subs.append(_submission(path, name, refusal, follow=path in named))
     return subs
+
+
+def _submission(path: str, name: str, refusal: str | None, follow: bool = False) -> Submission:
+    problem = name_problem(name)
+    if problem and not refusal:
+        refusal = f"the name {one_line(name)!r} has {problem}: not graded (rename the folder)"
+    return Submission(path, one_line(path), one_line(name), refusal, follow)
 
 
 def refuse_target(path: str, option: str) -> None:

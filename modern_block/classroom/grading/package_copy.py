@@ -4,9 +4,11 @@ The sandbox (``sandbox``) shows the submission a copy of the package made here, 
 installed one (which it hides). The copy holds:
 
 * the model files (the top of ``modern_block``: what the lessons import), where every function, class or
-  method the graded exercises ask the student to write (each check's ``components``) keeps its signature but
-  has its body replaced by a ``raise``: handing in ``modern_block.RMSNorm``, subclassing it or calling it
-  inside one's own function fails in the student's process, with a message that says why;
+  method the graded exercises ask the student to write (each check's ``components``), and every class of the
+  package such a class derives from (``DecoderLM`` under ``LlamaStyleLM``: subclassing it would answer the
+  exercise), keeps its signature but has its body replaced by a ``raise``: handing in ``modern_block.RMSNorm``,
+  subclassing it or calling it inside one's own function fails in the student's process, with a message that
+  says why;
 * ``modern_block.classroom.checks`` as names that do nothing (the notebook's ``from modern_block.classroom
   import checks`` works; the checks and their reference formulas run in the grader only);
 * the two modules the sandboxed process runs (``grading.runner``, ``grading.wire``).
@@ -87,6 +89,24 @@ def model_files() -> list[Path]:
     return sorted(p for p in PACKAGE.glob("*.py") if p.name != "__main__.py")
 
 
+def with_bases(hidden: frozenset[str], sources: list[str]) -> frozenset[str]:
+    """``hidden`` and, for each class in it, the classes of ``sources`` (the model files) it derives from,
+    transitively (a base named directly or as ``module.Name``)."""
+    bases: dict[str, set[str]] = {}
+    for source in sources:
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                                    if isinstance(b, (ast.Name, ast.Attribute))}
+    out, todo = set(hidden), list(hidden)
+    while todo:
+        for base in bases.get(todo.pop(), set()) & set(bases):
+            if base not in out:
+                out.add(base)
+                todo.append(base)
+    return frozenset(out)
+
+
 def build(root: Path, hidden: frozenset[str]) -> Path:
     """Write the copy for the components ``hidden`` under ``root`` (once per set) and return the folder to
     put on ``sys.path``. Components defined outside the model files (the trainer's ``lr_at``) are not in the
@@ -99,8 +119,10 @@ def build(root: Path, hidden: frozenset[str]) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     target = staging / PACKAGE.name
     target.mkdir(parents=True)
-    for path in model_files():
-        source, _ = hide(path.read_text(encoding="utf-8"), set(hidden))
+    sources = {path: path.read_text(encoding="utf-8") for path in model_files()}
+    hidden_all = with_bases(hidden, list(sources.values()))
+    for path, text in sources.items():
+        source, _ = hide(text, set(hidden_all))
         (target / path.name).write_text(source, encoding="utf-8")
     (target / "classroom" / "checks").mkdir(parents=True)
     (target / "classroom" / "grading").mkdir()

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 PASSED, FAILED, NOT_ATTEMPTED, NOT_GRADED = "passed", "failed", "not attempted", "not graded"
 STATUSES = (PASSED, FAILED, NOT_ATTEMPTED)
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-_SEPARATORS = {"\u2028", "\u2029", "\x85"}  # line breaks a terminal or an editor may honour
+_ESCAPED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})  # C0 and C1 controls, format characters (bidirectional
+# overrides, zero-width), lone surrogates, and the line and paragraph separators U+2028/9
 
 
 def _escape(ch: str) -> str:
@@ -27,22 +28,25 @@ def _escape(ch: str) -> str:
 
 
 def printable(text: str, newlines: bool = True) -> str:
-    """``text`` with control and format characters (escape sequences, bidirectional overrides), line
-    separators and lone surrogates escaped; ``newlines=False`` escapes line feeds too."""
+    """``text`` with every control, format and separator character and every lone surrogate escaped
+    (``\\x1b``, ``\\u202e``, ``\\u2028``); line feeds and tabs are kept unless ``newlines=False``."""
     out = []
     for ch in str(text):
-        if ch == "\n" and newlines:
+        if ch in "\n\t" and newlines:
             out.append(ch)
-        elif ch in _SEPARATORS or "\ud800" <= ch <= "\udfff" or \
-                (unicodedata.category(ch) in ("Cc", "Cf") and ch != "\t"):
-            out.append("\\n" if ch == "\n" else _escape(ch))
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif unicodedata.category(ch) in _ESCAPED:
+            out.append(_escape(ch))
         else:
             out.append(ch)
     return "".join(out)
 
 
 def one_line(text: str) -> str:
-    """A student's text inside a message: one line, nothing a terminal would act on."""
+    """A student's text inside a message or a field: one line, nothing a terminal would act on."""
     return printable(text, newlines=False)
 
 

@@ -4,7 +4,8 @@ A frame is its length in 8 bytes (big-endian), then a safetensors buffer: an 8-b
 length, a JSON header naming each tensor's dtype, shape and byte range, then the tensors' raw bytes. The
 message itself (nested dicts, lists, tuples, str, int, float, bool, None) is JSON in the header's
 ``__metadata__``, each tensor standing there as ``{"T": index}``; a tuple is ``{"t": [...]}``, a dict
-``{"d": {...}}``, a value the grader does not use (a complex tensor) ``{"u": "what it was"}``.
+``{"d": {...}}``, a dtype ``{"dt": "float32"}``, a device ``{"dv": "cpu"}``, a value the grader does not use (a
+complex tensor) ``{"u": "what it was"}``.
 
 Reading is bounded before anything is allocated or walked: the frame (``MAX_FRAME``) and the header
 (``MAX_HEADER``) by their announced lengths, the tensors by their declared dtypes, shapes and offsets, which
@@ -89,8 +90,12 @@ def _encode(v, depth: int, budget: dict, tensors: list):
         return v[:MAX_TEXT] if type(v) is str else v
     if type(v) is list:
         return [_encode(x, depth + 1, budget, tensors) for x in v]
-    if type(v) is tuple:
+    if type(v) in (tuple, torch.Size):
         return {"t": [_encode(x, depth + 1, budget, tensors) for x in v]}
+    if isinstance(v, torch.dtype):
+        return {"dt": str(v).removeprefix("torch.")}
+    if isinstance(v, torch.device):
+        return {"dv": str(v)}
     if type(v) is dict:
         if not all(type(k) is str and len(k) <= 1000 for k in v):
             raise ProtocolError("a dict key that is not a short string")
@@ -226,6 +231,13 @@ def _decode(v, depth: int, budget: dict, tensors: list):
             return tensors[body]
         if tag == "u" and type(body) is str:
             return Unsupported(body[:200])
+        if tag == "dt" and type(body) is str and isinstance(getattr(torch, body[:40], None), torch.dtype):
+            return getattr(torch, body)
+        if tag == "dv" and type(body) is str and len(body) < 40:
+            try:
+                return torch.device(body)
+            except RuntimeError:
+                return Unsupported(f"a device {body!r}")
     raise ProtocolError("a value that is not part of the format")
 
 
