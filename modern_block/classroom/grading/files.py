@@ -127,11 +127,11 @@ class _Student:
         self.entries += 1
         self.files += notebook
         self.bytes += size if notebook else 0
-        for count, cap, what in ((self.entries, MAX_STUDENT_ENTRIES, "files and folders"),
-                                 (self.files, MAX_STUDENT_FILES, "notebooks"),
-                                 (self.bytes, MAX_STUDENT_BYTES, "bytes of notebooks")):
+        for count, cap, what in ((self.entries, MAX_STUDENT_ENTRIES, f"{MAX_STUDENT_ENTRIES:,} files and folders"),
+                                 (self.files, MAX_STUDENT_FILES, f"{MAX_STUDENT_FILES} notebooks"),
+                                 (self.bytes, MAX_STUDENT_BYTES, f"{MAX_STUDENT_BYTES >> 20} MB of notebooks")):
             if count > cap:
-                self.over = f"the folder holds more than {cap:,} {what} (the limit per student): not graded"
+                self.over = f"the folder holds more than {what} (the limit per student): not graded"
                 return False
         return True
 

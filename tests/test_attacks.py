@@ -1,0 +1,365 @@
+"""The grader attacked where it runs a student's code with power, reads replies, walks folders and names rows.
+
+One class folder holds honest students and one attacker per attack class; the grader grades it as the command
+line does (``grade class/*``, so each student's folder is given by name), started as root where the suite runs
+as root, with no cgroup (as in Docker, where ``/sys/fs/cgroup`` is read-only): every attacker's row is asserted,
+and every honest row must be exactly what the honest students alone get. The attack classes:
+
+* root's powers from a cell: ``/proc/sys`` written, the host uid, system calls of the deny list (io_uring,
+  keyrings, ptrace, mounts, namespaces, BPF, perf, userfaultfd, kexec, modules), sockets other than AF_UNIX;
+* a reply that costs the grader: a tensor claiming gigabytes, a million values, a module description of
+  500 names of thousands of parts, an int of thousands of digits;
+* one student erasing the class: 20,000 notebooks in a folder that sorts first, 200 sparse 20 MB notebooks;
+* reuse: lesson 07's LM built on the package's ``DecoderLM``;
+* no cgroup: a writable ``/dev`` filled, processes started past the limit;
+* names: a newline, a Cyrillic look-alike, a C1 control, U+202E and U+2028 in a folder name, a nested folder
+  named like another student; a 5,000-digit integer in the notebook's JSON.
+
+Then the sandbox itself, started as root and as an ordinary user: the student's process runs under a non-zero
+host uid.
+"""
+
+import csv
+import io
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from submissions import RIGHT_RMS, ROOT, WRONG_RMS, answered, solution_source, write
+
+from modern_block.classroom import grade
+from modern_block.classroom.grading.files import MAX_STUDENT_BYTES, MAX_STUDENT_ENTRIES
+from modern_block.classroom.grading.report import one_line
+from modern_block.classroom.grading.sandbox import Limits, SandboxError, sandbox_user
+
+REFERENCE = ROOT / "exercises"
+TIMEOUT = 20
+L01, L07 = "01_rmsnorm", "07_llama_block"
+GRADER_MEMORY = 1 << 30  # the grader's own peak resident memory in this class run (--jobs 2): its budget here
+ROOT_DENIED = ("io_uring_setup", "keyctl", "add_key", "request_key", "ptrace", "mount", "umount2", "pivot_root",
+               "setns", "bpf", "perf_event_open", "userfaultfd", "kexec_load", "init_module", "finit_module")
+
+
+def _sandbox_problem() -> str | None:
+    try:
+        grade.launcher_for(None, Limits())
+    except SandboxError as err:
+        return str(err)
+    return None
+
+
+SANDBOX_PROBLEM = _sandbox_problem()
+needs_sandbox = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
+
+ROOT_PROBE = """import ctypes, errno, json, os, socket
+seen = {}
+try:
+    with open("/proc/sys/kernel/core_pattern", "w") as f:
+        f.write("|/tmp/x")
+    seen["core_pattern"] = "written"
+except OSError as err:
+    seen["core_pattern"] = type(err).__name__
+libc = ctypes.CDLL(None, use_errno=True)
+numbers = {"io_uring_setup": 425, "keyctl": 250, "add_key": 248, "request_key": 249, "ptrace": 101, "mount": 165,
+           "umount2": 166, "pivot_root": 155, "setns": 308, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
+           "kexec_load": 246, "init_module": 175, "finit_module": 313, "unshare": 272}
+seen["calls"] = {}
+for name, number in numbers.items():
+    flags = 0x10000000 if name == "unshare" else 0  # a new user namespace
+    result = libc.syscall(number, ctypes.c_long(flags), 0, 0, 0, 0)
+    seen["calls"][name] = "ok" if result >= 0 else errno.errorcode[ctypes.get_errno()]
+for family in ("AF_INET", "AF_NETLINK", "AF_PACKET"):
+    try:
+        socket.socket(getattr(socket, family), socket.SOCK_RAW if family != "AF_INET" else socket.SOCK_STREAM)
+        seen[family] = "opened"
+    except OSError as err:
+        seen[family] = errno.errorcode[err.errno]
+seen["dev"] = sorted(os.listdir("/dev"))
+for path in ("/dev/shm/fill", "/dev/fill", "/proc/self/oom_score_adj"):
+    try:
+        with open(path, "w") as f:
+            f.write("1" * 4096)
+        seen[path] = "written"
+    except OSError as err:
+        seen[path] = type(err).__name__
+raise RuntimeError("seen: " + json.dumps(seen))"""
+
+FORK_PAST_THE_LIMIT = """import subprocess
+children = []
+try:
+    for _ in range(400):
+        children.append(subprocess.Popen(["sleep", "30"]))
+    started = "all"
+except OSError as err:
+    started = f"{len(children)}: {type(err).__name__}"
+for child in children:
+    child.kill()
+    child.wait()
+raise RuntimeError("started " + started)"""
+
+
+def _reply(payload: str) -> str:
+    """A setup cell after which every reply of the student's process is the frame ``payload`` builds."""
+    return ("import modern_block.classroom.grading.wire as _wire, struct, json\n"
+            f"_evil = {payload}\n"
+            "_encode = _wire.encode\n"
+            "_wire.encode = lambda message: _evil if 'values' in message or 'value' in message else _encode(message)")
+
+
+def _frame(header: str, data: str = "b''") -> str:
+    return f"(lambda text: struct.pack('<Q', len(text)) + text + {data})(json.dumps({header}).encode())"
+
+
+REPLIES = {  # student -> the frame every reply becomes
+    "reply_claims_4_gib": _frame('{"__metadata__": {"message": "{\\"T\\": 0}"}, "0": {"dtype": "F32", "shape": '
+                                 '[1 << 30], "data_offsets": [0, 4 << 30]}}', "bytes(4096)"),
+    "reply_of_a_million_lists": _frame('{"__metadata__": {"message": "[" + "[]," * 1_000_000 + "[]]"}}'),
+    "reply_of_a_huge_int": _frame('{"__metadata__": {"message": "{\\"d\\": {\\"values\\": {\\"d\\": {\\"rms\\": " + '
+                                  '"7" * 5000 + ", \\"RMSNorm\\": 7}}}}"}}'),
+}
+DEEP_MODULE = """import modern_block.classroom.grading.runner as _runner
+_runner.Runner.describe_module = staticmethod(lambda module: {"params": [], "buffers": [], "attrs": {},
+                                                              "modules": [".".join(["a"] * 5000)] * 500})"""
+ON_DECODER_LM = """class LlamaStyleLM(mb.DecoderLM):
+    def __init__(self, V, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, max_len=1024, rope_base=10000.0,
+                 tie=False):
+        super().__init__(emb=nn.Embedding(V, d), blocks=[mb.Block(d, n_heads, n_kv_heads, d_ff)
+                                                         for _ in range(n_layers)],
+                         norm=mb.RMSNorm(d), rope=mb.RotaryEmbedding(d // n_heads, max_len, rope_base),
+                         max_len=max_len, tie=tie)"""
+BAD_NAMES = {"h\u043enest01": "more than one script", "new\nline": "control", "c1\x9bcontrol": "control",
+             "rlo\u202eevil": "control", "sep\u2028arator": "control", "\uff41lice": "stand for others"}
+
+
+def honest(folder: Path) -> None:
+    write(folder, "honest01", L01, answered(L01, base="solutions"))
+    write(folder, "honest01", L07, answered(L07, base="solutions"))
+    write(folder, "honest02", L01, answered(L01, dict(ex1_rms=WRONG_RMS, ex2_rmsnorm=solution_source(L01,
+                                                                                                  "ex2_rmsnorm"))))
+
+
+def attackers(folder: Path) -> dict:
+    """Write the attackers; returns student -> what its row must be."""
+    want: dict = {}
+    right = dict(ex1_rms=RIGHT_RMS)
+    write(folder, "root_probe", L01, answered(L01, right, before_first=ROOT_PROBE))
+    want["root_probe"] = ["passed", "not attempted"]
+    for student, payload in REPLIES.items():
+        write(folder, student, L01, answered(L01, right, before_first=_reply(payload)))
+        want[student] = ["failed", "failed"]
+    write(folder, "reply_of_a_deep_module", L01, answered(L01, base="solutions", before_first=DEEP_MODULE))
+    want["reply_of_a_deep_module"] = ["passed", "failed"]
+    write(folder, "reuses_decoder_lm", L07, answered(L07, dict(ex2_llama_lm=ON_DECODER_LM)))
+    want["reuses_decoder_lm"] = ["not attempted", "failed", "not attempted"]
+    write(folder, "forks_past_the_limit", L01, answered(L01, right, before_first=FORK_PAST_THE_LIMIT))
+    want["forks_past_the_limit"] = ["passed", "not attempted"]
+    many = folder / "aaa_many_files"  # sorts first
+    many.mkdir()
+    for k in range(20_000):
+        (many / f"{k:05d}.ipynb").touch()
+    sparse = folder / "aab_sparse_notebooks"
+    sparse.mkdir()
+    for k in range(200):
+        with open(sparse / f"{k:03d}.ipynb", "wb") as f:
+            f.truncate(20_000_000)  # 20 MB each, nothing on disk
+    want["aaa_many_files"] = f"more than {MAX_STUDENT_ENTRIES:,} files and folders"
+    want["aab_sparse_notebooks"] = f"more than {MAX_STUDENT_BYTES >> 20} MB of notebooks"
+    text = json.dumps(answered(L01, right)).replace('"nbformat": 4', '"nbformat": 4, "x": ' + "7" * 5000, 1)
+    write(folder, "huge_integer", L01, text.encode())
+    want["huge_integer"] = "a number of thousands of digits"
+    for name, why in BAD_NAMES.items():
+        write(folder, name, L01, answered(L01, right))
+        want[name] = why
+    write(folder / "nested_in_alice", "honest02", L01, answered(L01, right))  # a nested folder named like another
+    want["nested_in_alice"] = ["passed", "not attempted"]
+    return want
+
+
+GRADER = """import json, resource, sys
+from modern_block.classroom.grading import cgroups
+cgroups.Cgroups.open = classmethod(lambda cls: None)  # no cgroup may be made, as in Docker
+from modern_block.classroom import grade
+status = grade.main(json.loads(sys.argv[1]))
+print("@@", json.dumps({"status": status, "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10}))"""
+
+
+def run_grader(args: list[str], user: str | None = None) -> tuple[dict, str]:
+    """``python -m modern_block grade ARGS`` in a subprocess (as ``user`` where given); its status and peak memory."""
+    prefix = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] if user else []
+    done = subprocess.run([*prefix, sys.executable, "-c", GRADER, json.dumps(args)], capture_output=True, timeout=1200,
+                          cwd=ROOT, env={**os.environ, "HOME": "/tmp"})
+    out = done.stdout.decode("utf-8")
+    last = [line for line in out.splitlines() if line.startswith("@@ ")]
+    assert last, done.stderr.decode()[-3000:]
+    return json.loads(last[-1][3:]), out
+
+
+@pytest.fixture(scope="module")
+def open_base():
+    """A folder every user may read and write below: the grader may run as an unprivileged user."""
+    base = Path(tempfile.mkdtemp(prefix="attacks-"))
+    base.chmod(0o777)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def class_run(open_base):
+    if SANDBOX_PROBLEM:
+        pytest.skip(f"no sandbox here: {SANDBOX_PROBLEM}")
+    folder, alone = open_base / "class", open_base / "alone"
+    honest(folder)
+    honest(alone)
+    want = attackers(folder)
+    core_pattern = Path("/proc/sys/kernel/core_pattern").read_text()
+    outputs = [str(open_base / "grades.csv"), str(open_base / "report.json")]
+    started = time.monotonic()
+    result, stdout = run_grader([*sorted(str(p) for p in folder.iterdir()), "--reference", str(REFERENCE),
+                                 "--jobs", "2", "--timeout", str(TIMEOUT), "--csv", outputs[0], "--json-file",
+                                 outputs[1]])
+    seconds = time.monotonic() - started
+    alone_result, _ = run_grader([str(alone), "--reference", str(REFERENCE), "--jobs", "2", "--timeout",
+                                  str(TIMEOUT), "--json-file", str(open_base / "alone.json")])
+    doc = json.loads(Path(outputs[1]).read_text(encoding="utf-8"))
+    rows: dict = {}
+    for r in doc["notebooks"]:
+        rows.setdefault(r["student"], []).append(r)
+    alone_rows = {(r["student"], Path(r["notebook"]).stem): r for r in
+                  json.loads((open_base / "alone.json").read_text())["notebooks"]}
+    return {"result": result, "stdout": stdout, "rows": rows, "want": want, "alone": alone_rows, "seconds": seconds,
+            "csv": Path(outputs[0]).read_text(encoding="utf-8"), "json": Path(outputs[1]).read_text(encoding="utf-8"),
+            "core_pattern": core_pattern}
+
+
+def statuses(row) -> list[str]:
+    return [e["status"] for e in row["exercises"]]
+
+
+def _seen(row) -> dict:
+    return json.loads("\n".join(c["error"] for c in row["cells"]).split("seen: ", 1)[1].split("\\n")[0])
+
+
+@needs_sandbox
+def test_the_class_is_graded_within_the_memory_budget_and_every_row_is_there(class_run):
+    assert class_run["result"]["status"] == 1
+    assert class_run["result"]["max_rss"] < GRADER_MEMORY, class_run["result"]
+    honest_keys = set(class_run["alone"])
+    got = {(s, Path(r["notebook"]).stem) for s, rs in class_run["rows"].items() for r in rs}
+    assert honest_keys <= got and set(class_run["want"]) <= {s for s, _ in got}
+    print(f"\n[attacks] {len(got)} rows in {class_run['seconds']:.0f} s; grader peak memory "
+          f"{class_run['result']['max_rss'] / 2**20:.0f} MB (budget {GRADER_MEMORY >> 20} MB)")
+
+
+@needs_sandbox
+def test_every_honest_row_is_what_the_honest_students_alone_get(class_run):
+    for (student, lesson), alone in class_run["alone"].items():
+        (row,) = [r for r in class_run["rows"][student] if Path(r["notebook"]).stem == lesson]
+        assert statuses(row) == statuses(alone) and row["error"] == alone["error"] is None, (student, lesson)
+        assert [e["detail"].split(" by up to ")[0] for e in row["exercises"]] == \
+            [e["detail"].split(" by up to ")[0] for e in alone["exercises"]]
+    assert statuses(class_run["alone"][("honest01", L07)]) == ["passed"] * 3
+
+
+@needs_sandbox
+def test_each_attacker_gets_its_own_row_and_nothing_more(class_run):
+    rows = class_run["rows"]
+    for student, want in class_run["want"].items():
+        (row,) = rows[one_line(student)]
+        if isinstance(want, list):
+            assert row["status"] == "graded" and statuses(row) == want, (student, json.dumps(row)[:2000])
+        else:
+            assert row["status"] == "error" and want in row["error"], (student, row["error"])
+
+
+@needs_sandbox
+def test_no_cell_has_roots_powers(class_run):
+    (row,) = class_run["rows"]["root_probe"]
+    seen = _seen(row)
+    assert seen["core_pattern"] in ("PermissionError", "OSError"), seen  # /proc is read-only, the uid not 0
+    assert Path("/proc/sys/kernel/core_pattern").read_text() == class_run["core_pattern"]
+    assert {name: seen["calls"][name] for name in ROOT_DENIED} == dict.fromkeys(ROOT_DENIED, "EPERM"), seen
+    assert seen["calls"]["unshare"] == "EPERM"
+    assert seen["AF_INET"] == seen["AF_NETLINK"] == seen["AF_PACKET"] == "EAFNOSUPPORT", seen
+    assert seen["dev"] == ["fd", "null", "random", "stderr", "stdin", "stdout", "urandom", "zero"], seen
+    assert seen["/dev/shm/fill"] == "FileNotFoundError" and seen["/dev/fill"] == "OSError", seen
+    assert seen["/proc/self/oom_score_adj"] == "OSError", seen  # no knob of /proc is writable
+
+
+@needs_sandbox
+def test_a_reply_that_would_cost_the_grader_only_fails_its_exercise(class_run):
+    rows = class_run["rows"]
+    for student in REPLIES:
+        details = [e["detail"] for e in rows[student][0]["exercises"]]
+        if student == "reply_of_a_huge_int":  # read, the int left out: the check cannot use it
+            assert all("internal error" not in d and "could not use" in d for d in details), details
+            continue
+        assert all("sent a reply the grader cannot read" in d for d in details), (student, details)
+    assert "a name longer than" in rows["reply_of_a_deep_module"][0]["exercises"][1]["detail"]
+    assert "byte range" in rows["reply_claims_4_gib"][0]["exercises"][0]["detail"]
+    assert "too many values" in rows["reply_of_a_million_lists"][0]["exercises"][0]["detail"]
+
+
+@needs_sandbox
+def test_reuse_of_the_packages_base_class_does_not_pass(class_run):
+    detail = class_run["rows"]["reuses_decoder_lm"][0]["exercises"][1]["detail"]
+    assert "modern_block.DecoderLM is not available while this notebook is graded" in detail, detail
+
+
+@needs_sandbox
+def test_without_a_cgroup_the_process_limit_holds(class_run):
+    (row,) = class_run["rows"]["forks_past_the_limit"]
+    error = "\n".join(c["error"] for c in row["cells"])
+    assert "started " in error and "started all" not in error and "BlockingIOError" in error, error
+
+
+@needs_sandbox
+def test_names_are_escaped_flagged_and_never_taken_from_deeper_folders(class_run):
+    rows, text = class_run["rows"], class_run["csv"] + class_run["json"] + class_run["stdout"]
+    assert len(rows["nested_in_alice"]) == 1 and len(rows["honest02"]) == 1  # the nested one is alice's own
+    assert not {"\x9b", "\u202e", "\u2028"} & set(text)  # shown escaped everywhere
+    assert rows["h\u043enest01"][0]["status"] == "error" and rows["honest01"][0]["status"] == "graded"
+    book = list(csv.reader(io.StringIO(class_run["csv"])))
+    assert len(class_run["csv"].splitlines()) == len(book) == 1 + sum(len(r) for r in rows.values())
+    assert {"new\\nline", "c1\\x9bcontrol", "rlo\\u202eevil", "sep\\u2028arator"} <= {row[0] for row in book}
+
+
+# ---- the sandbox as root and as an ordinary user ----------------------------------------------------------
+
+UID_PROBE = """import json, sys, time
+from modern_block.classroom.grading.sandbox import Launcher
+launcher = Launcher()
+box = launcher.spawn(frozenset(), None)
+reply = box.request({"op": "exec", "source": sys.argv[1]}, time.monotonic() + 60)
+uid = int(open(f"/proc/{box.pid}/status").read().split("Uid:")[1].split()[0])
+seccomp = open(f"/proc/{box.pid}/status").read().split("Seccomp:")[1].split()[0]
+box.close()
+launcher.close()
+print("@@", json.dumps({"uid": uid, "seccomp": seccomp, "error": reply["error"]}))"""
+
+
+@needs_sandbox
+@pytest.mark.parametrize("user", ["the grader's", "an ordinary user"])
+def test_the_students_process_never_runs_as_host_root(user):
+    if user == "an ordinary user" and os.geteuid() != 0:
+        pytest.skip("the suite already runs as an ordinary user")
+    nobody = pwd.getpwnam("nobody")
+    prefix = [] if user == "the grader's" else ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
+                                                "--clear-groups"]
+    done = subprocess.run([*prefix, sys.executable, "-c", UID_PROBE, ROOT_PROBE], capture_output=True, text=True,
+                          timeout=300, cwd="/", env={**os.environ, "HOME": "/tmp"})
+    last = [line for line in done.stdout.splitlines() if line.startswith("@@ ")]
+    assert last, done.stderr[-3000:]
+    seen = json.loads(last[-1][3:])
+    expected_uid = nobody.pw_uid if prefix else (sandbox_user() or (os.getuid(), 0))[0]
+    assert seen["uid"] == expected_uid != 0 and seen["seccomp"] == "2", seen  # 2: a seccomp filter is loaded
+    inside = json.loads(seen["error"][1].split("seen: ", 1)[1])
+    assert inside["core_pattern"] in ("PermissionError", "OSError") and set(inside["calls"].values()) == {"EPERM"}, \
+        inside
+    assert inside["AF_INET"] == "EAFNOSUPPORT" and inside["/proc/self/oom_score_adj"] == "OSError", inside
