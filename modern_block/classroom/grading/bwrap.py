@@ -107,7 +107,8 @@ def bwrap_command(bwrap: str, interpreter: Interpreter, copy: str, notebook: str
                   argv: list[str], features: frozenset[str] = frozenset({"--disable-userns", "--size"}),
                   seccomp_fd: int | None = None) -> list[str]:
     """The bubblewrap command line for one sandbox (see the module's docstring)."""
-    cmd = [bwrap, *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []), "--unshare-all", "--unshare-user", *(["--disable-userns"] if "--disable-userns" in features else []),
+    cmd = [bwrap, *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []), "--unshare-all",
+           "--unshare-user", *(["--disable-userns"] if "--disable-userns" in features else []),
            "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000", "--die-with-parent", "--new-session", "--clearenv"]
     for key, value in ENV.items():
         cmd += ["--setenv", key, value]

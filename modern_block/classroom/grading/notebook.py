@@ -124,7 +124,7 @@ def read_notebook(data: bytes) -> list[Cell]:
         raise NotebookError(f"not a notebook: not valid JSON ({err.msg} at line {err.lineno})") from None
     except RecursionError:
         raise NotebookError("not a notebook: JSON nested too deeply") from None
-    except ValueError as err:  # an integer of thousands of digits (Python's int() refuses it)
+    except ValueError:  # an integer of thousands of digits (Python's int() refuses it)
         raise NotebookError("not a notebook: its JSON holds a number of thousands of digits") from None
     if not isinstance(raw, dict) or "cells" not in raw and "worksheets" not in raw:
         raise NotebookError("not a notebook: the JSON has no cells")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import keyword
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -151,7 +152,8 @@ def checked_description(module) -> dict:
     """A module's description with its shape checked before any of it is walked or built: its four parts
     of the right types, at most ``MAX_NAMES`` names in all, each at most ``MAX_NAME`` characters and
     ``MAX_PARTS`` dotted parts. Raises ValueError."""
-    parts = {k: module.get(k) for k in ("params", "buffers", "modules", "attrs")} if isinstance(module, dict) else {}
+    parts: dict[str, Any] = {k: module.get(k) for k in ("params", "buffers", "modules", "attrs")} \
+        if isinstance(module, dict) else {}
     if not (isinstance(parts.get("params"), list) and isinstance(parts.get("buffers"), list) and
             isinstance(parts.get("modules"), list) and isinstance(parts.get("attrs"), dict)):
         raise ValueError("a malformed module description")

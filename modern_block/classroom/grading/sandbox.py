@@ -12,7 +12,7 @@
           --info-fd N -- /bin/sh -c 'printf x > /proc/self/fd/M && exec sleep 2147483647'
 
 Never root: started as root, the grader starts bubblewrap and the zygote as an unprivileged user (the
-system user ``modern-block-sandbox`` where the instructor made one, else ``nobody``; ``sandbox_user``), so the
+system user ``modern-block-sandbox`` where the instructor made one, else ``nobody``: ``sandbox_user``), so the
 user namespace maps the submission's uid to that user, never to uid 0; started as anyone else, as itself. New
 user, mount, pid, network, IPC and UTS namespaces: the submission sees only what is listed (no solutions,
 no reference, no other submission, no home folder), reaches no network, signals and traces only its own
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import select
 import shutil
 import signal
@@ -63,13 +62,13 @@ from .bwrap import (
     installed_packages,
 )
 from .cgroups import Cgroups, Group
+from .sandbox_user import sandbox_user, user_processes
 
 STARTUP_TIMEOUT = 180.0  # seconds for the zygote to import torch, or a sandbox to start, on a busy machine
 INTERPRETER_BYTES = 1 << 30  # memory of the loaded interpreter (torch, IPython), on top of --memory-mb
 PROCESSES = 128  # processes and threads of one sandbox (with a cgroup)
 EXTRA_PROCESSES = 64  # without a cgroup: processes a submission may add to its user's count
 UNSAFE_FLAG = "--no-sandbox-i-trust-these-notebooks"
-SANDBOX_USER = "modern-block-sandbox"  # the dedicated unprivileged user submissions run as under a root grader
 _PROBE = "import sys; sys.exit(0 if sys.path else 1)"
 
 
@@ -91,33 +90,6 @@ class Limits:
     memory_mb: int = 2048  # memory a submission may use on top of the loaded interpreter
     cpu_seconds: int = 630  # CPU time of each of its processes (a backstop: the grader's clocks act first)
     sandbox: bool = True  # False: plain processes, no isolation (--no-sandbox-i-trust-these-notebooks)
-
-
-def sandbox_user() -> tuple[int, int] | None:
-    """(uid, gid) the sandboxes run as when the grader runs as root: ``$MODERN_BLOCK_SANDBOX_USER``, else the
-    user ``modern-block-sandbox``, else ``nobody``. None when the grader is not root (they run as its user)."""
-    if os.geteuid() != 0:
-        return None
-    for name in (os.environ.get("MODERN_BLOCK_SANDBOX_USER"), SANDBOX_USER, "nobody"):
-        try:
-            entry = pwd.getpwnam(name) if name else None
-        except KeyError:
-            continue
-        if entry is not None and entry.pw_uid != 0 and entry.pw_gid != 0:
-            return entry.pw_uid, entry.pw_gid
-    raise SandboxError("the grader runs as root and found no unprivileged user to run the submissions as: create "
-                       f"one (useradd --system {SANDBOX_USER}) or name one in MODERN_BLOCK_SANDBOX_USER")
-
-
-def _user_processes(uid: int) -> int:
-    count = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                count += os.stat(f"/proc/{entry}").st_uid == uid
-            except OSError:
-                pass
-    return count
 
 
 class Sandbox:
@@ -268,7 +240,10 @@ class Launcher:
         self.count = 0
         self.started = False  # a sandbox has started: later failures are the submission's, not the setup's
         self.run_dir = Path(tempfile.mkdtemp(prefix="modern-block-grade-"))
-        self.user = sandbox_user() if limits.sandbox else None
+        try:
+            self.user = sandbox_user() if limits.sandbox else None
+        except LookupError as err:
+            raise SandboxError(str(err)) from None
         self.uid = self.user[0] if self.user else os.getuid()
         self.as_user: dict = {}  # Popen's arguments that start a process as that user
         if self.user is not None:
@@ -451,7 +426,7 @@ class Launcher:
         try:
             spec = {"sandbox": self.bwrap is not None, "memory_mb": self.limits.memory_mb,
                     "cpu_seconds": self.limits.cpu_seconds, "cgroup": group.procs_files if group else [],
-                    "processes": None if group else _user_processes(self.uid) + EXTRA_PROCESSES}
+                    "processes": None if group else user_processes(self.uid) + EXTRA_PROCESSES}
             if self.bwrap:
                 holder, spec["pid"] = self._holder(number, copy, notebook, files)
                 spec.update(path=[COPY_MOUNT, *self.interpreter.path], workdir="/tmp", env=ENV)

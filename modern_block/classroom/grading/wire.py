@@ -70,7 +70,8 @@ def encode(message) -> bytes:
     blobs, offset = [], 0
     for i, t in enumerate(tensors):
         blob = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[str(i)] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        header[str(i)] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape),
+                          "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header, separators=(",", ":")).encode()
