@@ -15,12 +15,15 @@
 # /proc from being mounted); each submission is then sandboxed by bubblewrap, and the container bounds the whole
 # run. Docker's /sys/fs/cgroup is read-only, so inside it the grader limits every process of a submission and
 # relies on the pid namespace (it says so: "limits on every process plus the sandbox's pid namespace").
+# The grader starts as root in the container and runs every submission as the system user modern-block-sandbox
+# (made below; never uid 0), under its own seccomp filter (libseccomp through pyseccomp). docs/sandbox.md says
+# what the sandbox promises and where it stops.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 MPLBACKEND=Agg MPLCONFIGDIR=/tmp/matplotlib
 
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends bubblewrap \
-    && rm -rf /var/lib/apt/lists/*
+    libseccomp2 && rm -rf /var/lib/apt/lists/* && useradd --system --no-create-home modern-block-sandbox
 
 # CPU PyTorch first (the CPU wheel index keeps the image small), then the course package, installed as a
 # package (not editable) so that no checkout, and no solution notebook, is in the image; the sandboxes see

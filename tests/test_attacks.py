@@ -67,6 +67,14 @@ try:
     seen["core_pattern"] = "written"
 except OSError as err:
     seen["core_pattern"] = type(err).__name__
+seen["writable"] = []  # every file under /proc/sys, opened for writing
+for top, _, names in os.walk("/proc/sys"):
+    for name in names:
+        try:
+            os.close(os.open(os.path.join(top, name), os.O_WRONLY))
+            seen["writable"].append(os.path.join(top, name))
+        except OSError:
+            pass
 libc = ctypes.CDLL(None, use_errno=True)
 numbers = {"io_uring_setup": 425, "keyctl": 250, "add_key": 248, "request_key": 249, "ptrace": 101, "mount": 165,
            "umount2": 166, "pivot_root": 155, "setns": 308, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
@@ -284,6 +292,7 @@ def test_no_cell_has_roots_powers(class_run):
     (row,) = class_run["rows"]["root_probe"]
     seen = _seen(row)
     assert seen["core_pattern"] in ("PermissionError", "OSError"), seen  # /proc is read-only, the uid not 0
+    assert seen["writable"] == [], seen
     assert Path("/proc/sys/kernel/core_pattern").read_text() == class_run["core_pattern"]
     assert {name: seen["calls"][name] for name in ROOT_DENIED} == dict.fromkeys(ROOT_DENIED, "EPERM"), seen
     assert seen["calls"]["unshare"] == "EPERM"
@@ -363,4 +372,5 @@ def test_the_students_process_never_runs_as_host_root(user):
     inside = json.loads(seen["error"][1].split("seen: ", 1)[1])
     assert inside["core_pattern"] in ("PermissionError", "OSError") and set(inside["calls"].values()) == {"EPERM"}, \
         inside
+    assert inside["writable"] == [], inside
     assert inside["AF_INET"] == "EAFNOSUPPORT" and inside["/proc/self/oom_score_adj"] == "OSError", inside
