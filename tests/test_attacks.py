@@ -60,6 +60,7 @@ SANDBOX_PROBLEM = _sandbox_problem()
 needs_sandbox = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
 
 ROOT_PROBE = """import ctypes, errno, json, os, socket
+print("forged\\u2028line \\x9b31m \\u202eright-to-left")  # kept as the cell's output: escaped in every report
 seen = {}
 try:
     with open("/proc/sys/kernel/core_pattern", "w") as f:
@@ -334,6 +335,7 @@ def test_names_are_escaped_flagged_and_never_taken_from_deeper_folders(class_run
     rows, text = class_run["rows"], class_run["csv"] + class_run["json"] + class_run["stdout"]
     assert len(rows["nested_in_alice"]) == 1 and len(rows["honest02"]) == 1  # the nested one is alice's own
     assert not {"\x9b", "\u202e", "\u2028"} & set(text)  # shown escaped everywhere
+    assert "forged\\u2028line \\x9b31m \\u202eright" in rows["root_probe"][0]["cells"][0]["output"]  # a cell's output
     assert rows["h\u043enest01"][0]["status"] == "error" and rows["honest01"][0]["status"] == "graded"
     book = list(csv.reader(io.StringIO(class_run["csv"])))
     assert len(class_run["csv"].splitlines()) == len(book) == 1 + sum(len(r) for r in rows.values())

@@ -32,7 +32,7 @@ from .notebook import (
     reference_from,
 )
 from .remote import MISSING, Link
-from .report import FAILED, NOT_ATTEMPTED, PASSED, Exercise, Report, one_line
+from .report import FAILED, NOT_ATTEMPTED, PASSED, Exercise, Report, one_line, printable
 from .sandbox import Launcher, Sandbox, SandboxLost
 
 MAX_RESTARTS = 6
@@ -134,7 +134,7 @@ class _Run:
         if isinstance(error, list) and len(error) == 2:
             text = one_line(f"{error[0]}: {error[1]}")[:3000]
             self.errors[cell.index] = text
-            self.record(cell.index, text, str(reply.get("output", ""))[:5000])
+            self.record(cell.index, text, printable(str(reply.get("output", ""))[:5000]))
 
     def close(self) -> None:
         if self.box is not None:
