@@ -164,6 +164,10 @@ def attackers(folder: Path) -> dict:
     for student, payload in REPLIES.items():
         write(folder, student, L01, answered(L01, right, before_first=_reply(payload)))
         want[student] = ["failed", "failed"]
+    for student in ("reply_at_the_limits_a", "reply_at_the_limits_b"):  # 92 MB each, graded side by side
+        big = "def rms(x, eps=1e-6):\n    return torch.zeros(23_000_000)"
+        write(folder, student, L01, answered(L01, dict(ex1_rms=big)))
+        want[student] = ["failed", "not attempted"]
     write(folder, "reply_of_a_deep_module", L01, answered(L01, base="solutions", before_first=DEEP_MODULE))
     want["reply_of_a_deep_module"] = ["passed", "failed"]
     write(folder, "reuses_decoder_lm", L07, answered(L07, dict(ex2_llama_lm=ON_DECODER_LM)))
