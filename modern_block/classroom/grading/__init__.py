@@ -2,12 +2,13 @@
 
 The grade is decided in the grader's process, which never runs a line of student code:
 
-* ``files``: the class folder, read without following links or blocking; the outputs, written atomically;
+* ``files``: the class folder, looked at lazily and bounded per student, each notebook read when it is graded,
+  without following links or blocking; the outputs, written atomically;
 * ``notebook``: read and validate notebooks, find the exercises of the reference (the notebook handed out)
   and the cells of a submission that answer them (no regular expression can take long on student text);
-* ``sandbox``, ``bwrap``, ``cgroups``, ``zygote``, ``seccomp_filter``: each submission's process in a bubblewrap
-  sandbox of its own (an unprivileged uid; new user, mount, pid, network and IPC namespaces; a seccomp filter;
-  memory, processes and CPU bounded for the whole sandbox);
+* ``sandbox``, ``bwrap``, ``cgroups``, ``zygote``, ``seccomp_filter``, ``sandbox_user``: each submission's
+  process in a bubblewrap sandbox of its own (never host uid 0; new user, mount, pid, network and IPC namespaces;
+  a seccomp filter; memory, processes and CPU bounded for the whole sandbox; docs/sandbox.md);
 * ``package_copy``: the package as a submission sees it, without the code of the pieces the exercises ask for;
 * ``runner``: what that process runs: it executes the submission's cells and answers calls;
 * ``wire``: the messages between the two: length-prefixed safetensors buffers with the message as JSON in
