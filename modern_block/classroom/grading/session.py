@@ -178,9 +178,9 @@ def check_exercise(run: _Run, ex: RefExercise, result: Exercise, plan: Plan, sec
                 getattr(checks, call.check)(*args, **kwargs)
         result.status, result.detail = PASSED, ""
     except checks.NotAttempted as err:
-        result.status, result.detail = NOT_ATTEMPTED, str(err)
+        result.status, result.detail = NOT_ATTEMPTED, printable(str(err))  # may quote what the student returned
     except checks.CheckFailed as err:
-        result.status, result.detail = FAILED, str(err)
+        result.status, result.detail = FAILED, printable(str(err))
     except SandboxLost as lost:
         if time.monotonic() >= run.deadline:
             raise _OutOfTime() from None
