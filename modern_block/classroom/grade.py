@@ -51,6 +51,7 @@ from .grading.report import (
     NOT_ATTEMPTED,
     PASSED,
     Report,
+    clean_strings,
     format_report,
     gradebook,
     gradebook_rows,
@@ -337,11 +338,11 @@ def _students(reports: list[Report]) -> list[dict]:
 
 def _document(reports: list[Report], merge: book.Merge | None = None) -> dict:
     doc = {"notebooks": [r.to_dict() for r in reports], "all_passed": all(r.all_passed for r in reports),
-           "students": _students(reports),
+           "students": clean_strings(_students(reports)),
            "summary": {"notebooks": len(reports), "errors": sum(r.error is not None for r in reports),
                        "all_passed": sum(r.all_passed for r in reports)}}
     if merge is not None:
-        doc["gradebook"] = merge.to_dict()
+        doc["gradebook"] = clean_strings(merge.to_dict())
     return doc
 
 
