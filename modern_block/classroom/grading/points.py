@@ -90,9 +90,9 @@ def score(report: Report, scheme: Scheme) -> None:
     for e in report.exercises:
         weights = scheme.weights.get(e.number) or [DEFAULT_POINTS] * max(1, len(e.checks))
         e.id = scheme.ids.get(e.number, f"ex{e.number}")
-        e.max_points = round(sum(weights), 4)
+        e.max_points = float(round(sum(weights), 4))
         earned = range(len(weights)) if e.status == "passed" else e.passed_checks
-        e.points = round(sum(weights[i] for i in earned if 0 <= i < len(weights)), 4)
+        e.points = float(round(sum(weights[i] for i in earned if 0 <= i < len(weights)), 4))
 
 
 @dataclass
