@@ -5,7 +5,6 @@ then one student regraded into the same gradebook without losing a row; then a s
 notebook where no sandbox can start."""
 
 import csv
-import io
 import json
 import os
 import shutil
@@ -120,7 +119,8 @@ def test_every_notebook_gets_its_grade_rows_named_by_folder(term):
 
 def test_points_add_up_from_the_long_gradebook_to_the_export(term):
     book, wide = term["book"], term["wide"]
-    assert len(term["expected"]) == 13 and len(book) == sum(len(v) for v in term["expected"].values())  # one row per student and exercise
+    # one row per student and exercise
+    assert len(term["expected"]) == 13 and len(book) == sum(len(v) for v in term["expected"].values())
     for (student, lesson), want in term["expected"].items():
         rows = [r for r in book if r["student"] == student and r["lesson"] == lesson]
         assert [r["result"] for r in rows] == want

@@ -55,9 +55,9 @@ def test_a_diagnosis_cannot_close_its_fence_or_inject_html():
     assert feedback.md("<b>x</b> | *y* a_b _c") == "\\<b\\>x\\</b\\> \\| \\*y\\* a_b \\_c"
 
 
-@pytest.mark.parametrize("name, expected_start", [("ada", "ada"), ("Hank Lee", "Hank Lee"), ("../../etc", "_.._etc-"),
-                                                  ("a/b", "a_b-"), (".hidden", "hidden-"), ("CON", "CON-"),
-                                                  ("", "_-"), ("x" * 300, "x" * 80 + "-"), ("bad\udcffname", "bad_name-")])
+@pytest.mark.parametrize("name, expected_start", [
+    ("ada", "ada"), ("Hank Lee", "Hank Lee"), ("../../etc", "_.._etc-"), ("a/b", "a_b-"), (".hidden", "hidden-"),
+    ("CON", "CON-"), ("", "_-"), ("x" * 300, "x" * 80 + "-"), ("bad\udcffname", "bad_name-")])
 def test_names_are_safe_and_distinct(name, expected_start):
     safe = feedback.safe_name(name)
     assert safe.startswith(expected_start) and "/" not in safe and not safe.startswith(".") and len(safe) <= 89

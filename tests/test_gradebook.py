@@ -66,7 +66,8 @@ def test_a_regrade_that_errors_replaces_the_rows_with_error_rows():
     assert merged.replaced[0][2][-1].startswith("ex2_01_rmsnorm: no longer graded")
 
 
-@pytest.mark.parametrize("text", ["", "an old gradebook", "student,notebook,reference,status,passed\nada,x,y,graded,2\n",
+@pytest.mark.parametrize("text", ["", "an old gradebook",
+                                  "student,notebook,reference,status,passed\nada,x,y,graded,2\n",
                                   ",".join(COLUMNS) + "\nada,too,few\n"])
 def test_a_file_that_is_not_a_gradebook_is_refused(text):
     with pytest.raises(book.GradebookError, match="--overwrite-gradebook"):

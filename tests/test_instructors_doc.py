@@ -148,7 +148,7 @@ def test_the_walk_through_runs_as_written(tmp_path):
 
 def test_every_command_in_the_doc_names_an_option_the_grader_has():
     options = {a for action in grade._parser()._actions for a in action.option_strings}
-    for commands, status in blocks():
+    for commands, _ in blocks():
         for command in commands.replace("\\\n", " ").split("\n"):
             words = shlex.split(command, comments=True) if command.strip() else []
             if words[:4] == ["python", "-m", "modern_block", "grade"]:

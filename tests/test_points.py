@@ -36,7 +36,8 @@ def weighted_lesson01():
 def test_every_course_lesson_has_ids_and_points_from_its_metadata():
     for path in sorted((ROOT / "exercises").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
-        answers = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+        answers = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+                   if c.metadata.get("nbgrader", {}).get("solution")]
         scheme = _scheme(nb)
         assert list(scheme.ids.values()) == answers, path.name  # the answer cells' grade_ids, in order
         assert all(w == [1.0] for w in scheme.weights.values()), path.name
