@@ -87,6 +87,12 @@ def test_nbgrader_releases_and_autogrades_lesson_01(nbgrader_env, tmp_path):
     assert [(r.student, [e.status for e in r.exercises]) for r in reports] == [
         ("alice", ["passed", "passed"]), ("carol", ["failed", "not attempted"])]  # ... the course's grader not
 
+    # a student's self-check in nbgrader: validate runs the notebook in the student's own kernel
+    validate = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(course / "release" / "lesson01" /
+                                                                                "01_rmsnorm.ipynb")],
+                              cwd=course, env=nbgrader_env, capture_output=True, text=True, timeout=600)
+    assert "VALIDATION FAILED ON 2 CELL(S)" in validate.stdout + validate.stderr
+
     # the rest of an instructor's term in nbgrader, for the comparison in docs/instructors.md: feedback files,
     # a one-student regrade, the export
     nbgrader(nbgrader_env, course, "generate_feedback", "lesson01")
