@@ -92,3 +92,11 @@ def test_two_notebooks_of_one_lesson_keep_the_higher_score():
     chosen, notes = book.pick([first, renamed, CLASS[0]])
     assert chosen == [renamed, CLASS[0]]
     assert "hank handed in two notebooks of 03_rope" in notes[0] and "Copy of 03_rope (1).ipynb (3/3)" in notes[0]
+
+
+def test_a_notebook_stopped_at_its_time_limit_keeps_what_was_graded():
+    stopped = report("dee", "01_rmsnorm", ["passed", "not graded"], error="the notebook ran past its time limit")
+    rows = gradebook_rows([stopped])
+    assert [(r[5], r[3], r[8], r[9], r[11]) for r in rows] == [
+        ("ex1_01_rmsnorm", "error", "passed", "1", ""),
+        ("ex2_01_rmsnorm", "error", "error", "0", "error: the notebook ran past its time limit")]

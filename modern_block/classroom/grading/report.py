@@ -252,14 +252,15 @@ COLUMNS = ("student", "notebook", "reference", "status", "lesson", "exercise", "
 
 
 def gradebook_rows(reports: list[Report], graded_at: str = "") -> list[list[str]]:
-    """The long gradebook's rows (``COLUMNS``), escaped as written: one per student and exercise; a notebook
-    that could not be graded gets one row per exercise of its lesson (``result`` error, 0 points), or one row
-    without an exercise when its lesson is unknown."""
+    """The long gradebook's rows (``COLUMNS``), escaped as written: one per student and exercise. A notebook
+    that could not be graded gets one row without an exercise (``result`` error, 0 points); one stopped on the
+    way (its time limit) keeps the exercises graded before, the others are ``error`` with the reason."""
     rows = []
     for r in reports:
         error = f"error: {one_line(r.error)}" if r.error else ""
-        items = [(e.id or f"ex{e.number}", str(e.number), e.title, ERROR if r.error and e.status == NOT_GRADED
-                  else e.status, number_text(e.points), number_text(e.max_points), error or e.detail)
+        stopped = {e.number for e in r.exercises if r.error and e.status == NOT_GRADED}
+        items = [(e.id or f"ex{e.number}", str(e.number), e.title, ERROR if e.number in stopped else e.status,
+                  number_text(e.points), number_text(e.max_points), error if e.number in stopped else e.detail)
                  for e in r.exercises] or [("", "", "", ERROR, "0", "0", error)]
         for exercise, number, title, result, points, maximum, detail in items:
             row = [r.student, r.notebook, r.reference, r.status, r.lesson, exercise, number, title, result, points,
