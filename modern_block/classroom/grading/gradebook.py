@@ -17,10 +17,9 @@ import csv
 import io
 from dataclasses import dataclass, field
 
-from .report import COLUMNS, ERROR, Report, number_text, one_line, percent, render_csv
+from .report import COLUMNS, Report, number_text, one_line, percent, render_csv
 
-STUDENT, NOTEBOOK, STATUS, LESSON, EXERCISE = (COLUMNS.index(c) for c in
-                                               ("student", "notebook", "status", "lesson", "exercise"))
+STUDENT, NOTEBOOK, LESSON, EXERCISE = (COLUMNS.index(c) for c in ("student", "notebook", "lesson", "exercise"))
 RESULT, POINTS, MAX_POINTS = (COLUMNS.index(c) for c in ("result", "points", "max_points"))
 
 
@@ -158,7 +157,3 @@ def wide(rows: list[list[str]]) -> str:
         out.append([student, *["" if s is None else number_text(s) for s in scores], number_text(total),
                     number_text(course_max), f"{percent(total, course_max):g}"])
     return render_csv(["student", *lessons, "total", "max", "percent"], out)
-
-
-def error_rows(rows: list[list[str]]) -> int:
-    return sum(r[RESULT] == ERROR for r in rows)

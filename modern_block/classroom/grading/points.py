@@ -17,7 +17,7 @@ from .notebook import Cell, Reference, calls_a_check, parse_check_cell, read_not
 from .report import Report
 
 DEFAULT_POINTS = 1.0
-MAX_POINTS = 1000.0  # a cell worth more is a typing slip, not a weight: refused
+MAX_POINTS = 1000.0  # a cell worth more is a typing slip, not a weight: it counts DEFAULT_POINTS
 
 
 @dataclass
@@ -26,6 +26,19 @@ class Scheme:
 
     ids: dict[int, str] = field(default_factory=dict)
     weights: dict[int, list[float]] = field(default_factory=dict)
+
+
+@dataclass
+class ScoredReference(Reference):
+    """A reference with the points of its exercises (what ``grade.load_reference`` returns)."""
+
+    scheme: Scheme = field(default_factory=Scheme)
+
+
+def scored(reference: Reference, data: bytes) -> ScoredReference:
+    """``reference`` with the points its notebook file (``data``) gives its exercises."""
+    return ScoredReference(reference.name, reference.exercises, reference.generated_from, reference.unchecked,
+                           scheme_of(data, reference))
 
 
 def _nbgrader(raw_cells: list, index: int) -> dict:
@@ -93,16 +106,3 @@ def score(report: Report, scheme: Scheme) -> None:
         e.max_points = float(round(sum(weights), 4))
         earned = range(len(weights)) if e.status == "passed" else e.passed_checks
         e.points = float(round(sum(weights[i] for i in earned if 0 <= i < len(weights)), 4))
-
-
-@dataclass
-class ScoredReference(Reference):
-    """A reference with the points of its exercises (what ``grade.load_reference`` returns)."""
-
-    scheme: Scheme = field(default_factory=Scheme)
-
-
-def scored(reference: Reference, data: bytes) -> ScoredReference:
-    return ScoredReference(reference.name, reference.exercises, reference.generated_from, reference.unchecked,
-                           scheme_of(data, reference))
-
