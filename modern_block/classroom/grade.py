@@ -200,7 +200,7 @@ def grade_all(submissions: list[Submission], refs: dict[str, Reference] | None, 
             if refs is None and ref is not None:
                 report.notes.append(f"no --reference: graded with the check cells of the course's {ref.name}")
             elif refs and len(refs) > 1 and ref is not None and os.path.basename(sub.path) != ref.name:
-                report.notes.append(f"graded as {ref.name}: the lesson its metadata or its check cells name")
+                report.notes.append(f"graded as {ref.name}, the lesson its metadata, check cells or number name")
             return _finish(report, sub, ref)
         except SandboxError:
             raise
