@@ -451,14 +451,19 @@ def test_the_gradebook_has_one_safe_row_per_submission(class_run):
     import io
 
     book = list(csv.reader(io.StringIO(class_run["csv"])))
-    assert book[0][:4] == ["student", "notebook", "reference", "status"]
-    assert len(book) - 1 == len(class_run["rows"])
+    assert book[0][:6] == ["student", "notebook", "reference", "status", "lesson", "exercise"]
+    # one row per student and exercise; a notebook that could not be graded: one row per exercise of its
+    # lesson where the reference is known, else one row
+    assert len(book) - 1 == sum(len(r["exercises"]) or 1 for r in class_run["rows"].values())
+    assert len({row[1] for row in book[1:]}) == len(class_run["rows"])  # every notebook has its rows
     for row in book[1:]:
         assert not any(cell.startswith(("=", "+", "-", "@")) for cell in row), row
     students = {row[0] for row in book[1:]}
     assert {"'=HYPERLINK(\"x\",\"grade\")", "'@SUM(A1)", "'-1+1", "bad\\udcffname"} <= students
-    honest = next(row for row in book[1:] if row[0] == "honest_right" and row[1].endswith("01_rmsnorm.ipynb"))
-    assert honest[3:8] == ["graded", "2", "0", "0", "2"]
+    honest = [row for row in book[1:] if row[0] == "honest_right" and row[1].endswith("01_rmsnorm.ipynb")]
+    assert [row[3:11] for row in honest] == [
+        ["graded", "01_rmsnorm", "ex1_rms", "1", "the root mean square", "passed", "1", "1"],
+        ["graded", "01_rmsnorm", "ex2_rmsnorm", "2", "an RMSNorm layer", "passed", "1", "1"]]
 
 
 # ---- one at a time: no reference, planted outputs, a full or read-only disk ----------------------------------
@@ -535,8 +540,10 @@ def test_the_outputs_are_replaced_whole(tmp_path, capsys):
     csv_path, json_path = tmp_path / "grades.csv", tmp_path / "report.json"
     csv_path.write_text("an old gradebook")
     solution = str(ROOT / "solutions" / "01_rmsnorm.ipynb")
-    assert grade.main([solution, "--reference", str(REFERENCE), "--csv", str(csv_path), "--json-file",
-                       str(json_path)]) == 0
+    argv = [solution, "--reference", str(REFERENCE), "--csv", str(csv_path), "--json-file", str(json_path)]
+    assert grade.main(argv) == 2  # not a gradebook: merging into it would lose it, so it is refused before grading
+    assert "--overwrite-gradebook" in capsys.readouterr().err and csv_path.read_text() == "an old gradebook"
+    assert grade.main(argv + ["--overwrite-gradebook"]) == 0
     assert csv_path.read_text().startswith("student,") and json.loads(json_path.read_text())["all_passed"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grades.csv", "report.json"]
 

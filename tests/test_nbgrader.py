@@ -7,6 +7,7 @@ student's kernel, so a submission that replaces the check function scores there,
 ``python -m modern_block grade`` refuses it.
 """
 
+import csv
 import hashlib
 import os
 import shutil
@@ -85,6 +86,28 @@ def test_nbgrader_releases_and_autogrades_lesson_01(nbgrader_env, tmp_path):
                               grade.load_reference(ROOT / "exercises" / "01_rmsnorm.ipynb"))
     assert [(r.student, [e.status for e in r.exercises]) for r in reports] == [
         ("alice", ["passed", "passed"]), ("carol", ["failed", "not attempted"])]  # ... the course's grader not
+
+    # a student's self-check in nbgrader: validate runs the notebook in the student's own kernel
+    validate = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(course / "release" / "lesson01" /
+                                                                                "01_rmsnorm.ipynb")],
+                              cwd=course, env=nbgrader_env, capture_output=True, text=True, timeout=600)
+    assert "VALIDATION FAILED ON 2 CELL(S)" in validate.stdout + validate.stderr
+
+    # the rest of an instructor's term in nbgrader, for the comparison in docs/instructors.md: feedback files,
+    # a one-student regrade, the export
+    nbgrader(nbgrader_env, course, "generate_feedback", "lesson01")
+    feedback = sorted(p.relative_to(course / "feedback").as_posix() for p in (course / "feedback").rglob("*.html"))
+    assert feedback == ["alice/lesson01/01_rmsnorm.html", "carol/lesson01/01_rmsnorm.html"]
+    nbformat.write(answered("01_rmsnorm", base="solutions"), course / "submitted" / "carol" / "lesson01" /
+                   "01_rmsnorm.ipynb")
+    nbgrader(nbgrader_env, course, "autograde", "lesson01", "--student", "carol")
+    export = subprocess.run([sys.executable, "-m", "nbgrader", "export"], cwd=course, env=nbgrader_env,
+                            capture_output=True, text=True, timeout=600)
+    assert export.returncode == 0, export.stderr[-2000:]
+    with open(course / "grades.csv", newline="") as f:
+        rows = {r["student_id"]: r for r in csv.DictReader(f)}  # one row per student and assignment
+    assert {s: (float(r["score"]), float(r["max_score"])) for s, r in rows.items()} == {
+        "alice": (2.0, 2.0), "carol": (2.0, 2.0)}  # the regrade replaced carol's score, alice's stayed
 
 
 def test_the_exercise_notebooks_carry_nbgraders_cell_metadata():

@@ -152,10 +152,10 @@ def build(root: Path | None = None, check: bool = False) -> list[str]:
         current = dst.read_text(encoding="utf-8") if dst.exists() else None
         if current == text:
             continue
-        if current is None:
-            changes.append(f"{dst_rel}: missing (from {src_rel})")
+        if current is None:  # --check lists what is missing; a build says what it writes
+            changes.append(f"{dst_rel}: {'missing' if check else 'written, new'} (from {src_rel})")
         elif _content(current) != _content(text):
-            changes.append(f"{dst_rel}: out of date (from {src_rel})")
+            changes.append(f"{dst_rel}: {'out of date' if check else 'rewritten, was out of date'} (from {src_rel})")
         elif check:  # same notebook, other JSON formatting (another nbformat version wrote it): not stale
             continue
         if not check:

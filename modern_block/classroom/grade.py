@@ -1,14 +1,18 @@
 """Grade exercise notebooks, a whole class at once, outside the students' code.
 
     python -m modern_block grade SUBMISSIONS [SUBMISSIONS ...] --reference REF [--jobs N] [--csv FILE]
-        [--json] [--json-file FILE] [--timeout S] [--notebook-timeout S] [--memory-mb M] [--kernel NAME]
-        [--no-sandbox-i-trust-these-notebooks]
+        [--overwrite-gradebook] [--wide FILE] [--feedback DIR] [--json] [--json-file FILE] [--timeout S]
+        [--notebook-timeout S] [--memory-mb M] [--kernel NAME] [--self] [--no-sandbox-i-trust-these-notebooks]
 
 SUBMISSIONS are notebooks or folders (searched for ``*.ipynb``; ``folder/alice/01_rmsnorm.ipynb`` is
-student ``alice``). REF is the notebook handed out (``exercises/NN_*.ipynb``), or a folder of them
-matched by file name. Each exercise is reported as passed, failed (with the check's diagnosis) or not
-attempted; a submission that cannot be graded (not a notebook, a link, another lesson, endless, hostile)
-gets a row ``error: <reason>`` and nothing else changes.
+student ``alice``, and so is ``alice/Copy of 01_rmsnorm (1).ipynb`` named on its own: rows are named by the
+student's folder). REF is the notebook handed out (``exercises/NN_*.ipynb``), or a folder of them matched by
+file name, else by the lesson the notebook's metadata names, else by lesson number. Each exercise is reported
+as passed, failed (with the check's diagnosis) or not attempted, with its points (``grading.points``); a
+submission that cannot be graded (not a notebook, a link, another lesson, endless, hostile) gets a row
+``error: <reason>`` and nothing else changes. ``--csv`` merges into an existing gradebook
+(``grading.gradebook``), ``--wide`` exports one row per student, ``--feedback`` writes a file per student
+and notebook (``grading.feedback``).
 
 How: every submission runs in a bubblewrap sandbox of its own (``grading.sandbox``) that sees the interpreter,
 a copy of the course package without the pieces the exercises ask for, its own notebook and a private tmpfs;
@@ -33,13 +37,27 @@ import shutil
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 
 from .exercises import default_root
+from .grading import feedback, points
+from .grading import gradebook as book
 from .grading.files import CollectionError, OutputError, Submission, read_regular, refuse_target, write_atomic
 from .grading.files import collect as _collect_files
 from .grading.notebook import BadReference, NotebookError, Reference, read_notebook, reference_from
-from .grading.report import FAILED, NOT_ATTEMPTED, PASSED, Report, format_report, gradebook, one_line
+from .grading.report import (
+    FAILED,
+    NOT_ATTEMPTED,
+    PASSED,
+    Report,
+    clean_strings,
+    format_report,
+    gradebook,
+    gradebook_rows,
+    one_line,
+    short_traceback,
+)
 from .grading.sandbox import UNSAFE_FLAG, Launcher, Limits, SandboxError
 from .grading.session import Options, grade_submission
 
@@ -54,7 +72,8 @@ class UsageError(Exception):
 def collect(paths, exclude=()) -> list[Submission]:
     """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``, ``exclude`` left
     out of the search), each read when it is graded; links, special files and over-large student folders
-    get error rows."""
+    get error rows. A notebook named on its own is its folder's student (``Hank Lee/Copy of 03_rope (1).ipynb``:
+    ``Hank Lee``)."""
     try:
         return _collect_files(paths, exclude)
     except FileNotFoundError as err:
@@ -69,13 +88,13 @@ def load_reference(path) -> dict[str, Reference]:
     files = sorted(path.glob("*.ipynb")) if path.is_dir() else [path]
     if not files or not all(f.is_file() for f in files):
         raise UsageError(f"--reference: no such notebook or folder of notebooks: {path}")
-    refs = {}
+    refs: dict[str, Reference] = {}
     for f in files:
         data, error = read_regular(os.path.realpath(f))  # the instructor's own: links followed
         try:
             if error or data is None:
                 raise NotebookError(error or "no data")
-            refs[f.name] = reference_from(read_notebook(data), f.name)
+            refs[f.name] = points.scored(reference_from(read_notebook(data), f.name), data)
         except (NotebookError, BadReference) as err:
             raise UsageError(f"--reference {f}: {err}") from None
     return refs
@@ -114,6 +133,18 @@ def _reference_for(sub: Submission, data: bytes | None,
     name = os.path.basename(sub.path)
     if name in refs:
         return refs[name], None
+    try:  # a renamed file (``Copy of 03_rope (1).ipynb``): the lesson its metadata names, else its check cells'
+        cells = read_notebook(sub.data or b"")
+    except NotebookError:
+        cells = []
+    generated = (cells[0].generated_from or "").rsplit("/", 1)[-1] if cells else ""
+    if generated in refs:
+        return refs[generated], None
+    code = "\n".join(c.source for c in cells if c.kind == "code")
+    found = {n: sum(f"{call.check}(" in code for e in r.exercises for call in e.calls) for n, r in refs.items()}
+    best = max(found.values(), default=0)
+    if best and list(found.values()).count(best) == 1:
+        return refs[max(found, key=lambda n: found[n])], None
     same_lesson = [r for n, r in refs.items() if n[:3] == name[:3] and name[:2].isdigit()]
     if len(same_lesson) == 1:
         return same_lesson[0], None
@@ -134,6 +165,23 @@ def launcher_for(python: str | None, limits: Limits) -> Launcher:
         return _LAUNCHERS[key]
 
 
+def _finish(report: Report, sub: Submission, ref: Reference | None) -> Report:
+    """The report's lesson, points and short tracebacks (the student's own frames)."""
+    scheme = ref.scheme if isinstance(ref, points.ScoredReference) else points.default_scheme(report)
+    points.score(report, scheme)
+    if ref is not None:
+        report.lesson = os.path.splitext(os.path.basename(ref.name))[0]
+    elif report.exercises:  # its own check cells: the lesson it was generated from, else its file
+        try:
+            generated = read_notebook(sub.data or b"")[0].generated_from
+        except (NotebookError, IndexError):
+            generated = None
+        report.lesson = os.path.splitext(os.path.basename(generated or sub.path))[0]
+    for cell in report.cells:
+        cell["output"] = short_traceback(str(cell.get("output", "")))
+    return report
+
+
 def grade_all(submissions: list[Submission], refs: dict[str, Reference] | None, options: Options | None = None,
               jobs: int = 1, limits: Limits | None = None, python: str | None = None,
               private: tuple[str, ...] = ()) -> list[Report]:
@@ -151,7 +199,9 @@ def grade_all(submissions: list[Submission], refs: dict[str, Reference] | None, 
                                       read_error=error or problem)
             if refs is None and ref is not None:
                 report.notes.append(f"no --reference: graded with the check cells of the course's {ref.name}")
-            return report
+            elif refs and len(refs) > 1 and ref is not None and os.path.basename(sub.path) != ref.name:
+                report.notes.append(f"graded as {ref.name}, the lesson its metadata, check cells or number name")
+            return _finish(report, sub, ref)
         except SandboxError:
             raise
         except Exception as err:  # a bug in the grader: this row says so, the others are graded
@@ -223,11 +273,20 @@ def _parser() -> argparse.ArgumentParser:
                                 description="Grade exercise notebooks (a whole class folder at once).")
     p.add_argument("submissions", nargs="+", help="notebooks or folders of notebooks")
     p.add_argument("--reference", default=None,
-                   help="the notebook handed out (or a folder of them, matched by file name); without it, the "
-                        "course's solution notebook named in a notebook's metadata when this installation has it, "
-                        "else the notebook's own check cells")
+                   help="the notebook handed out (or a folder of them, matched by file name, else by the lesson in "
+                        "a notebook's metadata); without it, the course's solution notebook named in a notebook's "
+                        "metadata when this installation has it, else the notebook's own check cells")
     p.add_argument("--jobs", type=_positive(int, 1, 64), default=1, help="submissions graded at once (default 1)")
-    p.add_argument("--csv", default=None, help="write the gradebook (one row per submission) to this CSV file")
+    p.add_argument("--csv", default=None,
+                   help="the gradebook (one row per student and exercise): merged into the file when it exists (the "
+                        "rows of each student and lesson graded now replace theirs; the rest are kept)")
+    p.add_argument("--overwrite-gradebook", action="store_true",
+                   help="write --csv afresh instead of merging into it (needed when the file is not a gradebook)")
+    p.add_argument("--wide", default=None,
+                   help="also write one row per student (id, points per lesson, total, max, percent) for an LMS "
+                        "import, from the whole gradebook")
+    p.add_argument("--feedback", default=None, metavar="DIR",
+                   help="write one Markdown feedback file per student and notebook: DIR/<student>/<lesson>.md")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
     p.add_argument("--json-file", default=None, help="also write the report as JSON to this file")
     p.add_argument("--timeout", type=_positive(float, 0.1, 3600), default=60.0,
@@ -237,16 +296,69 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-mb", type=_positive(int, 256, 1 << 20), default=2048,
                    help="memory a submission's process may add to the loaded interpreter (default 2048)")
     p.add_argument("--kernel", default="python3", help="Jupyter kernel whose Python runs the submissions")
+    p.add_argument("--self", dest="self_grade", action="store_true",
+                   help="grade one notebook of your own: in the sandbox where it can start, else (macOS has none, "
+                        "nor has Colab) as a plain process of yours, labelled not isolated")
     p.add_argument(UNSAFE_FLAG, dest="no_sandbox", action="store_true",
                    help="where bubblewrap cannot run: grade in plain processes of your user, which can read, change "
                         "and send anything your user can (only for notebooks you trust)")
     return p
 
 
-def _document(reports: list[Report]) -> dict:
-    return {"notebooks": [r.to_dict() for r in reports], "all_passed": all(r.all_passed for r in reports),
-            "summary": {"notebooks": len(reports), "errors": sum(r.error is not None for r in reports),
-                        "all_passed": sum(r.all_passed for r in reports)}}
+SELF_NOTE = ("self-graded WITHOUT isolation ({why}): your notebook ran as a plain process of your own user, "
+             "which is fine for your own code; it is not a grade of record (your instructor grades in the sandbox)")
+
+
+def _self_limits(args, limits: Limits, python: str) -> tuple[Limits, str | None]:
+    """--self: one notebook file only; the sandbox where it starts, else plain processes (and why)."""
+    if len(args.submissions) != 1 or os.path.isdir(args.submissions[0]):
+        raise UsageError("--self grades one notebook of your own, named as a file; grading a folder or several "
+                         "notebooks (other people's code) needs the sandbox")
+    if not limits.sandbox:
+        return limits, "you passed " + UNSAFE_FLAG
+    try:
+        launcher_for(python, limits)
+        return limits, None
+    except SandboxError as err:
+        return Limits(limits.memory_mb, limits.cpu_seconds, sandbox=False), one_line(str(err)).split(": ", 1)[-1][:200]
+
+
+def _students(reports: list[Report]) -> list[dict]:
+    """Per student: the points of this run's notebooks added up."""
+    by: dict[str, list[Report]] = {}
+    for r in reports:
+        by.setdefault(r.student, []).append(r)
+    out = []
+    for student, rs in sorted(by.items()):
+        score, maximum = round(sum(r.score for r in rs), 4), round(sum(r.max_score for r in rs), 4)
+        out.append({"student": student, "notebooks": len(rs), "score": score, "max_score": maximum,
+                    "percent": round(100 * score / maximum, 1) if maximum else 0.0})
+    return out
+
+
+def _document(reports: list[Report], merge: book.Merge | None = None) -> dict:
+    doc = {"notebooks": [r.to_dict() for r in reports], "all_passed": all(r.all_passed for r in reports),
+           "students": clean_strings(_students(reports)),
+           "summary": {"notebooks": len(reports), "errors": sum(r.error is not None for r in reports),
+                       "all_passed": sum(r.all_passed for r in reports)}}
+    if merge is not None:
+        doc["gradebook"] = clean_strings(merge.to_dict())
+    return doc
+
+
+def _old_gradebook(path: str | None, overwrite: bool) -> list[list[str]]:
+    """The rows of the gradebook at ``path`` to merge into ([] when there is none, or when told to overwrite).
+    Raises GradebookError for a file that is not one."""
+    if not path or overwrite or not os.path.isfile(path):
+        return []
+    data, error = read_regular(path)
+    if error or data is None:
+        raise book.GradebookError(f"--csv {path}: {error}")
+    try:
+        return book.parse(data.decode("utf-8"), f"--csv {path}")
+    except UnicodeDecodeError:
+        raise book.GradebookError(f"--csv {path} is not UTF-8 text: not a gradebook of this grader; to replace "
+                                  "it pass --overwrite-gradebook") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,10 +366,16 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:  # argparse has printed the usage error
         return 2 if exit_.code else 0
+    self_why: str | None = None
     try:
-        for option, target in (("--csv", args.csv), ("--json-file", args.json_file)):
+        for option, target in (("--csv", args.csv), ("--json-file", args.json_file), ("--wide", args.wide)):
             if target:
                 refuse_target(target, option)
+        _old_gradebook(args.csv, args.overwrite_gradebook)  # refused now, not after an hour of grading
+        if args.feedback and not os.path.isdir(args.feedback):
+            if not os.path.isdir(os.path.dirname(os.path.abspath(args.feedback))):
+                raise UsageError(f"--feedback: the folder of {args.feedback} does not exist")
+            os.mkdir(args.feedback)
         refs = load_reference(args.reference) if args.reference else None
         submissions = collect(args.submissions, exclude=[args.reference] if args.reference else [])
         if not submissions:
@@ -265,13 +383,36 @@ def main(argv: list[str] | None = None) -> int:
         python = python_of_kernel(args.kernel)
         limits = Limits(memory_mb=args.memory_mb, cpu_seconds=int(args.notebook_timeout) + 30,
                         sandbox=not args.no_sandbox)
+        if args.self_grade:
+            limits, self_why = _self_limits(args, limits, python)
         options = Options(timeout=args.timeout, notebook_timeout=args.notebook_timeout)
         private = tuple(args.submissions) + ((args.reference,) if args.reference else ())
         reports = grade_all(submissions, refs, options, args.jobs, limits, python, private)
-    except (UsageError, SandboxError, OutputError) as err:
+    except SandboxError as err:
+        hint = (" To grade your own notebook without the sandbox, add --self." if len(args.submissions) == 1
+                and not os.path.isdir(args.submissions[0]) else "")
+        _emit(f"error: {one_line(str(err))}{hint}\n", sys.stderr)
+        return 2
+    except (UsageError, OutputError, book.GradebookError, OSError) as err:
         _emit(f"error: {one_line(str(err))}\n", sys.stderr)
         return 2
-    doc = _document(reports)
+    if self_why:
+        for r in reports:
+            r.notes.insert(0, SELF_NOTE.format(why=self_why))
+    graded_at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    chosen, duplicates = book.pick(reports)
+    rows = gradebook_rows(chosen, graded_at)
+    status = 0 if all(r.all_passed for r in reports) else 1
+    merge = None
+    if args.csv:
+        try:
+            merge = book.merge(_old_gradebook(args.csv, args.overwrite_gradebook), rows)
+        except book.GradebookError as err:  # the file changed while grading: the report stands
+            _emit(f"error: {one_line(str(err))}: not written\n", sys.stderr)
+            status = 1
+        else:
+            merge.notes += duplicates
+    doc = _document(reports, merge)
     if args.json:
         text = json.dumps(doc, indent=1, ensure_ascii=False)
         try:
@@ -280,9 +421,12 @@ def main(argv: list[str] | None = None) -> int:
             text = json.dumps(doc, indent=1)
         _emit(text + "\n")
     else:
-        _emit("\n\n".join(format_report(r) for r in reports) + "\n")
-    status = 0 if all(r.all_passed for r in reports) else 1
-    outputs = [(args.csv, "--csv", lambda: gradebook(reports)),
+        summary = merge.summary() if merge else [f"note: {one_line(n)}" for n in duplicates]
+        _emit("\n\n".join(format_report(r) for r in reports) + "\n" + "".join(f"\n{line}" for line in summary)
+              + ("\n" if summary else ""))
+    merged = merge.rows if merge else rows
+    outputs = [(args.csv if merge else None, "--csv", lambda: book.render_csv(book.COLUMNS, merged)),
+               (args.wide, "--wide", lambda: book.wide(merged)),
                (args.json_file, "--json-file", lambda: json.dumps(doc, indent=1, ensure_ascii=False) + "\n")]
     for target, option, render in outputs:
         if target:
@@ -291,6 +435,12 @@ def main(argv: list[str] | None = None) -> int:
             except OutputError as err:  # disk full, read-only, a path planted meanwhile: the report stands
                 _emit(f"error: {one_line(str(err))}: not written (the report above is complete)\n", sys.stderr)
                 status = 1
+    if args.feedback:
+        try:
+            feedback.write_all(args.feedback, chosen, graded_at)
+        except OutputError as err:
+            _emit(f"error: {one_line(str(err))}: not written (the report above is complete)\n", sys.stderr)
+            status = 1
     return status
 
 

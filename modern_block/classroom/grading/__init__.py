@@ -17,5 +17,8 @@ The grade is decided in the grader's process, which never runs a line of student
   (``modern_block.classroom.checks``, under ``graded``: inputs drawn from a per-run secret) judge them unchanged;
   arguments go as fresh copies, only declared outputs come back;
 * ``session``: grade one submission (time limits, restarts, the runs with different pieces hidden);
-* ``report``: text, JSON and the CSV gradebook, with every student-supplied string made harmless.
+* ``report``: text, JSON and the long CSV gradebook, with every student-supplied string made harmless;
+* ``points``: what each exercise is worth (nbgrader's ``points``), partial credit per check, the stable ids;
+* ``gradebook``: a regrade merged into the gradebook file, the one-row-per-student export;
+* ``feedback``: one Markdown file per student and notebook.
 """

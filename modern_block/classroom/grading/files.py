@@ -185,9 +185,11 @@ def _notebook(student: _Student, path: str) -> bool:
 
 
 def _root(paths: list[str]) -> str:
-    """The class root: the one folder given, else the folder common to all the paths given."""
-    if len(paths) == 1 and os.path.isdir(paths[0]):
-        return os.path.abspath(paths[0])
+    """The class root: the one folder given, the folder above a single notebook's folder (so that notebook's
+    student is its folder), else the folder common to all the paths given."""
+    if len(paths) == 1:
+        path = os.path.abspath(paths[0])
+        return path if os.path.isdir(path) else os.path.dirname(os.path.dirname(path))
     try:
         return os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
     except ValueError:  # nothing in common (different drives)
@@ -296,14 +298,27 @@ def refuse_target(path: str, option: str) -> None:
         raise OutputError(f"{option}: the folder of {path} does not exist")
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (another thread may create files)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
 def write_atomic(path: str, text: str, option: str) -> None:
-    """Write ``text`` (UTF-8) to a temporary file beside ``path``, then rename it over ``path``. Raises
-    OutputError (the target unchanged, the temporary file removed)."""
+    """Write ``text`` (UTF-8) to a temporary file beside ``path``, then rename it over ``path``, with the mode
+    an ordinary new file gets (0644 under the usual umask 022). Raises OutputError (the target unchanged, the
+    temporary file removed)."""
     refuse_target(path, option)
     folder = os.path.dirname(os.path.abspath(path))
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=".grade-", suffix=".tmp", dir=folder)
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
             f.write(text.encode("utf-8"))
             f.flush()

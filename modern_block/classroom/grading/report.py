@@ -1,4 +1,5 @@
-"""What the grader reports: per submission, per exercise; as text, JSON or a CSV gradebook.
+"""What the grader reports: per submission, per exercise (status, diagnosis, points); as text, JSON or the
+long CSV gradebook (one row per student and exercise).
 
 Much of what a report holds comes from students (file and folder names, error messages, notebook metadata),
 so every output makes it harmless: control characters and terminal escape sequences are shown as escapes,
@@ -14,6 +15,8 @@ import csv
 import io
 import unicodedata
 from dataclasses import asdict, dataclass, field
+
+from .notebook import Cell, sections
 
 PASSED, FAILED, NOT_ATTEMPTED, NOT_GRADED = "passed", "failed", "not attempted", "not graded"
 STATUSES = (PASSED, FAILED, NOT_ATTEMPTED)
@@ -78,6 +81,10 @@ class Exercise:
     status: str = NOT_GRADED
     detail: str = ""
     seconds: float = 0.0
+    id: str = ""  # stable across runs: the answer cell's nbgrader grade_id (``points.scheme``), else exN
+    points: float = 0.0
+    max_points: float = 0.0
+    passed_checks: list[int] = field(default_factory=list)  # which of ``checks`` passed (partial credit)
 
 
 @dataclass
@@ -94,6 +101,8 @@ class Report:
     cells: list[dict] = field(default_factory=list)  # cells that raised or were stopped, with their output
     restarts: int = 0
     seconds: float = 0.0
+    lesson: str = ""  # the reference's name without .ipynb: with the student, what a gradebook row is about
+    labels: dict[int, str] = field(default_factory=dict)  # cell index -> how the student finds the cell
 
     @property
     def status(self) -> str:
@@ -103,14 +112,113 @@ class Report:
     def all_passed(self) -> bool:
         return not self.error and bool(self.exercises) and all(e.status == PASSED for e in self.exercises)
 
+    @property
+    def score(self) -> float:
+        return round(sum(e.points for e in self.exercises), 4)
+
+    @property
+    def max_score(self) -> float:
+        return round(sum(e.max_points for e in self.exercises), 4)
+
+    @property
+    def percent(self) -> float:
+        return percent(self.score, self.max_score)
+
+    def label(self, index: int) -> str:
+        """Cell ``index`` (from 0, over all cells) as the student finds it: ``code cell 5 (Exercise 2)``
+        (a report built without its notebook's cells: ``cell <index>``)."""
+        return self.labels.get(index, f"cell {index}")
+
     def counts(self) -> dict[str, int]:
         return {s: sum(e.status == s for e in self.exercises) for s in STATUSES}
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.pop("labels")
+        for row in d["cells"]:
+            row["label"] = self.label(row["cell"])
         d["status"] = self.status
-        d["summary"] = {**self.counts(), "total": len(self.exercises), "all_passed": self.all_passed}
+        d["summary"] = {**self.counts(), "total": len(self.exercises), "all_passed": self.all_passed,
+                        "score": self.score, "max_score": self.max_score, "percent": self.percent}
         return clean_strings(d)
+
+
+def percent(score: float, maximum: float) -> float:
+    return round(100 * score / maximum, 1) if maximum > 0 else 0.0
+
+
+def number_text(value: float) -> str:
+    """Points as a person writes them: 1, 0.5, 0.33."""
+    return f"{value:.2f}".rstrip("0").rstrip(".") or "0"
+
+
+def cell_labels(cells: list[Cell]) -> dict[int, str]:
+    """Each code cell by its place among the code cells (from 1, as a student counts them down the notebook)
+    and the exercise whose section holds it."""
+    section = {c.index: f"Exercise {number}" for number, _, cells_of in sections(cells) for c in cells_of}
+    code = [c for c in cells if c.kind == "code"]
+    return {c.index: f"code cell {k}" + (f" ({section[c.index]})" if c.index in section else "")
+            for k, c in enumerate(code, start=1)}
+
+
+_CHAINED = ("The above exception was the direct cause of the following exception:",
+            "During handling of the above exception, another exception occurred:")
+
+
+def short_traceback(output: str, keep_frames: int = 6) -> str:
+    """A cell's output with its IPython traceback cut to the student's own frames: the last exception of a
+    chain (the earlier ones named in one line each), frames of the student's cells (``Cell In[...]``) kept,
+    each run of library frames (torch's module calls, say) replaced by one line that counts them."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("-" * 20) and i + 1 < len(lines)
+                  and line.strip("-") == "" and "Traceback (most recent call last)" in lines[i + 1]), None)
+    if start is None:
+        return output
+    before, tb = lines[:start], lines[start + 1:]
+    blocks: list[list[str]] = []  # one per exception of the chain
+    current: list[str] = []
+    for line in tb:
+        if line.strip() in _CHAINED:
+            blocks.append(current)
+            current = []
+        else:
+            current.append(line)
+    blocks.append(current)
+    causes = [_last_line(b) for b in blocks[:-1]]
+    block = [line for line in blocks[-1] if line.strip("-").strip()]
+    if not block:
+        return output
+    paragraphs: list[list[str]] = [[]]
+    for line in blocks[-1][blocks[-1].index(block[0]) + 1:]:
+        if line.strip():
+            paragraphs[-1].append(line)
+        elif paragraphs[-1]:
+            paragraphs.append([])
+    frames = [p for p in paragraphs if p and p[0].startswith(("Cell In[", "File ", "<ipython-input"))]
+    tail = [line for p in paragraphs if p and p not in frames for line in p]
+    mine = [k for k, f in enumerate(frames) if not f[0].startswith("File ")][-keep_frames:]
+    out = [*before, block[0].split()[0] + " (most recent call last; your code only):"]
+    skipped = 0
+    for k, frame in enumerate(frames):
+        if k not in mine:
+            skipped += 1
+            continue
+        if skipped:
+            out.append(f"  ... {skipped} frame{'s' * (skipped != 1)} in libraries (torch, ...) ...")
+            skipped = 0
+        where = frame[0].split(", ", 1)
+        out.append(f"In your code, {where[1]}" if len(where) == 2 else frame[0])
+        out.extend(frame[1:])
+    if skipped:
+        out.append(f"  ... {skipped} frame{'s' * (skipped != 1)} in libraries (torch, ...) ...")
+    out.extend(tail)
+    out.extend(f"(while handling {cause})" for cause in causes if cause)
+    return "\n".join(out) + "\n"
+
+
+def _last_line(block: list[str]) -> str:
+    text = [line for line in block if line.strip() and not line.startswith(" ")]
+    return text[-1].strip() if text else ""
 
 
 _MARK = {PASSED: "✓", FAILED: "✗", NOT_ATTEMPTED: "·", NOT_GRADED: "-"}
@@ -124,33 +232,55 @@ def format_report(report: Report) -> str:
     if report.error:
         lines.append(f"  error: {one_line(report.error)}")
     for cell in report.cells:
-        lines.append(f"  ! cell {cell['cell']}: {one_line(cell['error'])}")
+        lines.append(f"  ! {report.label(cell['cell'])}: {one_line(cell['error'])}")
     for e in report.exercises:
         label = f"  {_MARK[e.status]} Exercise {e.number}: {one_line(e.title)}"
-        lines.append(f"{label} {'.' * max(2, 60 - len(label))} {e.status} ({e.seconds:.1f} s)")
+        points = f"{number_text(e.points)}/{number_text(e.max_points)} pt, " if e.max_points else ""
+        lines.append(f"{label} {'.' * max(2, 60 - len(label))} {e.status} ({points}{e.seconds:.1f} s)")
         for line in printable(e.detail).splitlines() if e.status in (FAILED, NOT_GRADED) else []:
             lines.append(f"      | {line}")
     if report.error and not report.exercises:
         return "\n".join(lines)
     c = report.counts()
     restarts = f", {report.restarts} restart{'s' * (report.restarts != 1)}" if report.restarts else ""
+    score = f"; {number_text(report.score)}/{number_text(report.max_score)} points ({report.percent:g}%)" \
+        if report.max_score else ""
     lines.append(f"  {len(report.exercises)} exercises: {c[PASSED]} passed, {c[FAILED]} failed, "
-                 f"{c[NOT_ATTEMPTED]} not attempted ({report.seconds:.1f} s{restarts})")
+                 f"{c[NOT_ATTEMPTED]} not attempted{score} ({report.seconds:.1f} s{restarts})")
     return "\n".join(lines)
 
 
-def gradebook(reports: list[Report]) -> str:
-    """The CSV gradebook: one row per submission, one column per exercise number."""
-    numbers = sorted({e.number for r in reports for e in r.exercises})
+ERROR = "error"  # an exercise's result in the gradebook when its notebook could not be graded
+COLUMNS = ("student", "notebook", "reference", "status", "lesson", "exercise", "number", "title", "result",
+           "points", "max_points", "detail", "graded_at")
+
+
+def gradebook_rows(reports: list[Report], graded_at: str = "") -> list[list[str]]:
+    """The long gradebook's rows (``COLUMNS``), escaped as written: one per student and exercise. A notebook
+    that could not be graded gets one row without an exercise (``result`` error, 0 points); one stopped on the
+    way (its time limit) keeps the exercises graded before, the others are ``error`` with the reason."""
+    rows = []
+    for r in reports:
+        error = f"error: {one_line(r.error)}" if r.error else ""
+        stopped = {e.number for e in r.exercises if r.error and e.status == NOT_GRADED}
+        items = [(e.id or f"ex{e.number}", str(e.number), e.title, ERROR if e.number in stopped else e.status,
+                  number_text(e.points), number_text(e.max_points), error if e.number in stopped else e.detail)
+                 for e in r.exercises] or [("", "", "", ERROR, "0", "0", error)]
+        for exercise, number, title, result, points, maximum, detail in items:
+            row = [r.student, r.notebook, r.reference, r.status, r.lesson, exercise, number, title, result, points,
+                   maximum, detail, graded_at]
+            rows.append([str(spreadsheet_safe(cell)) for cell in row])
+    return rows
+
+
+def render_csv(header, rows) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["student", "notebook", "reference", "status", "passed", "failed", "not_attempted", "total",
-                     *[f"ex{n}" for n in numbers], "error"])
-    for r in reports:
-        c = r.counts()
-        by_number = {e.number: e.status for e in r.exercises}
-        row = [r.student, r.notebook, r.reference, r.status, c[PASSED], c[FAILED], c[NOT_ATTEMPTED],
-               len(r.exercises), *[by_number.get(n, "") for n in numbers], f"error: {one_line(r.error)}" if r.error
-               else ""]
-        writer.writerow([spreadsheet_safe(cell) for cell in row])
+    writer.writerow(header)
+    writer.writerows(rows)
     return out.getvalue()
+
+
+def gradebook(reports: list[Report], graded_at: str = "") -> str:
+    """The long CSV gradebook of ``reports``: one row per student and exercise."""
+    return render_csv(COLUMNS, gradebook_rows(reports, graded_at))

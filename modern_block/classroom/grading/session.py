@@ -32,7 +32,7 @@ from .notebook import (
     reference_from,
 )
 from .remote import MISSING, Link
-from .report import FAILED, NOT_ATTEMPTED, PASSED, Exercise, Report, one_line, printable
+from .report import FAILED, NOT_ATTEMPTED, PASSED, Exercise, Report, cell_labels, one_line, printable
 from .sandbox import Launcher, Sandbox, SandboxLost
 
 MAX_RESTARTS = 6
@@ -152,7 +152,7 @@ def check_exercise(run: _Run, ex: RefExercise, result: Exercise, plan: Plan, sec
     """Call the reference's checks on the submission's objects; set ``result``'s status and detail."""
     started = time.monotonic()
     answers = set(plan.answers.get(ex.number, []))
-    answer_problems = [f"cell {i}: {run.errors[i]}" for i in sorted(answers) if i in run.errors][:3]
+    answer_problems = [f"{run.report.label(i)}: {run.errors[i]}" for i in sorted(answers) if i in run.errors][:3]
     try:
         box = run.sandbox()
         link = Link(box, run.limit())
@@ -171,11 +171,18 @@ def check_exercise(run: _Run, ex: RefExercise, result: Exercise, plan: Plan, sec
                              "check runs" + ("".join(f"\n{p}" for p in answer_problems) or
                                              " (was the answer cell deleted or renamed?)"))
             return
+        first: Exception | None = None  # every check of the exercise runs: each earns its share of the points
         with graded(secret):
-            for call in ex.calls:
+            for number, call in enumerate(ex.calls):
                 args = [values[v] if kind == "name" else v for kind, v in call.args]
                 kwargs = {k: values[v] if kind == "name" else v for k, (kind, v) in call.kwargs.items()}
-                getattr(checks, call.check)(*args, **kwargs)
+                try:
+                    getattr(checks, call.check)(*args, **kwargs)
+                    result.passed_checks.append(number)
+                except (checks.NotAttempted, checks.CheckFailed) as err:
+                    first = first or err
+        if first is not None:
+            raise first
         result.status, result.detail = PASSED, ""
     except checks.NotAttempted as err:
         result.status, result.detail = NOT_ATTEMPTED, printable(str(err))  # may quote what the student returned
@@ -209,6 +216,7 @@ def grade_submission(notebook: str, student: str, data: bytes | None, reference:
         if read_error or data is None:
             raise NotebookError(read_error or "no data")
         cells = read_notebook(data)
+        report.labels = cell_labels(cells)
         own = reference is None
         if reference is None:
             report.notes.append("graded against its own check cells: pass --reference (the notebook handed out) "
