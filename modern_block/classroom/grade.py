@@ -134,7 +134,7 @@ def _reference_for(sub: Submission, data: bytes | None,
     if name in refs:
         return refs[name], None
     try:  # a renamed file (``Copy of 03_rope (1).ipynb``): the lesson its metadata names, else its check cells'
-        cells = read_notebook(sub.data or b"")
+        cells = read_notebook(data or b"")
     except NotebookError:
         cells = []
     generated = (cells[0].generated_from or "").rsplit("/", 1)[-1] if cells else ""
@@ -165,7 +165,7 @@ def launcher_for(python: str | None, limits: Limits) -> Launcher:
         return _LAUNCHERS[key]
 
 
-def _finish(report: Report, sub: Submission, ref: Reference | None) -> Report:
+def _finish(report: Report, sub: Submission, data: bytes | None, ref: Reference | None) -> Report:
     """The report's lesson, points and short tracebacks (the student's own frames)."""
     scheme = ref.scheme if isinstance(ref, points.ScoredReference) else points.default_scheme(report)
     points.score(report, scheme)
@@ -173,7 +173,7 @@ def _finish(report: Report, sub: Submission, ref: Reference | None) -> Report:
         report.lesson = os.path.splitext(os.path.basename(ref.name))[0]
     elif report.exercises:  # its own check cells: the lesson it was generated from, else its file
         try:
-            generated = read_notebook(sub.data or b"")[0].generated_from
+            generated = read_notebook(data or b"")[0].generated_from
         except (NotebookError, IndexError):
             generated = None
         report.lesson = os.path.splitext(os.path.basename(generated or sub.path))[0]
@@ -201,7 +201,7 @@ def grade_all(submissions: list[Submission], refs: dict[str, Reference] | None, 
                 report.notes.append(f"no --reference: graded with the check cells of the course's {ref.name}")
             elif refs and len(refs) > 1 and ref is not None and os.path.basename(sub.path) != ref.name:
                 report.notes.append(f"graded as {ref.name}, the lesson its metadata, check cells or number name")
-            return _finish(report, sub, ref)
+            return _finish(report, sub, data, ref)
         except SandboxError:
             raise
         except Exception as err:  # a bug in the grader: this row says so, the others are graded

@@ -54,18 +54,18 @@ def one_line(text: str) -> str:
 
 
 def spreadsheet_safe(value):
-    """A CSV cell: text escaped as in ``printable`` (newlines kept), and a leading quote where a spreadsheet
-    would read a formula."""
+    """A CSV cell: one line, escaped as in ``one_line`` (so every record is one line for grep and awk), and a
+    leading quote where a spreadsheet would read a formula."""
     if not isinstance(value, str):
         return value
-    value = printable(value)
+    value = one_line(value)
     return "'" + value if value.startswith(FORMULA_STARTS) else value
 
 
 def clean_strings(value):
-    """``value`` (a report's dict) with every string's lone surrogates escaped, for JSON in any encoding."""
+    """``value`` (a report's dict) with every string escaped as in ``printable``, for JSON in any encoding."""
     if isinstance(value, str):
-        return "".join(_escape(ch) if "\ud800" <= ch <= "\udfff" else ch for ch in value)
+        return printable(value)
     if isinstance(value, dict):
         return {clean_strings(k): clean_strings(v) for k, v in value.items()}
     if isinstance(value, list):
