@@ -30,13 +30,21 @@ LESSONS = ["00_gpt2_block", "01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cac
            "07_llama_block", "08_train_llama_vs_gpt2", "09_real_model"]
 
 
+def named(message: str) -> list[str]:
+    """The mistakes a check's message names (``Likely mistake: A`` and ``or: B`` lines)."""
+    match = re.search(r"\nLikely mistake: (.*?)\n\((?:Your output|These mistakes)", message, re.S)
+    return match.group(1).split("\nor: ") if match else []
+
+
 def rejects(check, impl, *diagnosis: str) -> str:
-    """Run ``check`` on a wrong ``impl``; assert it fails with every expected piece of the diagnosis."""
+    """Run ``check`` on a wrong ``impl``; assert it fails with every expected piece of the diagnosis, and that
+    a message naming a mistake names exactly one."""
     with pytest.raises(CheckFailed) as info:
         check(impl)
     message = str(info.value)
     for piece in diagnosis:
         assert piece in message, f"expected {piece!r} in the diagnosis, got:\n{message}"
+    assert len(named(message)) <= 1, f"more than one mistake named:\n{message}"
     return message
 
 
@@ -216,7 +224,7 @@ def unpermute_qk_ok(wq, wk, wv, n_heads, n_kv_heads, *, mistake=None):
     if mistake == "values":
         return half(wq, n_heads), half(wk, n_kv_heads), half(wv, n_kv_heads)
     if mistake == "key_heads":
-        return half(wq, n_heads), half(wk, n_heads) if (wk.shape[0] % n_heads == 0) else wk, wv
+        return half(wq, n_heads), half(wk, n_heads if wk.shape[0] % n_heads == 0 else n_kv_heads), wv
     return half(wq, n_heads), half(wk, n_kv_heads), wv
 
 
@@ -290,7 +298,8 @@ def test_the_gpt2_figures_agree_with_the_package():
 
 
 def test_check_gpt2_block_params_diagnoses():
-    rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: 12 * d * d, "no biases and no LayerNorms")
+    rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: 4 * d * d + 2 * d * (d_ff or 4 * d),
+            "no biases and no LayerNorms")
     rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: gpt2_block_params_ok(d, d_ff) - 2 * d,
             "counted with one vector")
     rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: gpt2_block_params_ok(d), "d_ff was ignored")
@@ -476,8 +485,8 @@ def test_check_swiglu_explains_a_layout_mismatch():
 
 def test_check_ffn_weight_count_diagnoses():
     rejects(checks.check_ffn_weight_count, lambda d, d_ff, gated: 3 * d * d_ff, "a GELU MLP has two matrices")
-    rejects(checks.check_ffn_weight_count, lambda d, d_ff, gated: (3 if gated else 2) * d * d_ff + d_ff + d,
-            "biases were counted")
+    rejects(checks.check_ffn_weight_count,
+            lambda d, d_ff, gated: (3 if gated else 2) * d * d_ff + (2 if gated else 1) * d_ff + d, "biases were counted")
 
 
 # ---- lesson 03: RoPE ---------------------------------------------------------------------------------

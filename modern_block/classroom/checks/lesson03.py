@@ -90,7 +90,7 @@ def check_rope_cache(rope_cache_fn) -> str:
                 fail(name, f"{call}: {which} has shape {shape_of(got)}; it should be [T, dh/2] = {list(want.shape)} "
                            "(positions along the rows).")
             judge(name, got, want, cands, f"{call}, {which}", atol=atol, rtol=0,
-                  hint="angle[m, i] = m·base^(-2i/dh), m = 0 .. T-1, i = 0 .. dh/2-1.")
+                  hint="angle[m, i] = m·base^(-2i/dh), m = 0 .. T-1, i = 0 .. dh/2-1.", dims=("position", "pair"))
         for which, got in (("cos", cos), ("sin", sin)):
             require_dtype(name, got, torch.float32, call, which, "return float32 tables.")
     return "5 cases incl. base 500,000 and positions up to 4,095"
@@ -131,14 +131,15 @@ def _check_rope_fn(name, fn, layout) -> str:
             (f"the other layout and the wrong direction: use {layouts[layout]} and (a·cos - b·sin, a·sin + b·cos).",
              partial(mk, other, sign=-1.0)),
             ("cos and sin were swapped.", partial(mk, layout, swap_tables=True)),
-            ("the two halves of the result were swapped: return cat([x1·cos - x2·sin, x1·sin + x2·cos])."
-             if layout == "half" else
-             "the rotated pairs were written back half-split (cat) instead of re-interleaved: "
-             "torch.stack([a, b], dim=-1).flatten(-2).", partial(mk, layout, swap_halves=True)),
+            ("the two halves of the result were swapped: the first half of the output holds what belongs in the "
+             "second half, and the other way round." if layout == "half" else
+             "the rotated pairs were written back half-split (all first members, then all second members) "
+             "instead of re-interleaved: each rotated pair goes back to dimensions 2i and 2i+1.", partial(mk, layout, swap_halves=True)),
             ("only x·cos: the rotate-half term (sin) is missing.", partial(mk, "cos_only")),
             ("x is returned unrotated.", partial(mk, "none")),
         ]
-        judge(name, got, want, cands, f"on {desc}", hint=f"layout: {layouts[layout]}.")
+        judge(name, got, want, cands, f"on {desc}", hint=f"layout: {layouts[layout]}.",
+              dims=("head", "position", ""))
     x = torch.randn(2, 2, 5, 8, generator=g).to(torch.bfloat16)
     cos, sin = rope_cache(5, 8)
     desc = "a bfloat16 x of shape [2, 2, 5, 8] with float32 tables"

@@ -184,7 +184,7 @@ def check_mla_absorption(absorbed_attention) -> str:
             ("no causal mask: query t (at position S-T+t) must not see later latents.", partial(mk, mask="none")),
             ("the causal mask is aligned to the top-left (is_causal=True with T < S): the T queries are the "
              "newest positions, so query t sees latents 0 .. S-T+t (tril(diagonal=S-T)).",
-             partial(mk, mask="topleft") if 1 < T < S else None),
+             partial(mk, mask="topleft") if T < S else None),
             ("the RoPE part of the score is missing (q_rope·k_R).", partial(mk, rope=False)),
             ("the latent part of the score is missing ((W_UKᵀ q_nope)·c).", partial(mk, nope=False)),
             ("the scale is not applied to the scores.", partial(mk, scale_mode="none")),
@@ -204,7 +204,7 @@ def check_mla_absorption(absorbed_attention) -> str:
     return "4 cases: prefill, one new token, a chunk with offset mask, square and rectangular weights"
 
 
-@exercise_check(components=())
+@exercise_check(value="kimi_k2_cache_bytes")
 def check_kimi_k2_cache_bytes(n_bytes) -> str:
     """``kimi_k2_cache_bytes``: Kimi K2's MLA cache per token in bf16 (61 layers, latent 512, RoPE key 64, 64
     heads)."""
@@ -222,5 +222,5 @@ def check_kimi_k2_cache_bytes(n_bytes) -> str:
         ("one layer only: every one of the 61 layers caches its own latent.", (d_c + d_r) * 2),
     ]
     judge_int("check_kimi_k2_cache_bytes", n_bytes, want, cands, "kimi_k2_cache_bytes",
-              hint="n_layers · (kv_latent_dim + rope_dim) · 2 bytes.")
+              reveal=False)
     return "70,272 bytes per token, the same as DeepSeek-V3"

@@ -178,9 +178,10 @@ _LLAMA3_MISTAKES = [
     ("scale_all", "every frequency was divided by the factor: that is position interpolation. Llama 3 keeps the "
                   "short waves (wavelength < original_len / high_freq_factor) as they are and divides only the long "
                   "ones (wavelength > original_len / low_freq_factor)."),
-    ("bands_swapped", "the two thresholds are swapped (the wrong smoothing band): short waves are those with "
-                      "wavelength < original_len / high_freq_factor, long waves those with wavelength > "
-                      "original_len / low_freq_factor; the band in between is blended."),
+    ("bands_swapped", "the middle band was left unscaled, as when the two thresholds are swapped (the wrong "
+                      "smoothing band): short waves are those with wavelength < original_len / high_freq_factor, "
+                      "long waves those with wavelength > original_len / low_freq_factor; the band in between is "
+                      "blended."),
     ("frequency_as_wavelength", "the frequencies θ were compared with the wavelength thresholds (wavelength vs "
                                 "frequency): every θ ≤ 1 then counts as a short wave and nothing changes. Convert "
                                 "first: wavelength = 2π / θ, in tokens per full turn."),
@@ -190,8 +191,6 @@ _LLAMA3_MISTAKES = [
                        "(high - low)."),
     ("blend_reversed", "the blend is reversed: a = (original_len / wavelength - low) / (high - low) weights the "
                        "unscaled θ (a = 1 at the short edge), and 1 - a weights θ / factor."),
-    ("middle_kept", "the middle band was left unscaled: between the two thresholds θ is blended, "
-                    "(1 - a)·θ/factor + a·θ."),
     ("middle_divided", "the middle band was divided like the long waves: between the two thresholds θ is blended, "
                        "(1 - a)·θ/factor + a·θ."),
     ("multiplied", "the long waves' frequencies were multiplied by the factor; divide them (a slower rotation "
@@ -256,7 +255,7 @@ def check_ntk_scaled_base(ntk_scaled_base_fn) -> str:
     return f"{len(cases)} cases: Llama 2-style, Llama 3-style and a 16-dimensional head"
 
 
-@exercise_check(components=())
+@exercise_check(value="smollm2_cache_bytes")
 def check_smollm2_cache_bytes(n_bytes) -> str:
     """``smollm2_cache_bytes``: SmolLM2-135M's KV cache per token in bf16 (30 layers, 9 query heads over 3 K/V
     heads of 64)."""
@@ -271,5 +270,5 @@ def check_smollm2_cache_bytes(n_bytes) -> str:
         ("one layer only: each of the 30 layers caches its own K and V.", kv_cache_bytes_per_token(1, kv, dh, 2)),
     ]
     judge_int("check_smollm2_cache_bytes", n_bytes, want, cands, "smollm2_cache_bytes",
-              hint="2 (K and V) · n_layers · n_kv_heads · head_dim · 2 bytes.")
+              reveal=False)
     return f"{want:,} bytes per token, a third of MHA's"
