@@ -13,7 +13,7 @@ from submissions import ROOT, answered, solution, write
 from modern_block.classroom import grade
 
 MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)
-    ("00_gpt2_block", "ex1_block_params"): ("def gpt2_block_params(d, d_ff=None):\n    return 12 * d * d",
+    ("00_gpt2_block", "ex1_block_params"): ("def gpt2_block_params(d, d_ff=None):\n    return 4 * d * d + 2 * d * (d_ff or 4 * d)",
                                             "no biases and no LayerNorms"),
     ("00_gpt2_block", "ex2_causal_attention"): ("def causal_attention(q, k, v):\n"
                                                 "    return F.scaled_dot_product_attention(q, k, v)", "no causal mask"),

@@ -92,25 +92,32 @@ def mla_cache_bytes_ok(n_layers, d_c, d_r, bytes_per_elem=2):
     return n_layers * (d_c + d_r) * bytes_per_elem
 
 
-def absorb_query_ok(q_nope, w_uk):
-    return torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)
+def split_kv_b(q_nope, w_kv_b):
+    """W_UK [h, d_nope, d_c] and W_UV [h, d_v, d_c] from DeepSeek's fused kv_b_proj weight."""
+    h, dn = q_nope.shape[1], q_nope.shape[-1]
+    per_head = w_kv_b.view(h, -1, w_kv_b.shape[-1])  # [h, d_nope + d_v, d_c]
+    return per_head[:, :dn], per_head[:, dn:]
 
 
-def absorbed_scores_ok(q_nope, q_rope, latent, k_rope, w_uk, scale, *, rope=True, own_scale=False):
-    s = absorb_query_ok(q_nope, w_uk) @ latent.unsqueeze(1).transpose(-1, -2)
+def absorb_query_ok(q_nope, w_kv_b):
+    return torch.einsum("bhtn,hnc->bhtc", q_nope, split_kv_b(q_nope, w_kv_b)[0])
+
+
+def absorbed_scores_ok(q_nope, q_rope, latent, k_rope, w_kv_b, scale, *, rope=True, own_scale=False):
+    s = absorb_query_ok(q_nope, w_kv_b) @ latent.unsqueeze(1).transpose(-1, -2)
     if rope:
         s = s + q_rope @ k_rope.unsqueeze(1).transpose(-1, -2)
     return s * (q_nope.shape[-1] ** -0.5 if own_scale else scale)
 
 
-def absorbed_attention_ok(q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale, *, mask="offset", values=True):
-    s = absorbed_scores_ok(q_nope, q_rope, latent, k_rope, w_uk, scale)
+def absorbed_attention_ok(q_nope, q_rope, latent, k_rope, w_kv_b, scale, *, mask="offset", values=True):
+    s = absorbed_scores_ok(q_nope, q_rope, latent, k_rope, w_kv_b, scale)
     T, S = s.shape[-2:]
     if mask != "none":
         keep = torch.ones(T, S, dtype=torch.bool).tril(S - T if mask == "offset" else 0)
         s = s.masked_fill(~keep, float("-inf"))
     mixed = s.softmax(-1) @ latent.unsqueeze(1)  # [B, h, T, d_c]
-    return torch.einsum("bhtc,hvc->bhtv", mixed, w_uv) if values else mixed
+    return torch.einsum("bhtc,hvc->bhtv", mixed, split_kv_b(q_nope, w_kv_b)[1]) if values else mixed
 
 
 def qk_norm_rope_ok(q, k, q_norm, k_norm, cos, sin):
@@ -228,14 +235,49 @@ def unpermute_qk_ok(wq, wk, wv, n_heads, n_kv_heads, *, mistake=None):
     return half(wq, n_heads), half(wk, n_kv_heads), wv
 
 
+def rope_tables_variant(mistake):
+    def rope_tables(positions, dh, base=10000.0):
+        if mistake == "base_ignored":
+            base = 10000.0
+        i = torch.arange(0, dh, 2).float()
+        theta = base ** (-(i / 2) / dh) if mistake == "i_over_dh" else base ** (-i / dh)
+        pos = positions.float() + (1 if mistake == "from_1" else 0)
+        if mistake == "in_order":
+            pos = torch.arange(len(positions)).float()
+        ang = torch.outer(pos, theta)
+        if mistake == "full_width":
+            ang = torch.cat([ang, ang], -1)
+        return ang.cos(), ang.sin()
+
+    return rope_tables
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("i_over_dh", "the exponent is i/dh"), ("from_1", "positions are off by one"),
+    ("base_ignored", "the base argument is ignored"), ("full_width", "duplicated to dh columns"),
+    ("in_order", "the positions given were ignored"),
+])
+def test_check_rope_cache_diagnoses(mistake, diagnosis):
+    rejects(checks.check_rope_cache, rope_tables_variant(mistake), diagnosis)
+    checks.check_rope_cache(rope_tables_variant(None))
+
+
+def rope_per_sequence(x, cos, sin):  # per-sequence tables [B, T, dh/2] in the half-split layout
+    return mb.apply_rope(x, cos.unsqueeze(1), sin.unsqueeze(1))
+
+
+def rope_interleaved_per_sequence(x, cos, sin):
+    return mb.apply_rope_interleaved(x, cos.unsqueeze(1), sin.unsqueeze(1))
+
+
 RIGHT = [
     (checks.check_gpt2_block_params, gpt2_block_params_ok), (checks.check_causal_attention, causal_attention_ok),
     (checks.check_gpt2_attention, gpt2_attention_ok), (checks.check_gpt2_small_params, GPT2_SMALL_PARAMS),
     (checks.check_rms, rms_ok), (checks.check_rmsnorm, mb.RMSNorm),
     (checks.check_swiglu_hidden_dim, mb.swiglu_hidden_dim), (checks.check_swiglu, mb.SwiGLU),
     (checks.check_ffn_weight_count, ffn_weight_count_ok), (checks.check_llama3_70b_d_ff, LLAMA3_70B_D_FF),
-    (checks.check_rope_cache, mb.rope_cache), (checks.check_apply_rope, mb.apply_rope),
-    (checks.check_apply_rope_interleaved, mb.apply_rope_interleaved),
+    (checks.check_rope_cache, rope_tables_variant(None)), (checks.check_apply_rope, rope_per_sequence),
+    (checks.check_apply_rope_interleaved, rope_interleaved_per_sequence),
     (checks.check_repeat_kv, repeat_kv_ok), (checks.check_gqattention, mb.GQAttention),
     (checks.check_kv_cache, attend_cached_ok),
     (checks.check_mla_cache_bytes, mla_cache_bytes_ok), (checks.check_absorb_query, absorb_query_ok),
@@ -352,8 +394,8 @@ def test_right_values_in_the_wrong_dtype_are_named_as_such():
     def rms_float64(x, eps=1e-6):
         return (x.double().pow(2).mean(-1, keepdim=True) + eps).sqrt()
 
-    def rope_cache_float64(T, dh, base=10000.0):
-        cos, sin = mb.rope_cache(T, dh, base)
+    def rope_cache_float64(positions, dh, base=10000.0):
+        cos, sin = rope_tables_variant(None)(positions, dh, base)
         return cos.double(), sin.double()
 
     with pytest.raises(CheckFailed, match="values are right but the dtype is float64; return float32"):
@@ -492,42 +534,27 @@ def test_check_ffn_weight_count_diagnoses():
 # ---- lesson 03: RoPE ---------------------------------------------------------------------------------
 
 
-def rope_cache_variant(mistake):
-    def rope_cache(T, dh, base=10000.0):
-        if mistake == "base_ignored":
-            base = 10000.0
-        i = torch.arange(0, dh, 2).float()
-        theta = base ** (-(i / 2) / dh) if mistake == "i_over_dh" else base ** (-i / dh)
-        pos = torch.arange(T).float() + (1 if mistake == "from_1" else 0)
-        ang = torch.outer(pos, theta)
-        if mistake == "full_width":
-            ang = torch.cat([ang, ang], -1)
-        return ang.cos(), ang.sin()
-
-    return rope_cache
-
-
-@pytest.mark.parametrize("mistake, diagnosis", [
-    ("i_over_dh", "the exponent is i/dh"), ("from_1", "positions start at 1"),
-    ("base_ignored", "the base argument is ignored"), ("full_width", "duplicated to dh columns"),
-])
-def test_check_rope_cache_diagnoses(mistake, diagnosis):
-    rejects(checks.check_rope_cache, rope_cache_variant(mistake), diagnosis)
-    checks.check_rope_cache(rope_cache_variant(None))
-
-
 def rope_wrong_direction(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return torch.cat([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], dim=-1)
 
 
 def rope_keeps_float32(x, cos, sin):
     x1, x2 = x.float().chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
 def test_check_apply_rope_diagnoses():
-    rejects(checks.check_apply_rope, mb.apply_rope_interleaved, "the other RoPE layout", "interleaved")
+    rejects(checks.check_apply_rope, rope_interleaved_per_sequence, "the other RoPE layout", "interleaved")
+
+    def lessons_cell(x, cos, sin):  # lesson 03's my_apply_rope, written for tables of shape [T, dh/2]
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+    rejects(checks.check_apply_rope, lessons_cell, "raised RuntimeError", "size of tensor")
     rejects(checks.check_apply_rope, rope_wrong_direction, "rotation in the wrong direction")
     rejects(checks.check_apply_rope, rope_keeps_float32, "keep x's dtype")
 
@@ -535,9 +562,10 @@ def test_check_apply_rope_diagnoses():
 def test_check_apply_rope_interleaved_diagnoses():
     def written_back_split(x, cos, sin):
         a, b = x[..., 0::2], x[..., 1::2]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
-    rejects(checks.check_apply_rope_interleaved, mb.apply_rope, "the other RoPE layout", "half-split")
+    rejects(checks.check_apply_rope_interleaved, rope_per_sequence, "the other RoPE layout", "half-split")
     rejects(checks.check_apply_rope_interleaved, written_back_split, "written back half-split")
 
 
@@ -641,8 +669,16 @@ def test_check_mla_cache_bytes_diagnoses():
 
 
 def test_check_absorb_query_diagnoses():
-    rejects(checks.check_absorb_query, lambda q, w: torch.einsum("bhtn,hcn->bhtc", q, w), "instead of its transpose")
-    rejects(checks.check_absorb_query, lambda q, w: torch.einsum("bhtn,nc->bhtc", q, w[0]), "head 0's matrix")
+    rejects(checks.check_absorb_query, lambda q, w: torch.einsum("bhtn,hcn->bhtc", q, split_kv_b(q, w)[0]),
+            "instead of its transpose")
+    rejects(checks.check_absorb_query, lambda q, w: torch.einsum("bhtn,nc->bhtc", q, split_kv_b(q, w)[0][0]),
+            "head 0's matrix")
+
+    def split_by_blocks(q, w):  # the lesson's w_uk.weight.view(h, d_nope, d_c), on the fused matrix
+        h, dn = q.shape[1], q.shape[-1]
+        return torch.einsum("bhtn,hnc->bhtc", q, w[:h * dn].view(h, dn, -1))
+
+    rejects(checks.check_absorb_query, split_by_blocks, "its rows go head by head")
 
 
 def test_check_absorbed_scores_diagnoses():
@@ -822,6 +858,7 @@ def test_hints_come_in_tiers_collapsed_and_the_first_gives_no_code_away(path):
         assert tiers[2][2] != tiers[0][2]
         (answer,) = [c for c in nb.cells if c.id == f"{n}-solution"]
         stubs = re.findall(r'raise NotImplementedError\("([^"]*)"\)', answer.source)
+        stubs += re.findall(r"^\w+ = None  # your answer: (.*)$", answer.source, re.M)  # a value item
         assert stubs and all(_in_words(s) for s in stubs), f"{path.name} {n}: {stubs}"
 
 
@@ -830,7 +867,9 @@ def test_exercise_notebook_has_stubs_and_no_answers(path):
     nb = nbformat.read(path, as_version=4)
     solution = nbformat.read(ROOT / "solutions" / path.name, as_version=4)
     blocks = sum(c.source.count(exercises.BEGIN) for c in solution.cells)
-    stubs = sum(c.source.count("raise NotImplementedError(") for c in nb.cells if c.cell_type == "code")
+    stubs = sum(c.source.count("raise NotImplementedError(") + len(re.findall(r"^\w+ = None  # your answer: ",
+                                                                               c.source, re.M))
+                for c in nb.cells if c.cell_type == "code")
     assert stubs == blocks > 0
     for cell in nb.cells:
         assert "SOLUTION" not in cell.source
@@ -890,7 +929,7 @@ def test_build_check_reports_stale_and_orphan_files(tmp_path, capsys):
     assert exercises.build(tmp_path) == [] and (tmp_path / "exercises" / "01_rmsnorm.ipynb").read_bytes() == first
 
     nb = nbformat.read(src, as_version=4)
-    nb.cells[-1].source += "\n\nOne more sentence."
+    [c for c in nb.cells if c.cell_type == "markdown"][-1].source += "\n\nOne more sentence."
     nbformat.write(nb, src)
     assert exercises.build(tmp_path, check=True) == [
         "exercises/01_rmsnorm.ipynb: out of date (from solutions/01_rmsnorm.ipynb)"]
@@ -904,9 +943,19 @@ def test_build_check_reports_stale_and_orphan_files(tmp_path, capsys):
 
 def test_a_stub_that_breaks_the_syntax_is_refused(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "x = [\n### BEGIN SOLUTION\n1,\n### END SOLUTION\n]")])
+        "def f():\n    x = [\n    ### BEGIN SOLUTION\n    1,\n    ### END SOLUTION\n    ]")])
     with pytest.raises(exercises.SolutionMarkerError, match="not valid Python"):
         exercises.exercise_notebook(nb, "solutions/x.ipynb", "exercises/x.ipynb")
+
+
+def test_a_value_item_becomes_none_so_the_cell_runs():
+    source = ("### BEGIN SOLUTION\n# HINT: layers times the latent and RoPE sizes, two bytes each\n"
+              "n_layers = 61\nkimi_k2_cache_bytes = n_layers * (512 + 64) * 2\nprint(kimi_k2_cache_bytes)\n"
+              "### END SOLUTION")
+    assert exercises.strip_solutions(source) == (
+        "kimi_k2_cache_bytes = None  # your answer: layers times the latent and RoPE sizes, two bytes each")
+    with pytest.raises(exercises.SolutionMarkerError, match="must assign the answer"):
+        exercises.strip_solutions("### BEGIN SOLUTION\nprint(1)\n### END SOLUTION")
 
 
 # ---- value items of lessons 02 and 05 -------------------------------------------------------------------

@@ -203,7 +203,7 @@ def test_where_differs_names_the_half_the_positions_the_heads_and_a_factor():
 def test_the_halves_swapped_rope_is_not_answered_with_the_formula():
     def swapped(x, cos, sin):
         x1, x2 = x.chunk(2, dim=-1)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        cos, sin = cos.to(x.dtype).unsqueeze(1), sin.to(x.dtype).unsqueeze(1)
         return torch.cat([x1 * sin + x2 * cos, x1 * cos - x2 * sin], dim=-1)
 
     with pytest.raises(CheckFailed) as info:
@@ -223,10 +223,10 @@ def test_an_unexplained_rope_names_where_it_differs():
     with pytest.raises(CheckFailed) as info:
         checks.check_apply_rope(one_head_wrong)
     message = str(info.value)
-    assert named(message) == [] and "head 1 differs" in message and "head 0 is right" in message
+    assert named(message) == [] and "head 1 differs" in message and "head 0, 2 are right" in message
 
 
 def checks_apply_rope_ok(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    cos, sin = cos.to(x.dtype).unsqueeze(1), sin.to(x.dtype).unsqueeze(1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)

@@ -1,7 +1,8 @@
 """The checks in a Jupyter notebook: the student's loop.
 
-* A failing or not-attempted check prints its message (``✗`` / ``…``) instead of raising, so Run All goes to
-  the end of the notebook; ``summary()``, the notebook's last cell, lists every check that ran and its result.
+* A failing or not-attempted check prints its message (``✗`` / ``…``, on stderr) instead of raising, so Run All
+  goes to the end of the notebook (nbgrader's autograde, which runs the notebook in a kernel too, scores a check
+  cell with output on stderr as failed, as one that raised); ``summary()``, the notebook's last cell, lists every check that ran and its result.
 * While the student's code runs inside a check, the package's own implementation of what the exercise asks
   for (the check's ``components``) raises, as it does in the grader's copy of the package: handing in
   ``modern_block.rope_cache``, subclassing it or calling it from one's own function is flagged here too.
@@ -52,9 +53,9 @@ def report(name: str, error: BaseException | None, summary: str = "") -> None:
     if error is None:
         _RESULTS[name] = ("passed", summary)
         print(f"✓ {name} passed ({summary})")
-    elif isinstance(error, NotAttempted):
+    elif isinstance(error, NotAttempted):  # on stderr too: nbgrader's autograde gives no point for a cell that writes there
         _RESULTS[name] = ("not attempted", str(error))
-        print(f"… {error}")
+        print(f"… {error}", file=sys.stderr)
     else:
         _RESULTS[name] = ("failed", str(error))
         print(f"✗ {error}", file=sys.stderr)
