@@ -129,12 +129,13 @@ class QKNormAttentionOk(mb.GQAttention):
         super().__init__(d, n_heads, n_kv_heads, qk_norm=True)
 
 
-def llama_param_count_ok(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie=False, qk_norm=True, *, kv_full=False,
-                         norms=True, head_if_tied=False):
+def llama_param_count_ok(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie=False, qk_norm=True, qkv_bias=False, *,
+                         kv_full=False, norms=True, head_if_tied=False, biases=True):
     """By formula (the keyword knobs switch in one mistake each); test_param_formula checks it on real models."""
     dh = d // n_heads
     kv = n_heads if kv_full else n_kv_heads
     layer = 2 * d * n_heads * dh + 2 * d * kv * dh + 3 * d * d_ff
+    layer += (n_heads * dh + 2 * kv * dh) if qkv_bias and biases else 0
     layer += (2 * d + (2 * dh if qk_norm else 0)) if norms else 0
     return V * d + n_layers * layer + (d if norms else 0) + (V * d if not tie or head_if_tied else 0)
 
@@ -146,6 +147,12 @@ def test_param_formula(config, tie, qk_norm):
     assert llama_param_count_ok(*config, tie=tie, qk_norm=qk_norm) == model.num_parameters()
     if config[0] == 1000 and not tie and qk_norm:
         assert model.num_parameters() == 3_283_456
+
+
+@pytest.mark.parametrize("config", [(1000, 256, 4, 8, 2, 688), (500, 64, 3, 4, 1, 160)])
+def test_param_formula_with_qkv_biases(config):
+    model = mb.LlamaStyleLM(*config, max_len=4, qkv_bias=True)
+    assert llama_param_count_ok(*config, qkv_bias=True) == model.num_parameters()
 
 
 def gpt2_block_params_ok(d, d_ff=None):
@@ -207,21 +214,23 @@ def ntk_scaled_base_ok(base, dh, kappa):
     return base * kappa ** (dh / (dh - 2))
 
 
-def dequantize_q4_1_ok(raw, *, mistake=None):
-    """The package's Q4_1 dequantization (modern_block.interop.gguf_quants), or one of the usual mistakes."""
-    from modern_block.interop import dequantize_q4_1
-
-    if mistake is None:
-        return dequantize_q4_1(raw)
-    blocks = raw.reshape(-1, 20)
+def dequantize_q4_0_ok(raw, *, mistake=None):
+    """Q4_0 dequantization as a student writes it, or with one of the usual mistakes."""
+    blocks = raw.reshape(-1, 18)
     d = blocks[:, 0:2].contiguous().view(torch.float16).float()
-    m = blocks[:, 2:4].contiguous().view(torch.float16).float()
-    lo, hi = (blocks[:, 4:] & 0x0F).float(), (blocks[:, 4:] >> 4).float()
+    lo, hi = (blocks[:, 2:] & 0x0F).float(), (blocks[:, 2:] >> 4).float()
     q = torch.cat([hi, lo], 1) if mistake == "nibbles" else torch.cat([lo, hi], 1)
-    if mistake == "swapped":
-        d, m = m, d
-    w = d * q if mistake == "no_minimum" else d * q + m
+    w = {"not_centred": d * q, "signed": d * torch.where(q >= 8, q - 16, q)}.get(mistake, d * (q - 8))
     return w.reshape(raw.shape[0], -1).double() if mistake == "float64" else w.reshape(raw.shape[0], -1)
+
+
+def test_the_q4_0_reference_is_ggufs():
+    gguf = pytest.importorskip("gguf")
+    from modern_block.classroom.checks.lesson09 import _q4_0_bytes
+
+    raw = _q4_0_bytes(torch.Generator().manual_seed(0), 3, 5)
+    want = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType.Q4_0)
+    torch.testing.assert_close(dequantize_q4_0_ok(raw), torch.from_numpy(want).float())
 
 
 def unpermute_qk_ok(wq, wk, wv, n_heads, n_kv_heads, *, mistake=None):
@@ -288,9 +297,11 @@ RIGHT = [
     (checks.check_llama_param_count, llama_param_count_ok),
     (checks.check_lr_schedule, lr_at_ok), (checks.check_flops_per_token, flops_per_token_ok),
     (checks.check_fair_comparison, unfair_differences_ok), (checks.check_llama3_8b_train_flops, LLAMA3_8B_TRAIN_FLOPS),
-    (checks.check_llama3_rope_scaling, mb.llama3_frequencies), (checks.check_ntk_scaled_base, ntk_scaled_base_ok),
+    (checks.check_llama3_rope_scaling, lambda dh, base, *rule: mb.llama3_frequencies(mb.rope_frequencies(dh, base),
+                                                                                       *rule)),
+    (checks.check_ntk_scaled_base, ntk_scaled_base_ok),
     (checks.check_smollm2_cache_bytes, SMOLLM2_CACHE_BYTES),
-    (checks.check_dequantize_q4_1, dequantize_q4_1_ok), (checks.check_unpermute_qk, unpermute_qk_ok),
+    (checks.check_dequantize_q4_0, dequantize_q4_0_ok), (checks.check_unpermute_qk, unpermute_qk_ok),
 ]
 FUNCTIONS = [(check, impl) for check, impl in RIGHT if callable(impl)]  # the rest are numbers, graded by value
 
@@ -795,6 +806,9 @@ def test_check_llama_param_count_diagnoses():
             "the RMSNorm scales were not counted")
     rejects(checks.check_llama_param_count, lambda *a, **k: count(*a, **k, head_if_tied=True),
             "counted a second time")
+    rejects(checks.check_llama_param_count, lambda *a, **k: count(*a, **k, biases=False), "biases of wq, wk and wv")
+    rejects(checks.check_llama_param_count, lambda *a, **k: count(*a, **{**k, "qkv_bias": False}),
+            "biases of wq, wk and wv")  # the lesson's formula, without the new argument
 
 
 # ---- the notebooks: solutions are the source, exercises are generated ----------------------------------
@@ -1019,7 +1033,10 @@ def test_check_llama3_8b_train_flops_diagnoses():
 
 def llama3_variant(mistake):
     """Llama 3's rule as a student might write it, with one mistake (None: right)."""
-    def llama3_frequencies(theta, factor, low_freq_factor, high_freq_factor, original_len):
+    def llama3_frequencies(dh, base, factor, low_freq_factor, high_freq_factor, original_len):
+        theta = base ** (-torch.arange(0, dh, 2, dtype=torch.float32) / dh)  # [dh/2]
+        if mistake == "unscaled":
+            return theta
         if mistake == "every_frequency":
             return theta / factor
         wavelength = {"frequency": theta, "no_2pi": 1 / theta}.get(mistake, 2 * math.pi / theta)
@@ -1030,9 +1047,6 @@ def llama3_variant(mistake):
         if mistake == "reversed":
             a = 1 - a
         blended = (1 - a) * theta / factor + a * theta
-        if mistake == "in_place":
-            theta[wavelength > long] /= factor
-            return torch.where(wavelength < short, theta, torch.where(wavelength > long, theta, blended))
         out = torch.where(wavelength < short, theta, torch.where(wavelength > long, theta / factor, blended))
         return out.double() if mistake == "float64" else out
 
@@ -1052,7 +1066,7 @@ def test_the_llama3_cases_populate_every_band():
 @pytest.mark.parametrize("mistake, diagnosis", [
     ("every_frequency", "position interpolation"), ("band", "the wrong smoothing band"),
     ("frequency", "wavelength vs frequency"), ("no_2pi", "2π / θ"), ("reversed", "the blend is reversed"),
-    ("in_place", "changed theta in place"), ("float64", "return theta's dtype"),
+    ("unscaled", "the frequencies came back unscaled"), ("float64", "return float32 frequencies"),
 ])
 def test_check_llama3_rope_scaling_diagnoses(mistake, diagnosis):
     rejects(checks.check_llama3_rope_scaling, llama3_variant(mistake), diagnosis)
@@ -1080,11 +1094,11 @@ def test_check_smollm2_cache_bytes_diagnoses():
 
 
 @pytest.mark.parametrize("mistake, diagnosis", [
-    ("nibbles", "the two codes of each byte are swapped"), ("swapped", "the scale and the minimum are swapped"),
-    ("no_minimum", "the minimum is missing"), ("float64", "return float32"),
+    ("nibbles", "the two codes of each byte are swapped"), ("not_centred", "the codes were not centred"),
+    ("signed", "two's complement"), ("float64", "return float32"),
 ])
-def test_check_dequantize_q4_1_diagnoses(mistake, diagnosis):
-    rejects(checks.check_dequantize_q4_1, lambda raw: dequantize_q4_1_ok(raw, mistake=mistake), diagnosis)
+def test_check_dequantize_q4_0_diagnoses(mistake, diagnosis):
+    rejects(checks.check_dequantize_q4_0, lambda raw: dequantize_q4_0_ok(raw, mistake=mistake), diagnosis)
 
 
 @pytest.mark.parametrize("mistake, diagnosis", [

@@ -42,7 +42,7 @@ from .lesson06 import check_qk_norm_attention, check_qk_norm_rope
 from .lesson07 import check_block, check_llama_lm, check_llama_param_count
 from .lesson08 import check_fair_comparison, check_flops_per_token, check_llama3_8b_train_flops, check_lr_schedule
 from .lesson09 import (
-    check_dequantize_q4_1,
+    check_dequantize_q4_0,
     check_llama3_rope_scaling,
     check_ntk_scaled_base,
     check_smollm2_cache_bytes,
@@ -62,5 +62,5 @@ __all__ = [
     "check_block", "check_llama_lm", "check_llama_param_count",
     "check_lr_schedule", "check_flops_per_token", "check_fair_comparison", "check_llama3_8b_train_flops",
     "check_llama3_rope_scaling", "check_ntk_scaled_base", "check_smollm2_cache_bytes",
-    "check_dequantize_q4_1", "check_unpermute_qk",
+    "check_dequantize_q4_0", "check_unpermute_qk",
 ]

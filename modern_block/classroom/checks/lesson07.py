@@ -174,11 +174,14 @@ def check_llama_lm(LlamaStyleLMClass) -> str:
     return "3,283,456 parameters, tying, 3 forward cases incl. rope_base and T = max_len"
 
 
-def _param_count(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie, qk_norm, *, kv_full=False, norms=True,
-                 qk=True, head=True, final=True, head_when_tied=False):
+def _param_count(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie, qk_norm, qkv_bias=False, *, kv_full=False,
+                 norms=True, qk=True, head=True, final=True, head_when_tied=False, bias="qkv"):
     dh = d // n_heads
     kv = n_heads if kv_full else n_kv_heads
     attn = d * n_heads * dh + 2 * d * kv * dh + n_heads * dh * d + (2 * dh if qk_norm and qk else 0)
+    if qkv_bias:  # bias: "qkv" (right), "none", "full" (k and v biases of n_heads·dh), "wo" (an output bias too)
+        attn += {"qkv": n_heads * dh + 2 * kv * dh, "none": 0, "full": 3 * n_heads * dh,
+                 "wo": n_heads * dh + 2 * kv * dh + d}[bias]
     layer = attn + 3 * d * d_ff + (2 * d if norms else 0)
     total = V * d + n_layers * layer + (d if final and norms else 0)
     if head and (not tie or head_when_tied):
@@ -188,13 +191,16 @@ def _param_count(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie, qk_norm, *, kv_
 
 @exercise_check(components=("LlamaStyleLM", "count_parameters", "parameter_breakdown"))
 def check_llama_param_count(llama_param_count) -> str:
-    """``llama_param_count(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie=False, qk_norm=True)``: the
-    parameters of LlamaStyleLM, by formula."""
+    """``llama_param_count(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie=False, qk_norm=True, qkv_bias=False)``:
+    the parameters of LlamaStyleLM by formula, and of its Qwen2 variant with biases on wq, wk and wv."""
     __tracebackhide__ = True
     name = "check_llama_param_count"
     cases = [((1000, 256, 4, 8, 2, 688), {}), ((1000, 256, 4, 8, 2, 688), dict(tie=True)),
              ((1000, 256, 4, 8, 2, 688), dict(qk_norm=False)), ((500, 64, 3, 4, 1, 160), {}),
-             ((32000, 4096, 32, 32, 32, 11008), dict(qk_norm=False)), ((300, 48, 2, 6, 3, 128), dict(tie=True))]
+             ((32000, 4096, 32, 32, 32, 11008), dict(qk_norm=False)), ((300, 48, 2, 6, 3, 128), dict(tie=True)),
+             ((1000, 256, 4, 8, 2, 688), dict(qkv_bias=True)),
+             ((151936, 896, 24, 14, 2, 4864), dict(tie=True, qk_norm=False, qkv_bias=True)),
+             ((500, 64, 3, 4, 1, 160), dict(qkv_bias=True))]
     if is_graded():  # hidden cases drawn from the grader's secret: a table of the public answers does not pass
         g = generator(23)
         for _ in range(3):
@@ -203,13 +209,15 @@ def check_llama_param_count(llama_param_count) -> str:
             d = h * pick(g, [8, 16, 32, 64])
             args = (int(torch.randint(50, 60000, (1,), generator=g)), d, int(torch.randint(1, 40, (1,), generator=g)),
                     h, kv, int(torch.randint(8, 4 * d, (1,), generator=g)))
-            cases.append((args, dict(tie=pick(g, [False, True]), qk_norm=pick(g, [False, True]))))
+            cases.append((args, dict(tie=pick(g, [False, True]), qk_norm=pick(g, [False, True]),
+                                     qkv_bias=pick(g, [False, True]))))
     for args, kw in cases:
-        tie, qk_norm = kw.get("tie", False), kw.get("qk_norm", True)
+        tie, qk_norm, qkv_bias = kw.get("tie", False), kw.get("qk_norm", True), kw.get("qkv_bias", False)
+        n_kv = args[4]
         call = f"llama_param_count{args}" + "".join(f", {k}={v}" for k, v in kw.items())
         got = call_student(name, call, llama_param_count, *args, **kw)
-        want = _param_count(*args, tie, qk_norm)
-        pc = partial(_param_count, *args, tie, qk_norm)
+        want = _param_count(*args, tie, qk_norm, qkv_bias)
+        pc = partial(_param_count, *args, tie, qk_norm, qkv_bias)
         cands = [
             ("wk and wv counted at full size: with GQA they have n_kv_heads·head_dim outputs, not d.",
              pc(kv_full=True)),
@@ -219,13 +227,19 @@ def check_llama_param_count(llama_param_count) -> str:
             ("the QK-norm scales were not counted: q_norm and k_norm have head_dim weights each, per block.",
              pc(qk=False)),
             ("the QK-norm scales were counted although qk_norm=False.",
-             _param_count(*args, tie, True) if not qk_norm else None),
+             _param_count(*args, tie, True, qkv_bias) if not qk_norm else None),
+            ("the biases of wq, wk and wv were not counted (qkv_bias=True: Qwen2's projections have them).",
+             pc(bias="none") if qkv_bias else None),
+            ("the key and value biases were counted at full size: wk and wv have n_kv_heads·head_dim outputs, so "
+             "their biases have n_kv_heads·head_dim entries each.", pc(bias="full") if qkv_bias and
+             n_kv != args[3] else None),
+            ("the output projection wo was given a bias too: Qwen2 has biases on wq, wk and wv only.",
+             pc(bias="wo") if qkv_bias else None),
             ("the tied head was counted a second time: with tie=True the head is the embedding matrix.",
              pc(head_when_tied=True) if tie else None),
             ("the output head (V·d) was not counted.", pc(head=False) if not tie else None),
             ("the final norm (d) was not counted.", pc(final=False)),
         ]
-        judge_int(name, got, want, cands, call,
-                  hint="emb V·d; per block: wq d·h·dh, wk and wv d·n_kv·dh each, wo h·dh·d, 2·dh QK-norm, "
-                       "3·d·d_ff, 2·d norms; final norm d; head V·d unless tied.")
-    return "6 cases incl. the chapter's 3,283,456, tied, no QK-norm, MQA and Llama 2 7B's 6,738,415,616"
+        judge_int(name, got, want, cands, call)
+    return ("9 cases incl. the chapter's 3,283,456, tied, no QK-norm, MQA, Llama 2 7B's 6,738,415,616 and "
+            "Qwen2.5-0.5B's 494,032,768 (biases on q, k, v)")
