@@ -539,7 +539,8 @@ def test_check_swiglu_explains_a_layout_mismatch():
 def test_check_ffn_weight_count_diagnoses():
     rejects(checks.check_ffn_weight_count, lambda d, d_ff, gated: 3 * d * d_ff, "a GELU MLP has two matrices")
     rejects(checks.check_ffn_weight_count,
-            lambda d, d_ff, gated: (3 if gated else 2) * d * d_ff + (2 if gated else 1) * d_ff + d, "biases were counted")
+            lambda d, d_ff, gated: (3 if gated else 2) * d * d_ff + (2 if gated else 1) * d_ff + d,
+            "biases were counted")
 
 
 # ---- lesson 03: RoPE ---------------------------------------------------------------------------------

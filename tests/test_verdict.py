@@ -8,8 +8,6 @@ that returns exactly what that mistake computes (in every case where it makes a 
 message must name that mistake and only it. The hand-written wrong implementations of test_exercises.py show that
 the candidates model real code; this shows that the verdict turns each of them into the right words."""
 
-import re
-
 import pytest
 import torch
 from test_exercises import FUNCTIONS, RIGHT, llama_param_count_ok, named
@@ -102,7 +100,7 @@ def test_every_known_mistake_is_named_and_nothing_else(check, impl):
     problems = []
     for diagnosis in diagnoses:
         substitutes = {}
-        for spot, (_, want, cands) in zip(where, seen):
+        for spot, (_, want, cands) in zip(where, seen, strict=True):
             wrong = next((w for d, w in cands if d == diagnosis and w is not None), None)
             if wrong is not None and differs(wrong, want):
                 substitutes[spot] = wrong.float() if isinstance(wrong, torch.Tensor) and \

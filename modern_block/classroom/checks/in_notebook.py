@@ -2,7 +2,8 @@
 
 * A failing or not-attempted check prints its message (``✗`` / ``…``, on stderr) instead of raising, so Run All
   goes to the end of the notebook (nbgrader's autograde, which runs the notebook in a kernel too, scores a check
-  cell with output on stderr as failed, as one that raised); ``summary()``, the notebook's last cell, lists every check that ran and its result.
+  cell with output on stderr as failed, as one that raised); ``summary()``, the notebook's last cell, lists
+  every check that ran and its result.
 * While the student's code runs inside a check, the package's own implementation of what the exercise asks
   for (the check's ``components``) raises, as it does in the grader's copy of the package: handing in
   ``modern_block.rope_cache``, subclassing it or calling it from one's own function is flagged here too.
@@ -53,7 +54,7 @@ def report(name: str, error: BaseException | None, summary: str = "") -> None:
     if error is None:
         _RESULTS[name] = ("passed", summary)
         print(f"✓ {name} passed ({summary})")
-    elif isinstance(error, NotAttempted):  # on stderr too: nbgrader's autograde gives no point for a cell that writes there
+    elif isinstance(error, NotAttempted):  # stderr too: nbgrader's autograde scores such a cell 0
         _RESULTS[name] = ("not attempted", str(error))
         print(f"… {error}", file=sys.stderr)
     else:

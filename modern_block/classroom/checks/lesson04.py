@@ -11,7 +11,6 @@ from ...attention import GQAttention
 from ...rmsnorm import RMSNorm
 from ...rope import rope_cache
 from .core import (
-    CheckFailed,
     Output,
     call_student,
     dtype_name,

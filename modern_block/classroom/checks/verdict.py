@@ -171,7 +171,7 @@ one not to report), and a
         lo, hi = bool(bad[..., :half].any()), bool(bad[..., half:].any())
         if lo != hi:
             notes.append(f"only the {'first' if lo else 'second'} half of the last dimension differs")
-    names = dict(zip(range(want.dim() - len(dims), want.dim()), dims))
+    names = dict(zip(range(want.dim() - len(dims), want.dim()), dims, strict=True))
     for axis, label in names.items():
         size = want.shape[axis]
         if size < 2 or axis < 0 or not label:
