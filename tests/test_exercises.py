@@ -279,6 +279,62 @@ def rope_interleaved_per_sequence(x, cos, sin):
     return mb.apply_rope_interleaved(x, cos.unsqueeze(1), sin.unsqueeze(1))
 
 
+class SandwichBlockOk(nn.Module):
+    """Exercise 07.1: the pre-norm block with a norm on each sub-layer's output (Gemma 2 and 3); ``mistake``
+    switches in one mistake."""
+
+    mistake = None
+
+    def __init__(self, d, n_heads, n_kv_heads, d_ff):
+        super().__init__()
+        self.attn_norm, self.attn, self.attn_post_norm = mb.RMSNorm(d), mb.GQAttention(d, n_heads, n_kv_heads), \
+            mb.RMSNorm(d)
+        self.ffn_norm, self.ffn, self.ffn_post_norm = mb.RMSNorm(d), mb.SwiGLU(d, d_ff), mb.RMSNorm(d)
+
+    def forward(self, x, cos, sin):
+        m = self.mistake
+        if m == "plain":  # lesson 07's block, copied
+            x = x + self.attn(self.attn_norm(x), cos, sin)
+            return x + self.ffn(self.ffn_norm(x))
+        if m == "on_sum":
+            x = self.attn_post_norm(x + self.attn(self.attn_norm(x), cos, sin))
+            return self.ffn_post_norm(x + self.ffn(self.ffn_norm(x)))
+        if m == "parallel":
+            return x + self.attn_post_norm(self.attn(self.attn_norm(x), cos, sin)) + \
+                self.ffn_post_norm(self.ffn(self.ffn_norm(x)))
+        x = x + self.attn_post_norm(self.attn(self.attn_norm(x), cos, sin))
+        if m == "no_ffn_residual":
+            return self.ffn_post_norm(self.ffn(self.ffn_norm(x)))
+        return x + self.ffn_post_norm(self.ffn(self.ffn_norm(x)))
+
+
+class LMVariant(mb.LlamaStyleLM):
+    mistake = None
+
+    def __init__(self, V, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, max_len=1024, rope_base=10000.0,
+                 tie=False, scale_emb=False):
+        super().__init__(V, d, n_layers, n_heads, n_kv_heads, d_ff, max_len, rope_base, tie=False)
+        self.factor = math.sqrt(d) if scale_emb and self.mistake != "not_scaled" else 1.0
+        if self.mistake == "no_final_norm":
+            self.norm = nn.Identity()
+        if tie:
+            if self.mistake == "tie_by_copy":
+                self.head.weight = nn.Parameter(self.emb.weight.detach().clone())
+            else:
+                self.head.weight = self.emb.weight
+        if self.mistake == "persistent_tables":
+            self.register_buffer("cos", self.rope.cos.clone(), persistent=True)
+        if self.mistake == "base_ignored":
+            self.rope = mb.RotaryEmbedding(d // n_heads, max_len)  # the default base, whatever rope_base says
+
+    def forward(self, idx):  # the package's forward, with Gemma's embedding scale
+        cos, sin = self.rope(torch.arange(idx.shape[1]))
+        x = self.emb(idx) * self.factor
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.head(self.norm(x))
+
+
 RIGHT = [
     (checks.check_gpt2_block_params, gpt2_block_params_ok), (checks.check_causal_attention, causal_attention_ok),
     (checks.check_gpt2_attention, gpt2_attention_ok), (checks.check_gpt2_small_params, GPT2_SMALL_PARAMS),
@@ -293,7 +349,7 @@ RIGHT = [
     (checks.check_absorbed_scores, absorbed_scores_ok), (checks.check_mla_absorption, absorbed_attention_ok),
     (checks.check_kimi_k2_cache_bytes, KIMI_K2_CACHE_BYTES),
     (checks.check_qk_norm_rope, qk_norm_rope_ok), (checks.check_qk_norm_attention, QKNormAttentionOk),
-    (checks.check_block, mb.Block), (checks.check_llama_lm, mb.LlamaStyleLM),
+    (checks.check_block, SandwichBlockOk), (checks.check_llama_lm, LMVariant),
     (checks.check_llama_param_count, llama_param_count_ok),
     (checks.check_lr_schedule, lr_at_ok), (checks.check_flops_per_token, flops_per_token_ok),
     (checks.check_fair_comparison, unfair_differences_ok), (checks.check_llama3_8b_train_flops, LLAMA3_8B_TRAIN_FLOPS),
@@ -744,56 +800,19 @@ def test_check_qk_norm_attention_diagnoses():
 # ---- lesson 07: the block and the model ---------------------------------------------------------------
 
 
-class BlockVariant(mb.Block):
-    mistake = None
-
-    def __init__(self, d, n_heads, n_kv_heads, d_ff):
-        super().__init__(d, n_heads, n_kv_heads, d_ff)
-
-    def forward(self, x, cos, sin):
-        if self.mistake == "post_norm":
-            x = self.attn_norm(x + self.attn(x, cos, sin))
-            return self.ffn_norm(x + self.ffn(x))
-        if self.mistake == "no_ffn_residual":
-            x = x + self.attn(self.attn_norm(x), cos, sin)
-            return self.ffn(self.ffn_norm(x))
-        if self.mistake == "parallel":
-            return x + self.attn(self.attn_norm(x), cos, sin) + self.ffn(self.ffn_norm(x))
-        x = x + self.attn(self.attn_norm(x), cos, sin)
-        return x + self.ffn(self.ffn_norm(x))
-
-
 @pytest.mark.parametrize("mistake, diagnosis", [
-    ("post_norm", "post-norm"), ("no_ffn_residual", "the FFN residual is missing"), ("parallel", "a parallel block"),
+    ("plain", "the post-norms are not applied"), ("on_sum", "applied to the residual sum"),
+    ("no_ffn_residual", "the FFN residual is missing"), ("parallel", "a parallel block"),
 ])
 def test_check_block_diagnoses(mistake, diagnosis):
-    rejects(checks.check_block, variant(BlockVariant, mistake), diagnosis)
-    checks.check_block(variant(BlockVariant, None))
-
-
-class LMVariant(mb.LlamaStyleLM):
-    mistake = None
-
-    def __init__(self, V, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, max_len=1024, rope_base=10000.0,
-                 tie=False):
-        super().__init__(V, d, n_layers, n_heads, n_kv_heads, d_ff, max_len, rope_base, tie=False)
-        if self.mistake == "no_final_norm":
-            self.norm = nn.Identity()
-        if tie:
-            if self.mistake == "tie_by_copy":
-                self.head.weight = nn.Parameter(self.emb.weight.detach().clone())
-            else:
-                self.head.weight = self.emb.weight
-        if self.mistake == "persistent_tables":
-            self.register_buffer("cos", self.rope.cos.clone(), persistent=True)
-        if self.mistake == "base_ignored":
-            self.rope = mb.RotaryEmbedding(d // n_heads, max_len)  # the default base, whatever rope_base says
+    rejects(checks.check_block, variant(SandwichBlockOk, mistake), diagnosis)
+    checks.check_block(variant(SandwichBlockOk, None))
 
 
 @pytest.mark.parametrize("mistake, diagnosis", [
     ("no_final_norm", "the final RMSNorm (self.norm, before the head) is missing"),
     ("tie_by_copy", "not a copy"), ("persistent_tables", "persistent=False"),
-    ("base_ignored", "rope_base is ignored"),
+    ("base_ignored", "rope_base is ignored"), ("not_scaled", "the embeddings were not scaled"),
 ])
 def test_check_llama_lm_diagnoses(mistake, diagnosis):
     rejects(checks.check_llama_lm, variant(LMVariant, mistake), diagnosis)

@@ -10,8 +10,9 @@ the candidates model real code; this shows that the verdict turns each of them i
 
 import pytest
 import torch
-from test_exercises import FUNCTIONS, RIGHT, llama_param_count_ok, named
+from test_exercises import FUNCTIONS, RIGHT, SandwichBlockOk, llama_param_count_ok, named
 
+import modern_block as mb
 from modern_block.classroom import checks
 from modern_block.classroom.checks import CheckFailed, verdict
 from modern_block.classroom.checks.verdict import how_off, where_differs
@@ -228,3 +229,47 @@ def checks_apply_rope_ok(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype).unsqueeze(1), sin.to(x.dtype).unsqueeze(1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+# ---- the module checks: each mistake generated as a module that computes it -------------------------------
+
+
+def test_every_block_mistake_is_named_alone():
+    from modern_block.classroom.checks.lesson07 import _block_candidates
+
+    diagnoses = [d for d, _ in _block_candidates(SandwichBlockOk(8, 2, 1, 8), None, None, None)]
+    problems = []
+    for i, diagnosis in enumerate(diagnoses):
+        class Wrong(SandwichBlockOk):
+            def forward(self, x, cos, sin, i=i):  # the mistake's formula, with this module's own weights
+                return _block_candidates(self, x, cos, sin)[i][1]().float()
+
+        with pytest.raises(CheckFailed) as info:
+            checks.check_block(Wrong)
+        if named(str(info.value)) != [diagnosis]:
+            problems.append(f"{diagnosis!r}: named {named(str(info.value))}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("check", [checks.check_gqattention, checks.check_qk_norm_attention],
+                         ids=lambda c: c.__name__)
+def test_every_attention_mistake_is_named_alone(check):
+    from modern_block.classroom.checks.lesson04 import _ATTENTION_MISTAKES, _attention64, _attention_params
+
+    problems = []
+    for diagnosis, knobs, applies in _ATTENTION_MISTAKES:
+        class Wrong(mb.GQAttention):
+            def __init__(self, d, n_heads, n_kv_heads, qk_norm=True, knobs=knobs, applies=applies):
+                super().__init__(d, n_heads, n_kv_heads, qk_norm=qk_norm)
+                self.knobs, self.applies, self.qk_norm_on = knobs, applies, qk_norm
+
+            def forward(self, x, cos, sin):  # the mistake's formula where it makes a difference, else the right one
+                on = self.applies(self.h, self.kv, self.qk_norm_on)
+                return _attention64(_attention_params(self), x, cos, sin, h=self.h, kv=self.kv, dh=self.dh, eps=1e-6,
+                                    qk_norm=self.qk_norm_on, **(self.knobs if on else {})).to(x.dtype)
+
+        with pytest.raises(CheckFailed) as info:
+            check(Wrong)
+        if named(str(info.value)) != [diagnosis]:
+            problems.append(f"{diagnosis!r}: named {named(str(info.value))}")
+    assert not problems, "\n".join(problems)

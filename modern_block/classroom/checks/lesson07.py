@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any
 
 import torch
+import torch.nn as nn
 
-from ...llama import Block, LlamaStyleLM
+from ...attention import GQAttention
+from ...ffn import SwiGLU
+from ...llama import LlamaStyleLM
 from ...params import count_parameters
+from ...rmsnorm import RMSNorm
 from ...rope import rope_cache
 from .core import (
     call_student,
@@ -24,68 +29,85 @@ from .core import (
 )
 
 
-def _block_candidates(ref: Block, x, cos, sin):
-    n1, n2, attn, ffn = ref.attn_norm, ref.ffn_norm, ref.attn, ref.ffn
+class _SandwichBlock(nn.Module):
+    """The reference of exercise 1: the pre-norm block with an RMSNorm on each sub-layer's output as well
+    (Gemma 2 and 3's "sandwich" norm)."""
+
+    def __init__(self, d: int, n_heads: int, n_kv_heads: int, d_ff: int):
+        super().__init__()
+        self.attn_norm, self.attn, self.attn_post_norm = RMSNorm(d), GQAttention(d, n_heads, n_kv_heads), RMSNorm(d)
+        self.ffn_norm, self.ffn, self.ffn_post_norm = RMSNorm(d), SwiGLU(d, d_ff), RMSNorm(d)
+
+    def forward(self, x, cos, sin):  # x: [B, T, d]
+        x = x + self.attn_post_norm(self.attn(self.attn_norm(x), cos, sin))
+        return x + self.ffn_post_norm(self.ffn(self.ffn_norm(x)))
+
+
+def _block_candidates(ref: _SandwichBlock, x, cos, sin):
+    n1, p1, n2, p2, attn, ffn = ref.attn_norm, ref.attn_post_norm, ref.ffn_norm, ref.ffn_post_norm, ref.attn, ref.ffn
 
     def a(t):
         return attn(t, cos, sin)
 
-    def post():
-        y = n1(x + a(x))
-        return n2(y + ffn(y))
+    def same(t):
+        return t
 
-    def seq(first_norm, second_norm, res1=True, res2=True):
-        y = (x if res1 else 0) + a(first_norm(x) if first_norm else x)
-        return (y if res2 else 0) + ffn(second_norm(y) if second_norm else y)
+    def seq(pre1=n1, post1=p1, pre2=n2, post2=p2, res1=True, res2=True):
+        y = (x if res1 else 0) + post1(a(pre1(x)))
+        return (y if res2 else 0) + post2(ffn(pre2(y)))
 
-    def normed_stream():
-        y = n1(x)
-        y = y + a(y)
-        z = n2(y)
-        return z + ffn(z)
+    def on_sum():
+        y = p1(x + a(n1(x)))
+        return p2(y + ffn(n2(y)))
 
     return [
-        ("post-norm (GPT-1 / original Transformer): the norm was applied after adding the residual. The modern "
-         "block is pre-norm: x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x)).", post),
-        ("the attention residual is missing: x = x + attn(attn_norm(x), cos, sin).", lambda: seq(n1, n2, res1=False)),
-        ("the FFN residual is missing: return x + ffn(ffn_norm(x)).", lambda: seq(n1, n2, res2=False)),
-        ("both residual connections are missing: each sub-layer adds its output to x.",
-         lambda: seq(n1, n2, False, False)),
+        ("the post-norms are not applied: that is lesson 07's block. Here each sub-layer's output goes through its "
+         "own RMSNorm (attn_post_norm, ffn_post_norm) before it is added to x.", lambda: seq(post1=same, post2=same)),
+        ("the post-norm was applied to the residual sum (x = attn_post_norm(x + attn(...))): it normalises the "
+         "sub-layer's output only; the stream itself is never normalised.", on_sum),
+        ("the pre-norms are missing: the sub-layers read attn_norm(x) and ffn_norm(x), then their outputs go "
+         "through the post-norms.", lambda: seq(pre1=same, pre2=same)),
+        ("attn_post_norm and ffn_post_norm were swapped.", lambda: seq(post1=p2, post2=p1)),
+        ("a sub-layer's two norms were swapped: attn_norm goes before the attention, attn_post_norm after it (and "
+         "ffn_norm before the FFN, ffn_post_norm after it).", lambda: seq(pre1=p1, post1=n1, pre2=p2, post2=n2)),
+        ("the attention residual is missing: x = x + attn_post_norm(attn(attn_norm(x), cos, sin)).",
+         lambda: seq(res1=False)),
+        ("the FFN residual is missing: return x + ffn_post_norm(ffn(ffn_norm(x))).", lambda: seq(res2=False)),
         ("a parallel block (GPT-J style): the FFN reads the block's input, not x after the attention residual.",
-         lambda: x + a(n1(x)) + ffn(n2(x))),
-        ("the two norms were swapped: attention reads attn_norm(x), the FFN reads ffn_norm(x).",
-         lambda: seq(n2, n1)),
-        ("the residual stream itself was normalised (x = norm(x), then x + sublayer(x)): add the sub-layer's output "
-         "to the un-normalised x.", normed_stream),
-        ("attn_norm is not applied: attention must read attn_norm(x).", lambda: seq(None, n2)),
-        ("ffn_norm is not applied: the FFN must read ffn_norm(x).", lambda: seq(n1, None)),
-        ("the same norm (attn_norm) was used twice: the FFN has its own ffn_norm.", lambda: seq(n1, n1)),
+         lambda: x + p1(a(n1(x))) + p2(ffn(n2(x)))),
+        ("the two pre-norms were swapped: attention reads attn_norm(x), the FFN reads ffn_norm(x).",
+         lambda: seq(pre1=n2, pre2=n1)),
+        ("the post-attention norm is missing: x = x + attn_post_norm(attn(attn_norm(x), cos, sin)).",
+         lambda: seq(post1=same)),
+        ("the post-FFN norm is missing: return x + ffn_post_norm(ffn(ffn_norm(x))).", lambda: seq(post2=same)),
     ]
 
 
 @exercise_check(components=("Block",), uses=("RMSNorm", "GQAttention", "SwiGLU"))
 def check_block(BlockClass) -> str:
-    """``Block(d, n_heads, n_kv_heads, d_ff)``: pre-norm residual block with attn_norm, attn (GQAttention),
-    ffn_norm, ffn (SwiGLU); ``forward(x, cos, sin)``."""
+    """``SandwichBlock(d, n_heads, n_kv_heads, d_ff)``: the pre-norm residual block with a norm on each
+    sub-layer's output too: attn_norm, attn (GQAttention), attn_post_norm, ffn_norm, ffn (SwiGLU),
+    ffn_post_norm; ``forward(x, cos, sin)``."""
     __tracebackhide__ = True
     name = "check_block"
     g = generator(12)
-    hints = {"attn_norm": "Name the parts attn_norm, attn, ffn_norm and ffn (RMSNorm, GQAttention, RMSNorm, "
-                          "SwiGLU).",
+    hints = {"_post_norm": "Name the parts attn_norm, attn, attn_post_norm, ffn_norm, ffn and ffn_post_norm (RMSNorm, "
+                      "GQAttention, RMSNorm, RMSNorm, SwiGLU, RMSNorm).",
+             "attn_norm": "Name the parts attn_norm, attn, attn_post_norm, ffn_norm, ffn and ffn_post_norm.",
              "ffn.": "self.ffn = SwiGLU(d, d_ff)."}
     cases = [("d=32, 4 heads over 2 KV heads, d_ff=48, x of shape [2, 6, 32]", 32, 4, 2, 48, 2, 6),
              ("d=16, MQA (2 heads over 1), d_ff=40, batch 1, one token", 16, 2, 1, 40, 1, 1),
              ("d=24, 3 heads, MHA, d_ff=64, x of shape [1, 7, 24]", 24, 3, 3, 64, 1, 7)]
     for k, (desc, d, h, kv, d_ff, B, T) in enumerate(cases):
-        ref = randomize(Block(d, h, kv, d_ff), 60 + k)
-        student = call_student(name, f"Block({d}, {h}, {kv}, {d_ff})", BlockClass, d, h, kv, d_ff)
+        ref = randomize(_SandwichBlock(d, h, kv, d_ff), 60 + k)
+        student = call_student(name, f"SandwichBlock({d}, {h}, {kv}, {d_ff})", BlockClass, d, h, kv, d_ff)
         load_weights(name, student, ref, hints)
         x = torch.randn(B, T, d, generator=g) * 2
         cos, sin = rope_cache(T, d // h)
         got = call_student(name, f"forward(x, cos, sin) with {desc}", student, x.clone(), cos, sin)
         want = ref(x, cos, sin)
         judge(name, got, want, _block_candidates(ref, x, cos, sin), f"with {desc}", atol=5e-5, rtol=1e-4,
-              hint="x = x + attn(attn_norm(x), cos, sin); return x + ffn(ffn_norm(x)).")
+              dims=("batch", "position", ""))
     return "3 cases: GQA, MQA with one token, MHA"
 
 
@@ -95,8 +117,8 @@ _CHAPTER_PARAMS = 3_283_456
 @exercise_check(components=("LlamaStyleLM",), uses=("Block", "RMSNorm", "rope_cache"))
 def check_llama_lm(LlamaStyleLMClass) -> str:
     """``LlamaStyleLM(V, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, max_len=1024,
-    rope_base=10000.0, tie=False)``: emb, blocks, norm, head, non-persistent cos/sin buffers;
-    ``forward(idx)`` → logits [B, T, V]."""
+    rope_base=10000.0, tie=False, scale_emb=False)``: emb, blocks, norm, head, non-persistent cos/sin buffers;
+    ``forward(idx)`` → logits [B, T, V]; ``scale_emb=True`` multiplies the embeddings by sqrt(d) (Gemma)."""
     __tracebackhide__ = True
     name = "check_llama_lm"
     model = call_student(name, "LlamaStyleLM(V=1000)", LlamaStyleLMClass, 1000)
@@ -123,11 +145,14 @@ def check_llama_lm(LlamaStyleLMClass) -> str:
     g = generator(13)
     cases: list[tuple[str, dict[str, Any], int, int]] = [
         ("V=50, d=32, 2 layers, 4 heads over 2 KV heads, idx of shape [2, 7]", dict(), 2, 7),
-        ("the same model with tie=True, batch 1, one token", dict(tie=True), 1, 1),
+        ("the same model with scale_emb=True, idx of shape [2, 5]", dict(scale_emb=True), 2, 5),
+        ("tie=True and scale_emb=True, batch 1, one token", dict(tie=True, scale_emb=True), 1, 1),
         ("rope_base=500000, idx of shape [1, 16] (= max_len)", dict(rope_base=500000.0), 1, 16)]
     for k, (desc, kw, B, T) in enumerate(cases):
         cfg: dict[str, Any] = dict(V=50, d=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_len=16, **kw)
+        scale = cfg.pop("scale_emb", False)
         ref = randomize(LlamaStyleLM(**cfg), 70 + k)
+        cfg["scale_emb"] = scale
         if cfg.get("tie"):
             ref.head.weight = ref.emb.weight
         student = call_student(name, f"LlamaStyleLM({', '.join(f'{a}={b}' for a, b in cfg.items())})",
@@ -148,30 +173,32 @@ def check_llama_lm(LlamaStyleLMClass) -> str:
             fail(name, "after loading weights the head is no longer tied to the embedding.")
         idx = torch.randint(0, 50, (B, T), generator=g)
         got = call_student(name, f"forward(idx) with {desc}", student, idx.clone())
-        want = ref(idx)
+        d = cfg["d"]
 
-        def no_final_norm(ref=ref, idx=idx):
-            x = ref.emb(idx)
+        def run(ref=ref, idx=idx, factor=math.sqrt(d) if scale else 1.0, final=True, base=None):
+            """The reference LM on idx, its embeddings times ``factor`` (knobs: no final norm, another base)."""
+            c, s = ref.rope(torch.arange(idx.shape[1])) if base is None else \
+                (t[:idx.shape[1]] for t in rope_cache(16, 8, base))
+            x = ref.emb(idx) * factor
             for blk in ref.blocks:
-                x = blk(x, *ref.rope(torch.arange(idx.shape[1])))
-            return ref.head(x)
+                x = blk(x, c, s)
+            return ref.head(ref.norm(x) if final else x)
 
-        def base_10k(ref=ref, idx=idx):
-            c, s = rope_cache(16, 8)
-            x = ref.emb(idx)
-            for blk in ref.blocks:
-                x = blk(x, c[:idx.shape[1]], s[:idx.shape[1]])
-            return ref.head(ref.norm(x))
-
-        cands = [("the final RMSNorm is missing: logits = head(norm(x)).", no_final_norm),
+        want = run()
+        cands = [("the final RMSNorm is missing: logits = head(norm(x)).", partial(run, final=False)),
                  ("softmax was applied: forward returns logits, not probabilities.", want.softmax(-1)),
-                 ("log-softmax was applied: forward returns raw logits.", want.log_softmax(-1))]
+                 ("log-softmax was applied: forward returns raw logits.", want.log_softmax(-1)),
+                 ("the embeddings were not scaled: with scale_emb=True (Gemma) x = emb(idx) · sqrt(d) before the "
+                  "first block.", partial(run, factor=1.0) if scale else None),
+                 ("the embeddings were scaled by d; Gemma's factor is sqrt(d).", partial(run, factor=float(d))
+                  if scale else None),
+                 ("the embeddings were scaled although scale_emb=False: only then is x = emb(idx) · sqrt(d).",
+                  partial(run, factor=math.sqrt(d)) if not scale else None)]
         if cfg.get("rope_base", 10000.0) != 10000.0:
             cands.append(("rope_base is ignored: build the tables with rope_cache(max_len, head_dim, rope_base).",
-                          base_10k))
-        judge(name, got, want, cands, f"with {desc}", atol=5e-5, rtol=1e-4,
-              hint="x = emb(idx); each block gets cos[:T], sin[:T]; logits = head(norm(x)).")
-    return "3,283,456 parameters, tying, 3 forward cases incl. rope_base and T = max_len"
+                          partial(run, base=10000.0)))
+        judge(name, got, want, cands, f"with {desc}", atol=5e-5, rtol=1e-4, dims=("batch", "position", ""))
+    return "3,283,456 parameters, tying, 4 forward cases incl. rope_base, Gemma's embedding scale and T = max_len"
 
 
 def _param_count(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie, qk_norm, qkv_bias=False, *, kv_full=False,

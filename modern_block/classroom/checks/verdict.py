@@ -49,8 +49,10 @@ class Verdict:
         judged = [f for f in self.failures if f.known]
         if not judged:
             return []
-        return [d for d in judged[0].explained
-                if d not in self.contradicted and all(d in f.explained for f in judged[1:])]
+        named = [d for d in judged[0].explained
+                 if d not in self.contradicted and all(d in f.explained for f in judged[1:])]
+        # the simpler explanation wins: a compound diagnosis ("two at once: A and: B") that contains a named one
+        return [d for d in named if not any(e != d and e in d for e in named)]
 
     def message(self) -> str:
         first = self.failures[0]
