@@ -174,8 +174,9 @@ def check_llama_lm(LlamaStyleLMClass) -> str:
         idx = torch.randint(0, 50, (B, T), generator=g)
         got = call_student(name, f"forward(idx) with {desc}", student, idx.clone())
         d = cfg["d"]
+        right_factor = math.sqrt(d) if scale else 1.0
 
-        def run(ref=ref, idx=idx, factor=math.sqrt(d) if scale else 1.0, final=True, base=None):
+        def run(ref=ref, idx=idx, factor=right_factor, final=True, base=None):
             """The reference LM on idx, its embeddings times ``factor`` (knobs: no final norm, another base)."""
             c, s = ref.rope(torch.arange(idx.shape[1])) if base is None else \
                 (t[:idx.shape[1]] for t in rope_cache(16, 8, base))
