@@ -79,6 +79,16 @@ def test_an_untouched_value_item_is_not_attempted(check):
         check(None)
 
 
+def test_the_grader_can_pass_the_cells_a_value_item_came_from():
+    computed = ["import math", "kimi_k2_cache_bytes = 61 * (512 + 64) * 2"]
+    typed = computed + ["kimi_k2_cache_bytes = 70_272  # overwritten later"]
+    with in_notebook.answer_sources(computed):
+        checks.check_kimi_k2_cache_bytes(70_272)
+    with in_notebook.answer_sources(typed), pytest.raises(CheckFailed, match="typed in as a number"):
+        checks.check_kimi_k2_cache_bytes(70_272)
+    checks.check_kimi_k2_cache_bytes(70_272)  # without sources, outside a notebook: only the value is judged
+
+
 def test_a_typed_in_value_is_recognised_from_the_input_history():
     assert in_notebook._is_literal(__import__("ast").parse("70_272").body[0].value)
     assert in_notebook._is_literal(__import__("ast").parse("int(70272.0)").body[0].value)

@@ -116,7 +116,7 @@ def _run_check(fn, name, args, kwargs, hidden, value, notebook):
     try:
         if value is not None and args and args[0] is None:
             raise NotImplementedError(f"{value} is still None: set it to your answer")
-        if value is not None and notebook and in_notebook.typed_in(value):
+        if value is not None and (notebook or in_notebook.has_sources()) and in_notebook.typed_in(value):
             fail(name, f"{value} is typed in as a number; the exercise asks for it computed (write the arithmetic "
                        "from the model's sizes, or call your function), so the cell shows how it comes about.")
         with torch.random.fork_rng(devices=[]), torch.no_grad():
