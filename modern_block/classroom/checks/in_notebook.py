@@ -188,12 +188,16 @@ def typed_in(name: str) -> bool:
             tree = ast.parse(source)
         except (SyntaxError, ValueError):
             continue
-        value = None
+        value: ast.expr | None = None
         for stmt in tree.body:
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else \
-                [stmt.target] if isinstance(stmt, ast.AnnAssign) and stmt.value is not None else []
+            if isinstance(stmt, ast.Assign):
+                targets, assigned = stmt.targets, stmt.value
+            elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+                targets, assigned = [stmt.target], stmt.value
+            else:
+                continue
             if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-                value = stmt.value
+                value = assigned
         if value is not None:
             return _is_literal(value)
     return False
