@@ -146,7 +146,7 @@ def check_llama_lm(LlamaStyleLMClass) -> str:
     cases: list[tuple[str, dict[str, Any], int, int]] = [
         ("V=50, d=32, 2 layers, 4 heads over 2 KV heads, idx of shape [2, 7]", dict(), 2, 7),
         ("the same model with scale_emb=True, idx of shape [2, 5]", dict(scale_emb=True), 2, 5),
-        ("tie=True and scale_emb=True, batch 1, one token", dict(tie=True, scale_emb=True), 1, 1),
+        ("the same model with tie=True and scale_emb=True, batch 1, one token", dict(tie=True, scale_emb=True), 1, 1),
         ("rope_base=500000, idx of shape [1, 16] (= max_len)", dict(rope_base=500000.0), 1, 16)]
     for k, (desc, kw, B, T) in enumerate(cases):
         cfg: dict[str, Any] = dict(V=50, d=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_len=16, **kw)
