@@ -275,3 +275,28 @@ def test_every_attention_mistake_is_named_alone(check):
         if named(str(info.value)) != [diagnosis]:
             problems.append(f"{diagnosis!r}: named {named(str(info.value))}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_rmsnorm_mistake_is_named_alone():
+    from modern_block.classroom.checks.lesson01 import _rms_candidates
+
+    x0 = torch.randn(2, 16)
+    diagnoses = list(dict.fromkeys(d for d, _ in _rms_candidates(x0, 1e-6, torch.ones(16))))
+    problems = []
+    for diagnosis in diagnoses:
+        class Wrong(mb.RMSNorm):
+            def forward(self, x, diagnosis=diagnosis):  # the mistake's formula, in float32, back in x's dtype
+                for d, make in _rms_candidates(x.float(), self.eps, self.weight.float()):
+                    wrong = make() if d == diagnosis else None
+                    if wrong is not None:
+                        return wrong.to(x.dtype)
+                return super().forward(x)
+
+        try:
+            checks.check_rmsnorm(Wrong)
+        except CheckFailed as err:
+            if named(str(err)) != [diagnosis]:
+                problems.append(f"{diagnosis!r}: named {named(str(err))}\n{err}")
+        else:
+            problems.append(f"{diagnosis!r}: passed")
+    assert not problems, "\n\n".join(problems)

@@ -291,6 +291,8 @@ def judge(name: str, got, want: torch.Tensor, candidates, case: str, *, rtol: fl
             wrong = make() if callable(make) else make
         except Exception:  # a mistake's formula that does not apply to this case
             continue
+        if isinstance(wrong, torch.Tensor) and got.dtype in (torch.float16, torch.bfloat16):
+            wrong = wrong.to(got.dtype)  # the mistake as the student's half-precision output holds it (inf included)
         if wrong is not None and matches(got, wrong, rtol, atol, equal_nan=True) and diagnosis not in explained:
             explained.append(diagnosis)
     if got.shape != want.shape:
