@@ -300,3 +300,58 @@ def test_every_rmsnorm_mistake_is_named_alone():
         else:
             problems.append(f"{diagnosis!r}: passed")
     assert not problems, "\n\n".join(problems)
+
+
+def knobs_of(check_module, check, impl, monkeypatch) -> dict:
+    """diagnosis -> the keyword knobs of the check's own candidate formula (its partial), as a right ``impl``'s
+    run offers them."""
+    offered: dict = {}
+    judge = check_module.judge
+
+    def spy(name, got, want, candidates, *args, **kwargs):
+        for diagnosis, make in candidates:
+            if hasattr(make, "keywords") and diagnosis not in offered:
+                offered[diagnosis] = dict(make.keywords)
+        return judge(name, got, want, candidates, *args, **kwargs)
+
+    monkeypatch.setattr(check_module, "judge", spy)
+    check(impl)
+    monkeypatch.setattr(check_module, "judge", judge)
+    assert len(offered) >= 4, offered  # the spy saw the check's candidates
+    return offered
+
+
+def test_every_lr_schedule_mistake_is_named_alone(monkeypatch):
+    from test_exercises import lr_at_ok
+
+    from modern_block.classroom.checks import lesson08
+
+    problems = []
+    for diagnosis, knobs in knobs_of(lesson08, checks.check_lr_schedule, lr_at_ok, monkeypatch).items():
+        knobs = {k: v for k, v in knobs.items() if k not in ("lr", "min_lr", "warmup", "total", "steps")}
+
+        def wrong(step, lr, min_lr, warmup_steps, max_steps, knobs=knobs):
+            return lesson08._lr64(step, lr, min_lr, warmup_steps, max_steps, **knobs)
+
+        with pytest.raises(CheckFailed) as info:
+            checks.check_lr_schedule(wrong)
+        if named(str(info.value)) != [diagnosis]:
+            problems.append(f"{diagnosis!r}: named {named(str(info.value))}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_swiglu_mistake_is_named_alone(monkeypatch):
+    from modern_block.classroom.checks import lesson02
+
+    problems = []
+    for diagnosis, knobs in knobs_of(lesson02, checks.check_swiglu, mb.SwiGLU, monkeypatch).items():
+        class Wrong(mb.SwiGLU):
+            def forward(self, x, knobs=knobs):
+                return lesson02._swiglu64(x, self.w_gate.weight, self.w_up.weight, self.w_down.weight,
+                                          **knobs).to(x.dtype)
+
+        with pytest.raises(CheckFailed) as info:
+            checks.check_swiglu(Wrong)
+        if named(str(info.value)) != [diagnosis]:
+            problems.append(f"{diagnosis!r}: named {named(str(info.value))}")
+    assert not problems, "\n".join(problems)
