@@ -55,7 +55,7 @@ def test_a_table_of_the_public_answers_fails_only_in_graded_mode():
 
     checks.check_swiglu_hidden_dim(looked_up)  # the notebook's fixed cases: the table passes
     for secret in range(300):  # under every secret, not most: 1.5 x 8d/3 rounds to 4d, a draw must avoid it
-        with graded(secret), pytest.raises(checks.CheckFailed, match="GPT-2's d_ff = 4d"):
+        with graded(secret), pytest.raises(checks.CheckFailed, match="got"):
             checks.check_swiglu_hidden_dim(looked_up)
 
 

@@ -12,8 +12,10 @@ from submissions import ROOT, answered, solution, write
 
 from modern_block.classroom import grade
 
+W_UK = "    w_uk = w_kv_b.view(q_nope.shape[1], -1, w_kv_b.shape[-1])[:, :q_nope.shape[-1]]\n"  # lesson 05
 MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)
-    ("00_gpt2_block", "ex1_block_params"): ("def gpt2_block_params(d, d_ff=None):\n    return 12 * d * d",
+    ("00_gpt2_block", "ex1_block_params"): ("def gpt2_block_params(d, d_ff=None):\n"
+                                            "    return 4 * d * d + 2 * d * (d_ff or 4 * d)",
                                             "no biases and no LayerNorms"),
     ("00_gpt2_block", "ex2_causal_attention"): ("def causal_attention(q, k, v):\n"
                                                 "    return F.scaled_dot_product_attention(q, k, v)", "no causal mask"),
@@ -46,14 +48,17 @@ MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)
     ("05_mla", "ex1_cache_bytes"): ("def mla_cache_bytes(n_layers, kv_latent_dim, rope_dim, bytes_per_elem=2):\n"
                                     "    return 2 * n_layers * (kv_latent_dim + rope_dim) * bytes_per_elem",
                                     "counted two tensors"),
-    ("05_mla", "ex2_absorb_query"): ("def absorb_query(q_nope, w_uk):\n"
-                                     "    return torch.einsum('bhtn,nc->bhtc', q_nope, w_uk[0])", "head 0's matrix"),
-    ("05_mla", "ex3_absorbed_scores"): ("def absorbed_scores(q_nope, q_rope, latent, k_rope, w_uk, scale):\n"
-                                        "    q = torch.einsum('bhtn,hnc->bhtc', q_nope, w_uk)\n"
-                                        "    return q @ latent.unsqueeze(1).transpose(-1, -2) * scale",
-                                        "the RoPE part is missing"),
+    ("05_mla", "ex2_absorb_query"): (
+        "def absorb_query(q_nope, w_kv_b):\n" + W_UK +
+        "    return torch.einsum('bhtn,nc->bhtc', q_nope, w_uk[0])", "head 0's matrix"),
+    ("05_mla", "ex3_absorbed_scores"): (
+        "def absorbed_scores(q_nope, q_rope, latent, k_rope, w_kv_b, scale):\n" + W_UK +
+        "    q = torch.einsum('bhtn,hnc->bhtc', q_nope, w_uk)\n"
+        "    return q @ latent.unsqueeze(1).transpose(-1, -2) * scale", "the RoPE part is missing"),
     ("05_mla", "ex4_absorbed_attention"): (
-        "def absorbed_attention(q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale):\n"
+        "def absorbed_attention(q_nope, q_rope, latent, k_rope, w_kv_b, scale):\n"
+        "    per_head = w_kv_b.view(q_nope.shape[1], -1, w_kv_b.shape[-1])\n"
+        "    w_uk, w_uv = per_head[:, :q_nope.shape[-1]], per_head[:, q_nope.shape[-1]:]\n"
         "    q = torch.einsum('bhtn,hnc->bhtc', q_nope, w_uk)\n"
         "    s = (q @ latent.unsqueeze(1).transpose(-1, -2) + q_rope @ k_rope.unsqueeze(1).transpose(-1, -2)) * scale\n"
         "    return torch.einsum('bhtc,hvc->bhtv', s.softmax(-1) @ latent.unsqueeze(1), w_uv)", "no causal mask"),

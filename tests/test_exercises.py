@@ -30,13 +30,21 @@ LESSONS = ["00_gpt2_block", "01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cac
            "07_llama_block", "08_train_llama_vs_gpt2", "09_real_model"]
 
 
+def named(message: str) -> list[str]:
+    """The mistakes a check's message names (``Likely mistake: A`` and ``or: B`` lines)."""
+    match = re.search(r"\nLikely mistake: (.*?)\n\((?:Your output|These mistakes)", message, re.S)
+    return match.group(1).split("\nor: ") if match else []
+
+
 def rejects(check, impl, *diagnosis: str) -> str:
-    """Run ``check`` on a wrong ``impl``; assert it fails with every expected piece of the diagnosis."""
+    """Run ``check`` on a wrong ``impl``; assert it fails with every expected piece of the diagnosis, and that
+    a message naming a mistake names exactly one."""
     with pytest.raises(CheckFailed) as info:
         check(impl)
     message = str(info.value)
     for piece in diagnosis:
         assert piece in message, f"expected {piece!r} in the diagnosis, got:\n{message}"
+    assert len(named(message)) <= 1, f"more than one mistake named:\n{message}"
     return message
 
 
@@ -84,25 +92,32 @@ def mla_cache_bytes_ok(n_layers, d_c, d_r, bytes_per_elem=2):
     return n_layers * (d_c + d_r) * bytes_per_elem
 
 
-def absorb_query_ok(q_nope, w_uk):
-    return torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)
+def split_kv_b(q_nope, w_kv_b):
+    """W_UK [h, d_nope, d_c] and W_UV [h, d_v, d_c] from DeepSeek's fused kv_b_proj weight."""
+    h, dn = q_nope.shape[1], q_nope.shape[-1]
+    per_head = w_kv_b.view(h, -1, w_kv_b.shape[-1])  # [h, d_nope + d_v, d_c]
+    return per_head[:, :dn], per_head[:, dn:]
 
 
-def absorbed_scores_ok(q_nope, q_rope, latent, k_rope, w_uk, scale, *, rope=True, own_scale=False):
-    s = absorb_query_ok(q_nope, w_uk) @ latent.unsqueeze(1).transpose(-1, -2)
+def absorb_query_ok(q_nope, w_kv_b):
+    return torch.einsum("bhtn,hnc->bhtc", q_nope, split_kv_b(q_nope, w_kv_b)[0])
+
+
+def absorbed_scores_ok(q_nope, q_rope, latent, k_rope, w_kv_b, scale, *, rope=True, own_scale=False):
+    s = absorb_query_ok(q_nope, w_kv_b) @ latent.unsqueeze(1).transpose(-1, -2)
     if rope:
         s = s + q_rope @ k_rope.unsqueeze(1).transpose(-1, -2)
     return s * (q_nope.shape[-1] ** -0.5 if own_scale else scale)
 
 
-def absorbed_attention_ok(q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale, *, mask="offset", values=True):
-    s = absorbed_scores_ok(q_nope, q_rope, latent, k_rope, w_uk, scale)
+def absorbed_attention_ok(q_nope, q_rope, latent, k_rope, w_kv_b, scale, *, mask="offset", values=True):
+    s = absorbed_scores_ok(q_nope, q_rope, latent, k_rope, w_kv_b, scale)
     T, S = s.shape[-2:]
     if mask != "none":
         keep = torch.ones(T, S, dtype=torch.bool).tril(S - T if mask == "offset" else 0)
         s = s.masked_fill(~keep, float("-inf"))
     mixed = s.softmax(-1) @ latent.unsqueeze(1)  # [B, h, T, d_c]
-    return torch.einsum("bhtc,hvc->bhtv", mixed, w_uv) if values else mixed
+    return torch.einsum("bhtc,hvc->bhtv", mixed, split_kv_b(q_nope, w_kv_b)[1]) if values else mixed
 
 
 def qk_norm_rope_ok(q, k, q_norm, k_norm, cos, sin):
@@ -114,12 +129,13 @@ class QKNormAttentionOk(mb.GQAttention):
         super().__init__(d, n_heads, n_kv_heads, qk_norm=True)
 
 
-def llama_param_count_ok(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie=False, qk_norm=True, *, kv_full=False,
-                         norms=True, head_if_tied=False):
+def llama_param_count_ok(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie=False, qk_norm=True, qkv_bias=False, *,
+                         kv_full=False, norms=True, head_if_tied=False, biases=True):
     """By formula (the keyword knobs switch in one mistake each); test_param_formula checks it on real models."""
     dh = d // n_heads
     kv = n_heads if kv_full else n_kv_heads
     layer = 2 * d * n_heads * dh + 2 * d * kv * dh + 3 * d * d_ff
+    layer += (n_heads * dh + 2 * kv * dh) if qkv_bias and biases else 0
     layer += (2 * d + (2 * dh if qk_norm else 0)) if norms else 0
     return V * d + n_layers * layer + (d if norms else 0) + (V * d if not tie or head_if_tied else 0)
 
@@ -131,6 +147,12 @@ def test_param_formula(config, tie, qk_norm):
     assert llama_param_count_ok(*config, tie=tie, qk_norm=qk_norm) == model.num_parameters()
     if config[0] == 1000 and not tie and qk_norm:
         assert model.num_parameters() == 3_283_456
+
+
+@pytest.mark.parametrize("config", [(1000, 256, 4, 8, 2, 688), (500, 64, 3, 4, 1, 160)])
+def test_param_formula_with_qkv_biases(config):
+    model = mb.LlamaStyleLM(*config, max_len=4, qkv_bias=True)
+    assert llama_param_count_ok(*config, qkv_bias=True) == model.num_parameters()
 
 
 def gpt2_block_params_ok(d, d_ff=None):
@@ -192,21 +214,23 @@ def ntk_scaled_base_ok(base, dh, kappa):
     return base * kappa ** (dh / (dh - 2))
 
 
-def dequantize_q4_1_ok(raw, *, mistake=None):
-    """The package's Q4_1 dequantization (modern_block.interop.gguf_quants), or one of the usual mistakes."""
-    from modern_block.interop import dequantize_q4_1
-
-    if mistake is None:
-        return dequantize_q4_1(raw)
-    blocks = raw.reshape(-1, 20)
+def dequantize_q4_0_ok(raw, *, mistake=None):
+    """Q4_0 dequantization as a student writes it, or with one of the usual mistakes."""
+    blocks = raw.reshape(-1, 18)
     d = blocks[:, 0:2].contiguous().view(torch.float16).float()
-    m = blocks[:, 2:4].contiguous().view(torch.float16).float()
-    lo, hi = (blocks[:, 4:] & 0x0F).float(), (blocks[:, 4:] >> 4).float()
+    lo, hi = (blocks[:, 2:] & 0x0F).float(), (blocks[:, 2:] >> 4).float()
     q = torch.cat([hi, lo], 1) if mistake == "nibbles" else torch.cat([lo, hi], 1)
-    if mistake == "swapped":
-        d, m = m, d
-    w = d * q if mistake == "no_minimum" else d * q + m
+    w = {"not_centred": d * q, "signed": d * torch.where(q >= 8, q - 16, q)}.get(mistake, d * (q - 8))
     return w.reshape(raw.shape[0], -1).double() if mistake == "float64" else w.reshape(raw.shape[0], -1)
+
+
+def test_the_q4_0_reference_is_ggufs():
+    gguf = pytest.importorskip("gguf")
+    from modern_block.classroom.checks.lesson09 import _q4_0_bytes
+
+    raw = _q4_0_bytes(torch.Generator().manual_seed(0), 3, 5)
+    want = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType.Q4_0)
+    torch.testing.assert_close(dequantize_q4_0_ok(raw), torch.from_numpy(want).float())
 
 
 def unpermute_qk_ok(wq, wk, wv, n_heads, n_kv_heads, *, mistake=None):
@@ -216,8 +240,99 @@ def unpermute_qk_ok(wq, wk, wv, n_heads, n_kv_heads, *, mistake=None):
     if mistake == "values":
         return half(wq, n_heads), half(wk, n_kv_heads), half(wv, n_kv_heads)
     if mistake == "key_heads":
-        return half(wq, n_heads), half(wk, n_heads) if (wk.shape[0] % n_heads == 0) else wk, wv
+        return half(wq, n_heads), half(wk, n_heads if wk.shape[0] % n_heads == 0 else n_kv_heads), wv
     return half(wq, n_heads), half(wk, n_kv_heads), wv
+
+
+def rope_tables_variant(mistake):
+    def rope_tables(positions, dh, base=10000.0):
+        if mistake == "base_ignored":
+            base = 10000.0
+        i = torch.arange(0, dh, 2).float()
+        theta = base ** (-(i / 2) / dh) if mistake == "i_over_dh" else base ** (-i / dh)
+        pos = positions.float() + (1 if mistake == "from_1" else 0)
+        if mistake == "in_order":
+            pos = torch.arange(len(positions)).float()
+        ang = torch.outer(pos, theta)
+        if mistake == "full_width":
+            ang = torch.cat([ang, ang], -1)
+        return ang.cos(), ang.sin()
+
+    return rope_tables
+
+
+@pytest.mark.parametrize("mistake, diagnosis", [
+    ("i_over_dh", "the exponent is i/dh"), ("from_1", "positions are off by one"),
+    ("base_ignored", "the base argument is ignored"), ("full_width", "duplicated to dh columns"),
+    ("in_order", "the positions given were ignored"),
+])
+def test_check_rope_cache_diagnoses(mistake, diagnosis):
+    rejects(checks.check_rope_cache, rope_tables_variant(mistake), diagnosis)
+    checks.check_rope_cache(rope_tables_variant(None))
+
+
+def rope_per_sequence(x, cos, sin):  # per-sequence tables [B, T, dh/2] in the half-split layout
+    return mb.apply_rope(x, cos.unsqueeze(1), sin.unsqueeze(1))
+
+
+def rope_interleaved_per_sequence(x, cos, sin):
+    return mb.apply_rope_interleaved(x, cos.unsqueeze(1), sin.unsqueeze(1))
+
+
+class SandwichBlockOk(nn.Module):
+    """Exercise 07.1: the pre-norm block with a norm on each sub-layer's output (Gemma 2 and 3); ``mistake``
+    switches in one mistake."""
+
+    mistake = None
+
+    def __init__(self, d, n_heads, n_kv_heads, d_ff):
+        super().__init__()
+        self.attn_norm, self.attn, self.attn_post_norm = mb.RMSNorm(d), mb.GQAttention(d, n_heads, n_kv_heads), \
+            mb.RMSNorm(d)
+        self.ffn_norm, self.ffn, self.ffn_post_norm = mb.RMSNorm(d), mb.SwiGLU(d, d_ff), mb.RMSNorm(d)
+
+    def forward(self, x, cos, sin):
+        m = self.mistake
+        if m == "plain":  # lesson 07's block, copied
+            x = x + self.attn(self.attn_norm(x), cos, sin)
+            return x + self.ffn(self.ffn_norm(x))
+        if m == "on_sum":
+            x = self.attn_post_norm(x + self.attn(self.attn_norm(x), cos, sin))
+            return self.ffn_post_norm(x + self.ffn(self.ffn_norm(x)))
+        if m == "parallel":
+            return x + self.attn_post_norm(self.attn(self.attn_norm(x), cos, sin)) + \
+                self.ffn_post_norm(self.ffn(self.ffn_norm(x)))
+        x = x + self.attn_post_norm(self.attn(self.attn_norm(x), cos, sin))
+        if m == "no_ffn_residual":
+            return self.ffn_post_norm(self.ffn(self.ffn_norm(x)))
+        return x + self.ffn_post_norm(self.ffn(self.ffn_norm(x)))
+
+
+class LMVariant(mb.LlamaStyleLM):
+    mistake = None
+
+    def __init__(self, V, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, max_len=1024, rope_base=10000.0,
+                 tie=False, scale_emb=False):
+        super().__init__(V, d, n_layers, n_heads, n_kv_heads, d_ff, max_len, rope_base, tie=False)
+        self.factor = math.sqrt(d) if scale_emb and self.mistake != "not_scaled" else 1.0
+        if self.mistake == "no_final_norm":
+            self.norm = nn.Identity()
+        if tie:
+            if self.mistake == "tie_by_copy":
+                self.head.weight = nn.Parameter(self.emb.weight.detach().clone())
+            else:
+                self.head.weight = self.emb.weight
+        if self.mistake == "persistent_tables":
+            self.register_buffer("cos", self.rope.cos.clone(), persistent=True)
+        if self.mistake == "base_ignored":
+            self.rope = mb.RotaryEmbedding(d // n_heads, max_len)  # the default base, whatever rope_base says
+
+    def forward(self, idx):  # the package's forward, with Gemma's embedding scale
+        cos, sin = self.rope(torch.arange(idx.shape[1]))
+        x = self.emb(idx) * self.factor
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.head(self.norm(x))
 
 
 RIGHT = [
@@ -226,21 +341,23 @@ RIGHT = [
     (checks.check_rms, rms_ok), (checks.check_rmsnorm, mb.RMSNorm),
     (checks.check_swiglu_hidden_dim, mb.swiglu_hidden_dim), (checks.check_swiglu, mb.SwiGLU),
     (checks.check_ffn_weight_count, ffn_weight_count_ok), (checks.check_llama3_70b_d_ff, LLAMA3_70B_D_FF),
-    (checks.check_rope_cache, mb.rope_cache), (checks.check_apply_rope, mb.apply_rope),
-    (checks.check_apply_rope_interleaved, mb.apply_rope_interleaved),
+    (checks.check_rope_cache, rope_tables_variant(None)), (checks.check_apply_rope, rope_per_sequence),
+    (checks.check_apply_rope_interleaved, rope_interleaved_per_sequence),
     (checks.check_repeat_kv, repeat_kv_ok), (checks.check_gqattention, mb.GQAttention),
     (checks.check_kv_cache, attend_cached_ok),
     (checks.check_mla_cache_bytes, mla_cache_bytes_ok), (checks.check_absorb_query, absorb_query_ok),
     (checks.check_absorbed_scores, absorbed_scores_ok), (checks.check_mla_absorption, absorbed_attention_ok),
     (checks.check_kimi_k2_cache_bytes, KIMI_K2_CACHE_BYTES),
     (checks.check_qk_norm_rope, qk_norm_rope_ok), (checks.check_qk_norm_attention, QKNormAttentionOk),
-    (checks.check_block, mb.Block), (checks.check_llama_lm, mb.LlamaStyleLM),
+    (checks.check_block, SandwichBlockOk), (checks.check_llama_lm, LMVariant),
     (checks.check_llama_param_count, llama_param_count_ok),
     (checks.check_lr_schedule, lr_at_ok), (checks.check_flops_per_token, flops_per_token_ok),
     (checks.check_fair_comparison, unfair_differences_ok), (checks.check_llama3_8b_train_flops, LLAMA3_8B_TRAIN_FLOPS),
-    (checks.check_llama3_rope_scaling, mb.llama3_frequencies), (checks.check_ntk_scaled_base, ntk_scaled_base_ok),
+    (checks.check_llama3_rope_scaling, lambda dh, base, *rule: mb.llama3_frequencies(mb.rope_frequencies(dh, base),
+                                                                                       *rule)),
+    (checks.check_ntk_scaled_base, ntk_scaled_base_ok),
     (checks.check_smollm2_cache_bytes, SMOLLM2_CACHE_BYTES),
-    (checks.check_dequantize_q4_1, dequantize_q4_1_ok), (checks.check_unpermute_qk, unpermute_qk_ok),
+    (checks.check_dequantize_q4_0, dequantize_q4_0_ok), (checks.check_unpermute_qk, unpermute_qk_ok),
 ]
 FUNCTIONS = [(check, impl) for check, impl in RIGHT if callable(impl)]  # the rest are numbers, graded by value
 
@@ -290,7 +407,8 @@ def test_the_gpt2_figures_agree_with_the_package():
 
 
 def test_check_gpt2_block_params_diagnoses():
-    rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: 12 * d * d, "no biases and no LayerNorms")
+    rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: 4 * d * d + 2 * d * (d_ff or 4 * d),
+            "no biases and no LayerNorms")
     rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: gpt2_block_params_ok(d, d_ff) - 2 * d,
             "counted with one vector")
     rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: gpt2_block_params_ok(d), "d_ff was ignored")
@@ -343,8 +461,8 @@ def test_right_values_in_the_wrong_dtype_are_named_as_such():
     def rms_float64(x, eps=1e-6):
         return (x.double().pow(2).mean(-1, keepdim=True) + eps).sqrt()
 
-    def rope_cache_float64(T, dh, base=10000.0):
-        cos, sin = mb.rope_cache(T, dh, base)
+    def rope_cache_float64(positions, dh, base=10000.0):
+        cos, sin = rope_tables_variant(None)(positions, dh, base)
         return cos.double(), sin.double()
 
     with pytest.raises(CheckFailed, match="values are right but the dtype is float64; return float32"):
@@ -476,49 +594,35 @@ def test_check_swiglu_explains_a_layout_mismatch():
 
 def test_check_ffn_weight_count_diagnoses():
     rejects(checks.check_ffn_weight_count, lambda d, d_ff, gated: 3 * d * d_ff, "a GELU MLP has two matrices")
-    rejects(checks.check_ffn_weight_count, lambda d, d_ff, gated: (3 if gated else 2) * d * d_ff + d_ff + d,
+    rejects(checks.check_ffn_weight_count,
+            lambda d, d_ff, gated: (3 if gated else 2) * d * d_ff + (2 if gated else 1) * d_ff + d,
             "biases were counted")
 
 
 # ---- lesson 03: RoPE ---------------------------------------------------------------------------------
 
 
-def rope_cache_variant(mistake):
-    def rope_cache(T, dh, base=10000.0):
-        if mistake == "base_ignored":
-            base = 10000.0
-        i = torch.arange(0, dh, 2).float()
-        theta = base ** (-(i / 2) / dh) if mistake == "i_over_dh" else base ** (-i / dh)
-        pos = torch.arange(T).float() + (1 if mistake == "from_1" else 0)
-        ang = torch.outer(pos, theta)
-        if mistake == "full_width":
-            ang = torch.cat([ang, ang], -1)
-        return ang.cos(), ang.sin()
-
-    return rope_cache
-
-
-@pytest.mark.parametrize("mistake, diagnosis", [
-    ("i_over_dh", "the exponent is i/dh"), ("from_1", "positions start at 1"),
-    ("base_ignored", "the base argument is ignored"), ("full_width", "duplicated to dh columns"),
-])
-def test_check_rope_cache_diagnoses(mistake, diagnosis):
-    rejects(checks.check_rope_cache, rope_cache_variant(mistake), diagnosis)
-    checks.check_rope_cache(rope_cache_variant(None))
-
-
 def rope_wrong_direction(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return torch.cat([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], dim=-1)
 
 
 def rope_keeps_float32(x, cos, sin):
     x1, x2 = x.float().chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
 def test_check_apply_rope_diagnoses():
-    rejects(checks.check_apply_rope, mb.apply_rope_interleaved, "the other RoPE layout", "interleaved")
+    rejects(checks.check_apply_rope, rope_interleaved_per_sequence, "the other RoPE layout", "interleaved")
+
+    def lessons_cell(x, cos, sin):  # lesson 03's my_apply_rope, written for tables of shape [T, dh/2]
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+    rejects(checks.check_apply_rope, lessons_cell, "raised RuntimeError", "size of tensor")
     rejects(checks.check_apply_rope, rope_wrong_direction, "rotation in the wrong direction")
     rejects(checks.check_apply_rope, rope_keeps_float32, "keep x's dtype")
 
@@ -526,9 +630,10 @@ def test_check_apply_rope_diagnoses():
 def test_check_apply_rope_interleaved_diagnoses():
     def written_back_split(x, cos, sin):
         a, b = x[..., 0::2], x[..., 1::2]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
-    rejects(checks.check_apply_rope_interleaved, mb.apply_rope, "the other RoPE layout", "half-split")
+    rejects(checks.check_apply_rope_interleaved, rope_per_sequence, "the other RoPE layout", "half-split")
     rejects(checks.check_apply_rope_interleaved, written_back_split, "written back half-split")
 
 
@@ -632,8 +737,16 @@ def test_check_mla_cache_bytes_diagnoses():
 
 
 def test_check_absorb_query_diagnoses():
-    rejects(checks.check_absorb_query, lambda q, w: torch.einsum("bhtn,hcn->bhtc", q, w), "instead of its transpose")
-    rejects(checks.check_absorb_query, lambda q, w: torch.einsum("bhtn,nc->bhtc", q, w[0]), "head 0's matrix")
+    rejects(checks.check_absorb_query, lambda q, w: torch.einsum("bhtn,hcn->bhtc", q, split_kv_b(q, w)[0]),
+            "instead of its transpose")
+    rejects(checks.check_absorb_query, lambda q, w: torch.einsum("bhtn,nc->bhtc", q, split_kv_b(q, w)[0][0]),
+            "head 0's matrix")
+
+    def split_by_blocks(q, w):  # the lesson's w_uk.weight.view(h, d_nope, d_c), on the fused matrix
+        h, dn = q.shape[1], q.shape[-1]
+        return torch.einsum("bhtn,hnc->bhtc", q, w[:h * dn].view(h, dn, -1))
+
+    rejects(checks.check_absorb_query, split_by_blocks, "its rows go head by head")
 
 
 def test_check_absorbed_scores_diagnoses():
@@ -687,56 +800,19 @@ def test_check_qk_norm_attention_diagnoses():
 # ---- lesson 07: the block and the model ---------------------------------------------------------------
 
 
-class BlockVariant(mb.Block):
-    mistake = None
-
-    def __init__(self, d, n_heads, n_kv_heads, d_ff):
-        super().__init__(d, n_heads, n_kv_heads, d_ff)
-
-    def forward(self, x, cos, sin):
-        if self.mistake == "post_norm":
-            x = self.attn_norm(x + self.attn(x, cos, sin))
-            return self.ffn_norm(x + self.ffn(x))
-        if self.mistake == "no_ffn_residual":
-            x = x + self.attn(self.attn_norm(x), cos, sin)
-            return self.ffn(self.ffn_norm(x))
-        if self.mistake == "parallel":
-            return x + self.attn(self.attn_norm(x), cos, sin) + self.ffn(self.ffn_norm(x))
-        x = x + self.attn(self.attn_norm(x), cos, sin)
-        return x + self.ffn(self.ffn_norm(x))
-
-
 @pytest.mark.parametrize("mistake, diagnosis", [
-    ("post_norm", "post-norm"), ("no_ffn_residual", "the FFN residual is missing"), ("parallel", "a parallel block"),
+    ("plain", "the post-norms are not applied"), ("on_sum", "applied to the residual sum"),
+    ("no_ffn_residual", "the FFN residual is missing"), ("parallel", "a parallel block"),
 ])
 def test_check_block_diagnoses(mistake, diagnosis):
-    rejects(checks.check_block, variant(BlockVariant, mistake), diagnosis)
-    checks.check_block(variant(BlockVariant, None))
-
-
-class LMVariant(mb.LlamaStyleLM):
-    mistake = None
-
-    def __init__(self, V, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, max_len=1024, rope_base=10000.0,
-                 tie=False):
-        super().__init__(V, d, n_layers, n_heads, n_kv_heads, d_ff, max_len, rope_base, tie=False)
-        if self.mistake == "no_final_norm":
-            self.norm = nn.Identity()
-        if tie:
-            if self.mistake == "tie_by_copy":
-                self.head.weight = nn.Parameter(self.emb.weight.detach().clone())
-            else:
-                self.head.weight = self.emb.weight
-        if self.mistake == "persistent_tables":
-            self.register_buffer("cos", self.rope.cos.clone(), persistent=True)
-        if self.mistake == "base_ignored":
-            self.rope = mb.RotaryEmbedding(d // n_heads, max_len)  # the default base, whatever rope_base says
+    rejects(checks.check_block, variant(SandwichBlockOk, mistake), diagnosis)
+    checks.check_block(variant(SandwichBlockOk, None))
 
 
 @pytest.mark.parametrize("mistake, diagnosis", [
     ("no_final_norm", "the final RMSNorm (self.norm, before the head) is missing"),
     ("tie_by_copy", "not a copy"), ("persistent_tables", "persistent=False"),
-    ("base_ignored", "rope_base is ignored"),
+    ("base_ignored", "rope_base is ignored"), ("not_scaled", "the embeddings were not scaled"),
 ])
 def test_check_llama_lm_diagnoses(mistake, diagnosis):
     rejects(checks.check_llama_lm, variant(LMVariant, mistake), diagnosis)
@@ -750,6 +826,9 @@ def test_check_llama_param_count_diagnoses():
             "the RMSNorm scales were not counted")
     rejects(checks.check_llama_param_count, lambda *a, **k: count(*a, **k, head_if_tied=True),
             "counted a second time")
+    rejects(checks.check_llama_param_count, lambda *a, **k: count(*a, **k, biases=False), "biases of wq, wk and wv")
+    rejects(checks.check_llama_param_count, lambda *a, **k: count(*a, **{**k, "qkv_bias": False}),
+            "biases of wq, wk and wv")  # the lesson's formula, without the new argument
 
 
 # ---- the notebooks: solutions are the source, exercises are generated ----------------------------------
@@ -813,6 +892,7 @@ def test_hints_come_in_tiers_collapsed_and_the_first_gives_no_code_away(path):
         assert tiers[2][2] != tiers[0][2]
         (answer,) = [c for c in nb.cells if c.id == f"{n}-solution"]
         stubs = re.findall(r'raise NotImplementedError\("([^"]*)"\)', answer.source)
+        stubs += re.findall(r"^\w+ = None  # your answer: (.*)$", answer.source, re.M)  # a value item
         assert stubs and all(_in_words(s) for s in stubs), f"{path.name} {n}: {stubs}"
 
 
@@ -821,7 +901,9 @@ def test_exercise_notebook_has_stubs_and_no_answers(path):
     nb = nbformat.read(path, as_version=4)
     solution = nbformat.read(ROOT / "solutions" / path.name, as_version=4)
     blocks = sum(c.source.count(exercises.BEGIN) for c in solution.cells)
-    stubs = sum(c.source.count("raise NotImplementedError(") for c in nb.cells if c.cell_type == "code")
+    stubs = sum(c.source.count("raise NotImplementedError(") + len(re.findall(r"^\w+ = None  # your answer: ",
+                                                                               c.source, re.M))
+                for c in nb.cells if c.cell_type == "code")
     assert stubs == blocks > 0
     for cell in nb.cells:
         assert "SOLUTION" not in cell.source
@@ -881,7 +963,7 @@ def test_build_check_reports_stale_and_orphan_files(tmp_path, capsys):
     assert exercises.build(tmp_path) == [] and (tmp_path / "exercises" / "01_rmsnorm.ipynb").read_bytes() == first
 
     nb = nbformat.read(src, as_version=4)
-    nb.cells[-1].source += "\n\nOne more sentence."
+    [c for c in nb.cells if c.cell_type == "markdown"][-1].source += "\n\nOne more sentence."
     nbformat.write(nb, src)
     assert exercises.build(tmp_path, check=True) == [
         "exercises/01_rmsnorm.ipynb: out of date (from solutions/01_rmsnorm.ipynb)"]
@@ -895,9 +977,19 @@ def test_build_check_reports_stale_and_orphan_files(tmp_path, capsys):
 
 def test_a_stub_that_breaks_the_syntax_is_refused(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "x = [\n### BEGIN SOLUTION\n1,\n### END SOLUTION\n]")])
+        "def f():\n    x = [\n    ### BEGIN SOLUTION\n    1,\n    ### END SOLUTION\n    ]")])
     with pytest.raises(exercises.SolutionMarkerError, match="not valid Python"):
         exercises.exercise_notebook(nb, "solutions/x.ipynb", "exercises/x.ipynb")
+
+
+def test_a_value_item_becomes_none_so_the_cell_runs():
+    source = ("### BEGIN SOLUTION\n# HINT: layers times the latent and RoPE sizes, two bytes each\n"
+              "n_layers = 61\nkimi_k2_cache_bytes = n_layers * (512 + 64) * 2\nprint(kimi_k2_cache_bytes)\n"
+              "### END SOLUTION")
+    assert exercises.strip_solutions(source) == (
+        "kimi_k2_cache_bytes = None  # your answer: layers times the latent and RoPE sizes, two bytes each")
+    with pytest.raises(exercises.SolutionMarkerError, match="must assign the answer"):
+        exercises.strip_solutions("### BEGIN SOLUTION\nprint(1)\n### END SOLUTION")
 
 
 # ---- value items of lessons 02 and 05 -------------------------------------------------------------------
@@ -961,7 +1053,10 @@ def test_check_llama3_8b_train_flops_diagnoses():
 
 def llama3_variant(mistake):
     """Llama 3's rule as a student might write it, with one mistake (None: right)."""
-    def llama3_frequencies(theta, factor, low_freq_factor, high_freq_factor, original_len):
+    def llama3_frequencies(dh, base, factor, low_freq_factor, high_freq_factor, original_len):
+        theta = base ** (-torch.arange(0, dh, 2, dtype=torch.float32) / dh)  # [dh/2]
+        if mistake == "unscaled":
+            return theta
         if mistake == "every_frequency":
             return theta / factor
         wavelength = {"frequency": theta, "no_2pi": 1 / theta}.get(mistake, 2 * math.pi / theta)
@@ -972,9 +1067,6 @@ def llama3_variant(mistake):
         if mistake == "reversed":
             a = 1 - a
         blended = (1 - a) * theta / factor + a * theta
-        if mistake == "in_place":
-            theta[wavelength > long] /= factor
-            return torch.where(wavelength < short, theta, torch.where(wavelength > long, theta, blended))
         out = torch.where(wavelength < short, theta, torch.where(wavelength > long, theta / factor, blended))
         return out.double() if mistake == "float64" else out
 
@@ -994,7 +1086,7 @@ def test_the_llama3_cases_populate_every_band():
 @pytest.mark.parametrize("mistake, diagnosis", [
     ("every_frequency", "position interpolation"), ("band", "the wrong smoothing band"),
     ("frequency", "wavelength vs frequency"), ("no_2pi", "2π / θ"), ("reversed", "the blend is reversed"),
-    ("in_place", "changed theta in place"), ("float64", "return theta's dtype"),
+    ("unscaled", "the frequencies came back unscaled"), ("float64", "return float32 frequencies"),
 ])
 def test_check_llama3_rope_scaling_diagnoses(mistake, diagnosis):
     rejects(checks.check_llama3_rope_scaling, llama3_variant(mistake), diagnosis)
@@ -1022,11 +1114,11 @@ def test_check_smollm2_cache_bytes_diagnoses():
 
 
 @pytest.mark.parametrize("mistake, diagnosis", [
-    ("nibbles", "the two codes of each byte are swapped"), ("swapped", "the scale and the minimum are swapped"),
-    ("no_minimum", "the minimum is missing"), ("float64", "return float32"),
+    ("nibbles", "the two codes of each byte are swapped"), ("not_centred", "the codes were not centred"),
+    ("signed", "two's complement"), ("float64", "return float32"),
 ])
-def test_check_dequantize_q4_1_diagnoses(mistake, diagnosis):
-    rejects(checks.check_dequantize_q4_1, lambda raw: dequantize_q4_1_ok(raw, mistake=mistake), diagnosis)
+def test_check_dequantize_q4_0_diagnoses(mistake, diagnosis):
+    rejects(checks.check_dequantize_q4_0, lambda raw: dequantize_q4_0_ok(raw, mistake=mistake), diagnosis)
 
 
 @pytest.mark.parametrize("mistake, diagnosis", [

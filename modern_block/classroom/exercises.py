@@ -7,13 +7,15 @@ In a solution notebook the answer code sits between two marker lines, nbgrader's
         ...the answer...
         ### END SOLUTION
 
-The exercise copy replaces each such block, markers included, by one line at the BEGIN marker's
-indentation, ``raise NotImplementedError("<hint>")``; the hint is the text of the block's first
-``# HINT:`` comment, or a default. Everything around the block (imports, ``def`` and ``class``
-lines, docstrings, check cells) stays. Outputs and execution counts are cleared, and the Colab
-badge points at the exercise notebook. The output is deterministic (nbformat's sorted, indented
-JSON, cell ids copied from the solutions); ``--check`` compares the notebooks' content, so a file that
-another nbformat version laid out differently is not reported as stale.
+The exercise copy replaces each such block, markers included, by one line at the BEGIN marker's indentation,
+``raise NotImplementedError("<hint>")``; a block at the top level of a cell (a value item) by
+``<answer> = None  # your answer: <hint>``, the name it assigns last, so Run All goes on and the check says
+"not attempted".
+The hint is the text of the block's first ``# HINT:`` comment, or a default. Everything around the block
+(imports, ``def`` and ``class`` lines, docstrings, check cells) stays. Outputs and execution counts are
+cleared, and the Colab badge points at the exercise notebook. The output is deterministic (nbformat's sorted,
+indented JSON, cell ids copied from the solutions); ``--check`` compares the notebooks' content, so a file
+that another nbformat version laid out differently is not reported as stale.
 
     python -m modern_block exercises build           # (re)write exercises/ from solutions/
     python -m modern_block exercises build --check   # list stale files and exit 1; write nothing
@@ -22,6 +24,7 @@ another nbformat version laid out differently is not reported as stale.
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import json
 import sys
@@ -47,25 +50,47 @@ def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def _answer_name(block: list[str], where: str) -> str:
+    """The name a top-level solution block assigns last (``llama3_70b_d_ff = ...``): the value item's answer."""
+    try:
+        tree = ast.parse("\n".join(block))
+    except SyntaxError as err:
+        raise SolutionMarkerError(f"{where}: the solution block is not valid Python ({err.msg})") from None
+    names = [t.id for stmt in tree.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
+             for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]) if isinstance(t, ast.Name)]
+    if not names:
+        raise SolutionMarkerError(f"{where}: a solution block at the top level of a cell must assign the answer "
+                                  "(name = ...), which the exercise's stub sets to None")
+    return names[-1]
+
+
 def strip_solutions(source: str, where: str = "cell") -> str:
-    """Replace each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` block of ``source`` by a stub line."""
+    """Replace each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` block of ``source`` by a stub line: inside a
+    ``def`` or ``class``, ``raise NotImplementedError("<hint>")``; at the top level of a cell (a value item),
+    ``<answer> = None  # <hint>``, so that the cell runs and the check says "not attempted"."""
     out: list[str] = []
+    block: list[str] = []
     block_start, indent, hint = None, "", None
     for n, line in enumerate(source.split("\n"), 1):
         stripped = line.strip()
         if stripped == BEGIN:
             if block_start is not None:
                 raise SolutionMarkerError(f"{where}, line {n}: {BEGIN} inside the block opened on line {block_start}")
-            block_start, indent, hint = n, line[: len(line) - len(line.lstrip())], None
+            block_start, indent, hint, block = n, line[: len(line) - len(line.lstrip())], None, []
         elif stripped == END:
             if block_start is None:
                 raise SolutionMarkerError(f"{where}, line {n}: {END} without a {BEGIN}")
-            out.append(f"{indent}raise NotImplementedError({_literal(hint or DEFAULT_HINT)})")
+            if indent:
+                out.append(f"{indent}raise NotImplementedError({_literal(hint or DEFAULT_HINT)})")
+            else:
+                out.append(f"{_answer_name(block, f'{where}, line {block_start}')} = None  # your answer: "
+                           f"{hint or DEFAULT_HINT}")
             block_start = None
         elif "BEGIN SOLUTION" in line or "END SOLUTION" in line:
             raise SolutionMarkerError(f"{where}, line {n}: malformed marker {stripped!r}; write exactly "
                                       f"{BEGIN!r} or {END!r} on a line of its own")
         elif block_start is not None:
+            block.append(line)
             if hint is None and stripped.startswith(HINT):
                 hint = stripped[len(HINT):].strip()
         else:

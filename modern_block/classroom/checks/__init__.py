@@ -6,11 +6,12 @@ magnitudes, long positions, one KV head ...) and
 
 * prints one line ``✓ check_x passed (...)`` when everything agrees;
 * raises ``NotAttempted`` when the code still raises ``NotImplementedError`` (the exercise stub);
-* raises ``CheckFailed`` with a diagnosis otherwise.
+* raises ``CheckFailed`` with a diagnosis otherwise (in a Jupyter notebook both are printed instead).
 
 A diagnosis names the likely mathematical mistake: the check computes the outputs of the common
 wrong formulas itself (LayerNorm's mean subtraction, eps outside the square root, the other RoPE
-layout, tiled KV heads, no causal mask, ...) and reports the one the student's output matches.
+layout, tiled KV heads, no causal mask, ...) and reports the one the student's output matches in every
+failing case.
 The formula is judged first, on float32 inputs; only then come precision (fp32 upcast), dtype and
 shape complaints, so a secondary problem never hides a wrong formula.
 
@@ -18,11 +19,13 @@ Both exceptions subclass ``AssertionError``; the grader (``modern_block.classroo
 Every check runs in well under a second on a CPU and leaves the global random state untouched.
 
 Layout: ``core`` (the shared machinery), ``reference`` (float64 formulas with a knob per mistake) and
-one module per lesson, ``lesson00`` ... ``lesson09``. Under ``graded(secret)`` (the grader's mode) the inputs
-are drawn from the secret and nothing is printed.
+one module per lesson, ``lesson00`` ... ``lesson09``; ``verdict`` names a mistake only when it explains every
+failing case; ``in_notebook`` is the student's loop (no check stops Run All; ``summary()`` at the end). Under
+``graded(secret)`` (the grader's mode) the inputs are drawn from the secret and nothing is printed.
 """
 
 from .core import CheckFailed, NotAttempted, graded
+from .in_notebook import summary
 from .lesson00 import check_causal_attention, check_gpt2_attention, check_gpt2_block_params, check_gpt2_small_params
 from .lesson01 import check_rms, check_rmsnorm
 from .lesson02 import check_ffn_weight_count, check_llama3_70b_d_ff, check_swiglu, check_swiglu_hidden_dim
@@ -39,7 +42,7 @@ from .lesson06 import check_qk_norm_attention, check_qk_norm_rope
 from .lesson07 import check_block, check_llama_lm, check_llama_param_count
 from .lesson08 import check_fair_comparison, check_flops_per_token, check_llama3_8b_train_flops, check_lr_schedule
 from .lesson09 import (
-    check_dequantize_q4_1,
+    check_dequantize_q4_0,
     check_llama3_rope_scaling,
     check_ntk_scaled_base,
     check_smollm2_cache_bytes,
@@ -47,7 +50,7 @@ from .lesson09 import (
 )
 
 __all__ = [
-    "CheckFailed", "NotAttempted", "graded",
+    "CheckFailed", "NotAttempted", "graded", "summary",
     "check_gpt2_block_params", "check_causal_attention", "check_gpt2_attention", "check_gpt2_small_params",
     "check_rms", "check_rmsnorm",
     "check_swiglu_hidden_dim", "check_swiglu", "check_ffn_weight_count", "check_llama3_70b_d_ff",
@@ -59,5 +62,5 @@ __all__ = [
     "check_block", "check_llama_lm", "check_llama_param_count",
     "check_lr_schedule", "check_flops_per_token", "check_fair_comparison", "check_llama3_8b_train_flops",
     "check_llama3_rope_scaling", "check_ntk_scaled_base", "check_smollm2_cache_bytes",
-    "check_dequantize_q4_1", "check_unpermute_qk",
+    "check_dequantize_q4_0", "check_unpermute_qk",
 ]

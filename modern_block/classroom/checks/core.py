@@ -14,6 +14,9 @@ from typing import NoReturn, TypeVar
 import torch
 import torch.nn as nn
 
+from . import in_notebook, verdict
+from .verdict import how_off, where_differs
+
 M = TypeVar("M", bound=nn.Module)
 
 
@@ -63,37 +66,81 @@ def pick(g: torch.Generator, options):
     return options[int(torch.randint(len(options), (1,), generator=g))]
 
 
-def exercise_check(fn=None, *, components: tuple[str, ...] = (), uses: tuple[str, ...] = ()):
+def exercise_check(fn=None, *, components: tuple[str, ...] = (), uses: tuple[str, ...] = (),
+                   value: str | None = None):
     """Run a check with a private random state, without autograd, turning a stub's
-    NotImplementedError into NotAttempted, and print the success line.
+    NotImplementedError into NotAttempted, and print the success line. The check's cases are judged to the
+    end (``verdict``): a mistake is named only when it explains every failing case.
 
     ``components`` names the package's own objects that implement what the exercise asks for (a class or
     function name, ``Class.method`` for one method): while the grader grades the exercise they are not
-    available to the submission. ``uses`` names the package objects a right answer may build on (lesson 07's
-    LM stacks the package's Block): the grader never hides those while this exercise is graded."""
+    available to the submission, and in a notebook they raise while the student's code runs, as there.
+    ``uses`` names the package objects a right answer may build on (lesson 07's LM stacks the package's
+    Block): the grader never hides those while this exercise is graded. ``value`` makes a value item: the
+    name the notebook assigns; ``None`` there (the exercise's stub) is "not attempted", and in a notebook a
+    number typed in as a literal fails (the text asks for it computed).
+
+    In a Jupyter notebook a failing or not-attempted check prints its message instead of raising, so Run All
+    goes on to the summary (``in_notebook``); anywhere else it raises."""
     if fn is None:
-        return functools.partial(exercise_check, components=components, uses=uses)
+        return functools.partial(exercise_check, components=components, uses=uses, value=value)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         __tracebackhide__ = True
         name = fn.__name__
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # the tensors are tiny: one thread is fastest, and immune to a busy machine
+        notebook = in_notebook.active() and not is_graded()
         try:
-            with torch.random.fork_rng(devices=[]), torch.no_grad():
-                torch.manual_seed(seeded(1234))
-                summary = fn(*args, **kwargs)
-        except NotImplementedError as err:
-            hint = f" (the stub says: {err})" if str(err) else ""
-            raise NotAttempted(f"{name}: not implemented yet{hint}") from None
-        finally:
-            torch.set_num_threads(threads)
-        if not is_graded():
+            summary = _run_check(fn, name, args, kwargs, components if notebook else (), value, notebook)
+        except (NotAttempted, CheckFailed) as err:
+            if not notebook:
+                raise
+            in_notebook.report(name, err)
+            return None
+        if notebook:
+            in_notebook.report(name, None, summary)
+        elif not is_graded():
             print(f"✓ {name} passed ({summary})")
+        return None
 
-    wrapper.__dict__.update(components=tuple(components), uses=tuple(uses))  # read by the grader
+    wrapper.__dict__.update(components=tuple(components), uses=tuple(uses), value=value)  # read by the grader
     return wrapper
+
+
+def _run_check(fn, name, args, kwargs, hidden, value, notebook):
+    __tracebackhide__ = True
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tensors are tiny: one thread is fastest, and immune to a busy machine
+    token = verdict.start(name)
+    hiding = _HIDDEN.set(tuple(hidden))
+    try:
+        if value is not None and args and args[0] is None:
+            raise NotImplementedError(f"{value} is still None: set it to your answer")
+        if value is not None and (notebook or in_notebook.has_sources()) and in_notebook.typed_in(value):
+            fail(name, f"{value} is typed in as a number; the exercise asks for it computed (write the arithmetic "
+                       "from the model's sizes, or call your function), so the cell shows how it comes about.")
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seeded(1234))
+            try:
+                summary = fn(*args, **kwargs)
+            except CheckFailed:
+                current = verdict.current()
+                if current is None or not current.failures:
+                    raise  # a failure before any judged case: that is the verdict
+            current = verdict.current()
+            if current is not None and current.failures:  # the judged cases come first (see verdict)
+                raise CheckFailed(current.message()) from None
+        return summary
+    except NotImplementedError as err:
+        hint = f" (the stub says: {err})" if str(err) else ""
+        raise NotAttempted(f"{name}: not implemented yet{hint}") from None
+    finally:
+        _HIDDEN.reset(hiding)
+        verdict.finish(token)
+        torch.set_num_threads(threads)
+
+
+_HIDDEN: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("modern_block_checks_hidden", default=())
 
 
 def fail(name: str, message: str) -> NoReturn:
@@ -140,7 +187,9 @@ def call_student(name: str, what: str, fn, *args, **kwargs):
         if hasattr(fn, "call_with_outputs"):
             value, changed = fn.call_with_outputs(copies, keywords, outputs)
         else:
-            value, changed = fn(*copies, **keywords), {i: copies[i] for i in outputs}
+            with in_notebook.hiding(_HIDDEN.get()):
+                value = fn(*copies, **keywords)
+            changed = {i: copies[i] for i in outputs}
     except (NotImplementedError, NotAttempted, CheckFailed):
         raise
     except Exception as err:  # the student's code crashed: say where, keep the traceback chained
@@ -161,15 +210,21 @@ def dtype_name(t: torch.Tensor) -> str:
 def require_dtype(name: str, got: torch.Tensor, dtype: torch.dtype, where: str, what: str, advice: str):
     """After the values have passed: fail, saying so, when ``got`` has another dtype than ``dtype``."""
     __tracebackhide__ = True
-    if got.dtype != dtype:
+    if got.dtype != dtype and not failed_so_far():
         fail(name, f"{where}: the values are right but {what} is {dtype_name(got)}; {advice}")
 
 
-def matches(got, want: torch.Tensor, rtol: float, atol: float) -> bool:
-    """Same shape and allclose in float64 (NaN/inf in ``got`` never pass)."""
+def matches(got, want: torch.Tensor, rtol: float, atol: float, equal_nan: bool = False) -> bool:
+    """Same shape and allclose in float64. NaN/inf in ``got`` never pass, except, with ``equal_nan``, where
+    ``want`` (a mistake's output) has the same NaN or inf."""
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         return False
     g, w = got.detach().double(), want.detach().double()
+    if equal_nan:
+        odd = ~torch.isfinite(w)
+        if not torch.equal(g[odd].nan_to_num(), w[odd].nan_to_num()) or not torch.isfinite(g[~odd]).all():
+            return False
+        return torch.allclose(g[~odd], w[~odd], rtol=rtol, atol=atol)
     return bool(torch.isfinite(g).all()) and torch.allclose(g, w, rtol=rtol, atol=atol)
 
 
@@ -177,51 +232,112 @@ def max_diff(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got.detach().double() - want.detach().double()).abs().max().item()
 
 
+def _record(name: str, case: str, detail: str, explained: list[str], known: bool = True) -> None:
+    """A failing case: kept in the running check's verdict (judged when the check ends), or raised at once
+    outside a check."""
+    __tracebackhide__ = True
+    current = verdict.current()
+    if current is None:
+        one = verdict.Verdict(name)
+        one.add(case, detail, explained, known)
+        raise CheckFailed(one.message())
+    current.add(case, detail, explained, known)
+
+
+def _differs(make, want: torch.Tensor, rtol: float, atol: float) -> bool:
+    """Whether a candidate mistake's output is not the right one (it would fail this case)."""
+    if verdict.current() is None:
+        return False
+    try:
+        wrong = make() if callable(make) else make
+    except Exception:
+        return False
+    return wrong is not None and not matches(wrong, want, rtol, atol, equal_nan=True)
+
+
+def _passed(wrong_here: list[tuple[str, bool]]) -> None:
+    """A passing case: (diagnosis, whether that candidate would fail here) per candidate. A diagnosis listed with
+    several formulas (the variants of one mistake) is contradicted only when each of them would fail."""
+    current = verdict.current()
+    if current is not None:
+        fails: dict[str, bool] = {}
+        for diagnosis, wrong in wrong_here:
+            fails[diagnosis] = fails.get(diagnosis, True) and wrong
+        current.passed([d for d, f in fails.items() if f])
+
+
+def failed_so_far() -> bool:
+    """Whether a case of the running check has failed (later complaints about dtype or state then wait)."""
+    current = verdict.current()
+    return current is not None and bool(current.failures)
+
+
 def judge(name: str, got, want: torch.Tensor, candidates, case: str, *, rtol: float = 1e-4,
-          atol: float = 1e-5, hint: str = "") -> None:
-    """Return if ``got`` matches ``want``. Otherwise raise CheckFailed naming the first candidate
-    mistake whose output ``got`` matches; candidates are (diagnosis, tensor or zero-arg callable)."""
+          atol: float = 1e-5, hint: str = "", dims: tuple[str, ...] = ()) -> None:
+    """Return if ``got`` matches ``want``. Otherwise record a failing case with the candidate mistakes whose
+    output ``got`` matches (candidates are (diagnosis, tensor, zero-arg callable or None where the mistake
+    makes no difference)) and, for the message without a mistake, where the output differs (``dims`` names
+    the trailing dimensions, as in ``verdict.where_differs``)."""
     __tracebackhide__ = True
     if not isinstance(got, torch.Tensor):
         fail(name, f"{case}: expected a tensor, got {type(got).__name__}.")
+    verdict.observe(got, want, candidates)
     if matches(got, want, rtol, atol):
+        _passed([(d, _differs(make, want, rtol, atol)) for d, make in candidates])
         return
+    explained = []
     for diagnosis, make in candidates:
-        wrong = make() if callable(make) else make
-        if wrong is not None and matches(got, wrong, rtol, atol):
-            effect = (f"it differs from the correct output by up to {max_diff(wrong, want):.3g}"
-                      if wrong.shape == want.shape else f"its shape is {shape_of(wrong)} instead of {shape_of(want)}")
-            fail(name, f"{case}.\nLikely mistake: {diagnosis}\n(Your output equals what that mistake computes; "
-                       f"{effect}.)")
+        try:
+            wrong = make() if callable(make) else make
+        except Exception:  # a mistake's formula that does not apply to this case
+            continue
+        if isinstance(wrong, torch.Tensor) and got.dtype in (torch.float16, torch.bfloat16):
+            wrong = wrong.to(got.dtype)  # the mistake as the student's half-precision output holds it (inf included)
+        if wrong is not None and matches(got, wrong, rtol, atol, equal_nan=True) and diagnosis not in explained:
+            explained.append(diagnosis)
     if got.shape != want.shape:
         if got.numel() == want.numel() and matches(got.reshape(want.shape), want, rtol, atol):
-            fail(name, f"{case}: the numbers are right but the shape is {shape_of(got)}, expected {shape_of(want)}.")
-        fail(name, f"{case}: output shape {shape_of(got)}, expected {shape_of(want)}. {hint}".rstrip())
-    if not torch.isfinite(got.detach()).all() and torch.isfinite(want).all():
-        fail(name, f"{case}: your output contains inf or NaN where the correct output is finite. {hint}".rstrip())
-    fail(name, f"{case}: your output differs from the correct one by up to {max_diff(got, want):.3g} "
-               f"(tolerance {atol:g} + {rtol:g}·|value|), and matches none of the common mistakes this check "
-               f"knows. {hint}".rstrip())
+            detail = f"the numbers are right but the shape is {shape_of(got)}, expected {shape_of(want)}."
+        else:
+            detail = f"output shape {shape_of(got)}, expected {shape_of(want)}. {hint}".rstrip()
+    elif not torch.isfinite(got.detach()).all() and torch.isfinite(want).all():
+        detail = f"your output contains inf or NaN where the correct output is finite. {hint}".rstrip()
+    else:
+        g, w = got.detach().double(), want.detach().double()
+        bad = (g - w).abs() > atol + rtol * w.abs()
+        where = where_differs(got, want, bad, dims)
+        detail = (f"your output differs from the correct one by up to {max_diff(got, want):.3g} "
+                  f"(tolerance {atol:g} + {rtol:g}·|value|)" + (f": {where}." if where else f". {hint}".rstrip()))
+    _record(name, case, detail, explained, bool(candidates))
 
 
-def judge_int(name: str, got, want: int, candidates, case: str, hint: str = "") -> None:
-    """The integer version of ``judge``: the value first, its type after."""
+def judge_int(name: str, got, want: int, candidates, case: str, hint: str = "", *, reveal: bool = True) -> None:
+    """The integer version of ``judge``: the value first, its type after. ``reveal=False`` (a value item, whose
+    right answer is the exercise) says how the value is off instead of printing the right one."""
     __tracebackhide__ = True
     value = got.item() if isinstance(got, torch.Tensor) and got.numel() == 1 else got
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         fail(name, f"{case}: expected an int, got {type(got).__name__} {got!r}.")
-    if value != want:
-        for diagnosis, wrong in candidates:
-            if wrong is not None and wrong != want and value == wrong:
-                fail(name, f"{case}: got {value:,}, expected {want:,}.\nLikely mistake: {diagnosis}")
-        fail(name, f"{case}: got {value:,}, expected {want:,}. {hint}".rstrip())
+    verdict.observe(got, want, candidates)
+    if value == want:
+        _passed([(d, wrong is not None and wrong != want) for d, wrong in candidates])
+    else:
+        explained = list(dict.fromkeys(d for d, wrong in candidates if wrong is not None and wrong != want and
+                                       value == wrong))
+        if reveal:
+            detail = f"got {value:,}, expected {want:,}." + (f" {hint}" if hint and not explained else "")
+        else:
+            detail = f"got {value:,}: {how_off(value, want)}."
+        _record(name, case, detail, explained)
+        return
     if type(got) is not int:
         fail(name, f"{case}: the value is right but it is a {type(got).__name__}; return a plain int "
                    f"(wrap it in int(...)).")
 
 
-def judge_number(name: str, got, want: float, candidates, case: str, *, rel: float, hint: str = "") -> None:
-    """A real number (an estimate): ``want`` within ``rel`` (relative), else the candidate mistake it is near."""
+def judge_number(name: str, got, want: float, candidates, case: str, *, rel: float, hint: str = "",
+                 reveal: bool = True) -> None:
+    """A real number (an estimate): ``want`` within ``rel`` (relative), else the candidate mistakes it is near."""
     __tracebackhide__ = True
     value = got.item() if isinstance(got, torch.Tensor) and got.numel() == 1 else got
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
@@ -230,12 +346,18 @@ def judge_number(name: str, got, want: float, candidates, case: str, *, rel: flo
     def near(a, b):
         return abs(a - b) <= rel * abs(b)
 
+    verdict.observe(got, want, candidates)
     if near(value, want):
+        _passed([(d, wrong is not None and not near(wrong, want)) for d, wrong in candidates])
         return
-    for diagnosis, wrong in candidates:
-        if wrong is not None and not near(wrong, want) and near(value, wrong):
-            fail(name, f"{case}: got {value:.4g}, expected {want:.4g}.\nLikely mistake: {diagnosis}")
-    fail(name, f"{case}: got {value:.4g}, expected {want:.4g} (within {100 * rel:g}%). {hint}".rstrip())
+    explained = list(dict.fromkeys(d for d, wrong in candidates if wrong is not None and not near(wrong, want) and
+                                   near(value, wrong)))
+    if reveal:
+        detail = f"got {value:.4g}, expected {want:.4g} (within {100 * rel:g}%)." + \
+                 (f" {hint}" if hint and not explained else "")
+    else:
+        detail = f"got {value:.4g}: {how_off(value, want)} (within {100 * rel:g}% passes)."
+    _record(name, case, detail, explained)
 
 
 def randomize(module: M, seed: int) -> M:

@@ -190,7 +190,7 @@ def _gpt2_params(V, T, d, L, *, tied=True, positions=True, final_norm=True, bloc
     return V * d + (T * d if positions else 0) + L * block + (2 * d if final_norm else 0) + (0 if tied else V * d)
 
 
-@exercise_check(components=())
+@exercise_check(value="gpt2_small_params")
 def check_gpt2_small_params(n_params) -> str:
     """``gpt2_small_params``: GPT-2 small's parameter count (V = 50,257, 1,024 positions, d = 768, 12 layers,
     output layer tied to the token embedding)."""
@@ -209,5 +209,5 @@ def check_gpt2_small_params(n_params) -> str:
          L * _block_params(d, 4 * d)),
     ]
     judge_int(name, n_params, want, cands, "gpt2_small_params",
-              hint="V·d + T·d + 12·(12d² + 13d) + 2d, the head tied to the embedding.")
+              reveal=False)
     return "124,439,808"

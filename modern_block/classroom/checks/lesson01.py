@@ -93,7 +93,7 @@ def check_rms(rms) -> str:
         ("x of shape [2, 3, 16]", torch.randn(2, 3, 16, generator=g) * 2, None),
         ("x of shape [5, 8] with tiny magnitudes (|x| ≈ 1e-3, where eps matters)",
          torch.randn(5, 8, generator=g) * 1e-3, None),
-        ("x of shape [1, 4] with eps=1e-2", torch.randn(1, 4, generator=g) * 0.1, 1e-2),
+        ("x of shape [1, 4] with eps=1e-2 and |x| ≈ 1e-3", torch.randn(1, 4, generator=g) * 1e-3, 1e-2),
         ("a single vector x of shape [32]", torch.randn(32, generator=g), None),
     ]
     for desc, x, eps in cases:
@@ -105,7 +105,7 @@ def check_rms(rms) -> str:
             cands.append(("the eps argument is ignored: use the eps that is passed (here 1e-2), not 1e-6.",
                           (x.double().pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()))
         cands.append(("the reduced dimension was dropped: keep it (keepdim=True) so the result broadcasts "
-                      "against x.", want.squeeze(-1)))
+                      "against x.", want.squeeze(-1)))  # the same words as in the half-precision cases below
         judge(name, got, want, cands, f"on {desc}", hint=_RMS_HINT)
         require_dtype(name, got, torch.float32, f"on {desc}", "the dtype", "return float32.")
     # half precision: the statistic must be computed in float32
@@ -119,7 +119,10 @@ def check_rms(rms) -> str:
         native = (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
         upcast = (f"no float32 upcast: the squares were computed in {dtype_name(x)}, where {why}. Convert with "
                   "x.float() before squaring.")
-        judge(name, got, want, [(upcast, native)] + _rms_candidates(x, 1e-6), f"on {desc}",
+        keepdim = ("the reduced dimension was dropped: keep it (keepdim=True) so the result broadcasts "
+                   "against x.", want.squeeze(-1))
+        told = [(upcast, native)] if dtype == torch.float16 else []  # in bfloat16 only the dtype tells
+        judge(name, got, want, told + [keepdim] + _rms_candidates(x, 1e-6), f"on {desc}",
               rtol=4e-3, atol=1e-4 * want.abs().max().item(), hint=upcast if dtype == torch.float16 else "")
         require_dtype(name, got, torch.float32, f"on {desc}", "the dtype",
                       "return the float32 statistic (x.float()...), as the exercise asks.")

@@ -34,6 +34,8 @@ def _hidden_candidates(d, multiple_of, mult):
     c = [
         ("used GPT-2's d_ff = 4d. SwiGLU has three matrices, so parameter matching gives 8/3·d.", up(4 * d)),
         ("used GPT-2's d_ff = 4d. SwiGLU has three matrices, so parameter matching gives 8/3·d.", 4 * d),
+        ("used GPT-2's d_ff = 4d. SwiGLU has three matrices, so parameter matching gives 8/3·d.",
+         up(int(mult * 4 * d)) if mult is not None else None),
         ("not rounded up to a multiple of multiple_of: Llama rounds int(8/3·d) up to the next multiple.", h),
         ("rounded down instead of up (floor); Llama rounds up: multiple_of·ceil(h / multiple_of).",
          multiple_of * (h // multiple_of)),
@@ -170,7 +172,7 @@ def check_ffn_weight_count(ffn_weight_count) -> str:
     return "5 cases incl. 8d² = 134,217,728 and Llama's 135,266,304"
 
 
-@exercise_check(components=())
+@exercise_check(value="llama3_70b_d_ff")
 def check_llama3_70b_d_ff(d_ff) -> str:
     """``llama3_70b_d_ff``: Llama 3 70B's SwiGLU width by Llama's rule (d = 8192, multiple_of = 4096,
     ffn_dim_multiplier = 1.3)."""
@@ -188,5 +190,5 @@ def check_llama3_70b_d_ff(d_ff) -> str:
         ("8/3·d alone: no multiplier, no rounding.", int(8 * d / 3)),
     ]
     judge_int("check_llama3_70b_d_ff", d_ff, swiglu_hidden_dim(d, 4096, 1.3), cands, "llama3_70b_d_ff",
-              hint="swiglu_hidden_dim(8192, multiple_of=4096, ffn_dim_multiplier=1.3).")
+              reveal=False)
     return "28,672 = 3.5·d"

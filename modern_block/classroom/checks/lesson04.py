@@ -11,7 +11,6 @@ from ...attention import GQAttention
 from ...rmsnorm import RMSNorm
 from ...rope import rope_cache
 from .core import (
-    CheckFailed,
     Output,
     call_student,
     dtype_name,
@@ -154,31 +153,21 @@ def _attention_params(ref: GQAttention) -> dict:
 
 
 def _judge_attention(name, got, ref, x, cos, sin, qk_norm, desc, extra=()):
-    """Compare an attention output with the reference; if it differs, try every single mistake, then every
-    pair of mistakes, and report the one that explains it."""
+    """Compare an attention output with the reference; the candidates are every single mistake, then every
+    pair of mistakes (the verdict names the one that explains every failing case)."""
     __tracebackhide__ = True
     h, kv, dh = ref.h, ref.kv, ref.dh
     eps = ref.q_norm.eps if qk_norm else 1e-6
     p = _attention_params(ref)
     run = partial(_attention64, p, x, cos, sin, h=h, kv=kv, dh=dh, eps=eps, qk_norm=qk_norm)
     want = run()
-    mistakes = [(diag, knobs) for diag, knobs, ok in _ATTENTION_MISTAKES if ok(h, kv, qk_norm)]
-    cands = list(extra) + [(diag, partial(run, **knobs)) for diag, knobs in mistakes]
-    try:
-        judge(name, got, want, cands, desc, atol=2e-5, rtol=1e-4)
-    except CheckFailed as first:
-        if "Likely mistake" in str(first) or not isinstance(got, torch.Tensor) or got.shape != want.shape:
-            raise
-        for (d1, k1), (d2, k2) in itertools.combinations(mistakes, 2):
-            if set(k1) & set(k2):
-                continue
-            if matches(got, run(**k1, **k2), 1e-4, 2e-5):
-                fail(name, f"{desc}.\nLikely mistakes (two at once): {d1}\nand: {d2}")
-        first_ok = matches(got[:, :1], want[:, :1], 1e-4, 2e-5)
-        if first_ok and got.shape[1] > 1:
-            fail(name, f"{str(first).split(': ', 1)[1]}\nThe first token's output is right, the later ones are "
-                       "not: look at what later tokens see (mask, grouping of KV heads, positions).")
-        raise
+    # a mistake that makes no difference in this configuration (tiled heads with one KV head) is a no-op here
+    mistakes = [(diag, knobs if ok(h, kv, qk_norm) else None) for diag, knobs, ok in _ATTENTION_MISTAKES]
+    cands = list(extra) + [(diag, partial(run, **knobs) if knobs is not None else None) for diag, knobs in mistakes]
+    cands += [(f"two at once: {d1}\nand: {d2}", partial(run, **(k1 or {}), **(k2 or {})))
+              for (d1, k1), (d2, k2) in itertools.combinations(mistakes, 2)
+              if (k1 or k2) and not set(k1 or {}) & set(k2 or {})]
+    judge(name, got, want, cands, desc, atol=2e-5, rtol=1e-4, dims=("batch", "position", ""))
 
 
 def _attention_cases(g):

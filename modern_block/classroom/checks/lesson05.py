@@ -55,6 +55,24 @@ def _mla_inputs(g, B, h, T, S, d_nope, d_c, d_r, d_v):
         w_uv=torch.randn(h, d_v, d_c, generator=g) / math.sqrt(d_c))
 
 
+def _fused(i) -> torch.Tensor:
+    """The heads' up-projections as one matrix, DeepSeek's kv_b_proj.weight: per head m, the d_nope rows of
+    W_UK,m, then the d_v rows of W_UV,m; [h·(d_nope + d_v), d_c]."""
+    h, _, dc = i["w_uk"].shape
+    return torch.cat([i["w_uk"], i["w_uv"]], dim=1).reshape(-1, dc)
+
+
+def _split_by_blocks(i) -> dict:
+    """``i`` with W_UK and W_UV read from the fused matrix the wrong way: all keys' rows first, then all values'."""
+    h, dn, dc = i["w_uk"].shape
+    rows = _fused(i)
+    return {**i, "w_uk": rows[:h * dn].reshape(h, dn, dc), "w_uv": rows[h * dn:].reshape(h, -1, dc)}
+
+
+_SPLIT = ("the fused matrix was split into one block of keys and one of values: its rows go head by head, "
+          "d_nope rows of W_UK,m then d_v rows of W_UV,m for head m (view it as [h, d_nope + d_v, d_c] first).")
+
+
 _MLA_CASES = [  # (description, B, h, T, S, d_nope, d_c, d_R, d_v)
     ("d_nope = d_c = 6, d_v = d_c (square per-head matrices), batch 2, 3 heads", 2, 3, 4, 4, 6, 6, 4, 6),
     ("d_nope = 4, d_c = 10, d_R = 2, d_v = 5, batch 1, 2 heads", 1, 2, 3, 5, 4, 10, 2, 5),
@@ -101,17 +119,19 @@ def _mla_out64(s, v, keep, softmax_dim):
 
 @exercise_check(components=("MLAttention",))
 def check_absorb_query(absorb_query) -> str:
-    """``absorb_query(q_nope, w_uk)``: q_nope [B, h, T, d_nope], w_uk [h, d_nope, d_c] (head m's W_UK,m) →
-    [B, h, T, d_c] = W_UK,mᵀ q per head, so that (W_UK,mᵀ q)·c = q·(W_UK,m c)."""
+    """``absorb_query(q_nope, w_kv_b)``: q_nope [B, h, T, d_nope], w_kv_b [h·(d_nope + d_v), d_c] (DeepSeek's
+    kv_b_proj.weight: per head, W_UK,m's rows then W_UV,m's) → [B, h, T, d_c] = W_UK,mᵀ q per head, so that
+    (W_UK,mᵀ q)·c = q·(W_UK,m c)."""
     __tracebackhide__ = True
     name = "check_absorb_query"
     g = generator(8)
     for desc, B, h, T, S, dn, dc, dr, dv in _MLA_CASES:
         i = _mla_inputs(g, B, h, T, S, dn, dc, dr, dv)
-        got = call_student(name, f"absorb_query with {desc}", absorb_query, i["q_nope"].clone(), i["w_uk"].clone())
+        got = call_student(name, f"absorb_query with {desc}", absorb_query, i["q_nope"].clone(), _fused(i))
         qn, w = i["q_nope"].double(), i["w_uk"].double()
         want = torch.einsum("bhtn,hnc->bhtc", qn, w)
         cands = [
+            (_SPLIT, torch.einsum("bhtn,hnc->bhtc", qn, _split_by_blocks(i)["w_uk"].double())),
             ("multiplied by W_UK,m instead of its transpose: the key is k = W_UK,m c, so q·k = (W_UK,mᵀ q)·c; "
              "contract q with the d_nope axis of w_uk.", torch.einsum("bhtn,hcn->bhtc", qn, w) if dn == dc else None),
             ("every head used head 0's matrix: each head m has its own W_UK,m = w_uk[m].",
@@ -119,7 +139,7 @@ def check_absorb_query(absorb_query) -> str:
             ("the heads were summed: keep one latent query per head, [B, h, T, d_c].",
              torch.einsum("bhtn,hnc->btc", qn, w).unsqueeze(1).expand(-1, h, -1, -1)),
         ]
-        judge(name, got, want, cands, f"with {desc}", hint="q_latent[b, m, t] = w_uk[m]ᵀ @ q_nope[b, m, t].")
+        judge(name, got, want, cands, f"with {desc}", dims=("head", "position", ""))
         # the property the absorption rests on, stated in the learner's terms
         lhs = got.double() @ i["latent"].double().transpose(-1, -2).unsqueeze(1)
         rhs = qn @ torch.einsum("bsc,hnc->bhsn", i["latent"].double(), w).transpose(-1, -2)
@@ -130,7 +150,7 @@ def check_absorb_query(absorb_query) -> str:
 
 @exercise_check(components=("MLAttention",))
 def check_absorbed_scores(absorbed_scores) -> str:
-    """``absorbed_scores(q_nope, q_rope, latent, k_rope, w_uk, scale)`` → [B, h, T, S]: the pre-softmax
+    """``absorbed_scores(q_nope, q_rope, latent, k_rope, w_kv_b, scale)`` → [B, h, T, S]: the pre-softmax
     scores (W_UK,mᵀ q_nope)·c_s + q_rope·k_R,s, times scale, computed from the latents without keys."""
     __tracebackhide__ = True
     name = "check_absorbed_scores"
@@ -138,13 +158,14 @@ def check_absorbed_scores(absorbed_scores) -> str:
     for desc, B, h, T, S, dn, dc, dr, dv in _MLA_CASES:
         i = _mla_inputs(g, B, h, T, S, dn, dc, dr, dv)
         scale = (dn + dr) ** -0.5
-        args = [i[k].clone() for k in ("q_nope", "q_rope", "latent", "k_rope", "w_uk")]
+        args = [i[k].clone() for k in ("q_nope", "q_rope", "latent", "k_rope")] + [_fused(i)]
         got = call_student(name, f"absorbed_scores with {desc}", absorbed_scores, *args, scale)
         want = _mla_naive64(i, scale)[0]
         def mk(i=i, scale=scale, **kw):
             return _mla_naive64(i, scale, **kw)[0]
 
         cands = [
+            (_SPLIT, lambda i=i, scale=scale: _mla_naive64(_split_by_blocks(i), scale)[0]),
             ("the RoPE part is missing: the score is q_nope·k_nope + q_rope·k_R (the shared, decoupled RoPE key).",
              partial(mk, rope=False)),
             ("the no-RoPE (latent) part is missing: add (W_UKᵀ q_nope)·c to q_rope·k_R.", partial(mk, nope=False)),
@@ -156,14 +177,13 @@ def check_absorbed_scores(absorbed_scores) -> str:
             ("multiplied by W_UK,m instead of its transpose (absorb with W_UK,mᵀ q).", partial(mk, w_uk_t=True)
              if dn == dc else None),
         ]
-        judge(name, got, want, cands, f"with {desc}",
-              hint="scores = (einsum('bhtn,hnc->bhtc', q_nope, w_uk) @ latentᵀ + q_rope @ k_ropeᵀ) · scale.")
+        judge(name, got, want, cands, f"with {desc}", dims=("head", "position", "latent"))
     return "3 cases: square and rectangular W_UK, T < S, one head"
 
 
 @exercise_check(components=("MLAttention",))
 def check_mla_absorption(absorbed_attention) -> str:
-    """``absorbed_attention(q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale)`` → [B, h, T, d_v]: causal
+    """``absorbed_attention(q_nope, q_rope, latent, k_rope, w_kv_b, scale)`` → [B, h, T, d_v]: causal
     attention of the T newest positions over all S latents, absorbed, equal to the naive computation."""
     __tracebackhide__ = True
     name = "check_mla_absorption"
@@ -173,7 +193,7 @@ def check_mla_absorption(absorbed_attention) -> str:
     for desc, B, h, T, S, dn, dc, dr, dv in cases:
         i = _mla_inputs(g, B, h, T, S, dn, dc, dr, dv)
         scale = (dn + dr) ** -0.5
-        args = [i[k].clone() for k in ("q_nope", "q_rope", "latent", "k_rope", "w_uk", "w_uv")]
+        args = [i[k].clone() for k in ("q_nope", "q_rope", "latent", "k_rope")] + [_fused(i)]
         got = call_student(name, f"absorbed_attention with {desc}", absorbed_attention, *args, scale)
         want = _mla_out64(*_mla_naive64(i, scale))
 
@@ -181,10 +201,11 @@ def check_mla_absorption(absorbed_attention) -> str:
             return _mla_out64(*_mla_naive64(i, scale, **kw))
 
         cands = [
+            (_SPLIT, lambda i=i, scale=scale: _mla_out64(*_mla_naive64(_split_by_blocks(i), scale))),
             ("no causal mask: query t (at position S-T+t) must not see later latents.", partial(mk, mask="none")),
             ("the causal mask is aligned to the top-left (is_causal=True with T < S): the T queries are the "
              "newest positions, so query t sees latents 0 .. S-T+t (tril(diagonal=S-T)).",
-             partial(mk, mask="topleft") if 1 < T < S else None),
+             partial(mk, mask="topleft") if T < S else None),
             ("the RoPE part of the score is missing (q_rope·k_R).", partial(mk, rope=False)),
             ("the latent part of the score is missing ((W_UKᵀ q_nope)·c).", partial(mk, nope=False)),
             ("the scale is not applied to the scores.", partial(mk, scale_mode="none")),
@@ -204,7 +225,7 @@ def check_mla_absorption(absorbed_attention) -> str:
     return "4 cases: prefill, one new token, a chunk with offset mask, square and rectangular weights"
 
 
-@exercise_check(components=())
+@exercise_check(value="kimi_k2_cache_bytes")
 def check_kimi_k2_cache_bytes(n_bytes) -> str:
     """``kimi_k2_cache_bytes``: Kimi K2's MLA cache per token in bf16 (61 layers, latent 512, RoPE key 64, 64
     heads)."""
@@ -222,5 +243,5 @@ def check_kimi_k2_cache_bytes(n_bytes) -> str:
         ("one layer only: every one of the 61 layers caches its own latent.", (d_c + d_r) * 2),
     ]
     judge_int("check_kimi_k2_cache_bytes", n_bytes, want, cands, "kimi_k2_cache_bytes",
-              hint="n_layers · (kv_latent_dim + rope_dim) · 2 bytes.")
+              reveal=False)
     return "70,272 bytes per token, the same as DeepSeek-V3"

@@ -50,13 +50,12 @@ def check_qk_norm_rope(qk_norm_rope) -> str:
                  "orders differ (the scale would act on rotated coordinates).", lambda x=x, w=w: n(r(x), w)),
                 ("q_norm and k_norm were swapped: q goes through q_norm, k through k_norm.",
                  lambda x=x, w=w_other: r(n(x, w))),
-                (f"{which} was not normalised: apply {which}_norm before RoPE.", lambda x=x: r(x)),
-                (f"{which} was not rotated: apply RoPE after the norm.", lambda x=x, w=w: n(x, w)),
+                ("q or k was not normalised: apply q_norm to q and k_norm to k, before RoPE.", lambda x=x: r(x)),
+                ("q or k was not rotated: apply RoPE to q and k, after the norm.", lambda x=x, w=w: n(x, w)),
                 ("the mean was subtracted (LayerNorm); QK-norm here is RMSNorm.",
                  lambda x=x, w=w: r(rms_norm64(x, w, 1e-6, center=True))),
             ]
-            judge(name, got, r(n(x, w)), cands, f"{which} with {desc}",
-                  hint=f"{which} = apply_rope({which}_norm({which}), cos, sin).")
+            judge(name, got, r(n(x, w)), cands, f"{which} with {desc}", dims=("head", "position", ""))
     return "2 cases: GQA and one KV head, random norm scales"
 
 

@@ -197,7 +197,7 @@ def check_fair_comparison(unfair_differences) -> str:
 _LLAMA3_8B = dict(N=8.03e9, D=15e12)
 
 
-@exercise_check(components=())
+@exercise_check(value="llama3_8b_train_flops")
 def check_llama3_8b_train_flops(flops) -> str:
     """``llama3_8b_train_flops``: the compute of training Llama 3 8B (8.03 billion parameters) on 15 trillion
     tokens, by the 6·N·D rule (within 3%)."""
@@ -205,8 +205,8 @@ def check_llama3_8b_train_flops(flops) -> str:
     N, D = _LLAMA3_8B.values()
     cands = [("2·N·D is the forward pass only: training costs 6·N·D.", 2 * N * D),
              ("N·D: each token costs 6 FLOPs per parameter in training (2 forward, 4 backward).", N * D),
-             ("15 billion tokens: Llama 3 was trained on 15 trillion (15e12).", 6 * N * 15e9),
-             ("8.03 million parameters: the model has 8.03 billion (8.03e9).", 6 * 8.03e6 * D)]
+             ("a factor of 1,000 too small: Llama 3 was trained on 15 trillion tokens (15e12), and the model has "
+              "8.03 billion parameters (8.03e9).", 6 * N * D / 1000)]
     judge_number("check_llama3_8b_train_flops", flops, 6 * N * D, cands, "llama3_8b_train_flops", rel=0.03,
-                 hint="6 · N · D with N = 8.03e9 and D = 15e12.")
+                 reveal=False)
     return f"{6 * N * D:.3g} FLOPs"

@@ -24,77 +24,69 @@ from .core import (
     require_dtype,
 )
 
-# ---- Q4_1 blocks ----------------------------------------------------------------------------------------
+# ---- Q4_0 blocks ----------------------------------------------------------------------------------------
 
 
-def _q4_1_bytes(g: torch.Generator, rows: int, blocks_per_row: int) -> torch.Tensor:
-    """Random Q4_1 data, uint8 [rows, 20 · blocks_per_row]: fp16 step d > 0, fp16 minimum m < 0, 32 random codes."""
+def _q4_0_bytes(g: torch.Generator, rows: int, blocks_per_row: int) -> torch.Tensor:
+    """Random Q4_0 data, uint8 [rows, 18 · blocks_per_row]: an fp16 step d > 0 and 32 random codes per block."""
     n = rows * blocks_per_row
     d = (0.002 + 0.1 * torch.rand(n, 1, generator=g)).half()  # [n, 1]
-    m = (-0.05 - torch.rand(n, 1, generator=g)).half()
     codes = torch.randint(0, 16, (n, 32), generator=g, dtype=torch.uint8)  # q_0 .. q_31
     packed = codes[:, :16] | (codes[:, 16:] << 4)  # byte k: q_k low, q_{k+16} high
-    blocks = torch.cat([d.view(torch.uint8), m.view(torch.uint8), packed], dim=1)  # [n, 20]
-    return blocks.reshape(rows, blocks_per_row * 20)
+    blocks = torch.cat([d.view(torch.uint8), packed], dim=1)  # [n, 18]
+    return blocks.reshape(rows, blocks_per_row * 18)
 
 
-def _q4_1_64(raw: torch.Tensor, *, mistake=None) -> torch.Tensor:
-    """Q4_1 bytes -> weights in float64, with one knob per common mistake."""
-    blocks = raw.reshape(-1, 20)
+def _q4_0_64(raw: torch.Tensor, *, mistake=None) -> torch.Tensor:
+    """Q4_0 bytes -> weights in float64, with one knob per common mistake."""
+    blocks = raw.reshape(-1, 18)
     d = blocks[:, 0:2].contiguous().view(torch.float16).double()
-    m = blocks[:, 2:4].contiguous().view(torch.float16).double()
-    lo, hi = (blocks[:, 4:] & 0x0F).double(), (blocks[:, 4:] >> 4).double()
+    lo, hi = (blocks[:, 2:] & 0x0F).double(), (blocks[:, 2:] >> 4).double()
     if mistake == "nibbles_swapped":
         q = torch.cat([hi, lo], 1)  # [blocks, 32]
     elif mistake == "nibbles_interleaved":
         q = torch.stack([lo, hi], 2).reshape(-1, 32)
     else:
         q = torch.cat([lo, hi], 1)
-    if mistake == "signed_codes":
-        q = q - 8
-    if mistake == "scale_minimum_swapped":
-        d, m = m, d
-    w = {"no_minimum": lambda: d * q, "minimum_subtracted": lambda: d * q - m,
-         "minimum_scaled": lambda: d * (q + m)}.get(mistake, lambda: d * q + m)()
+    w = {"not_centred": lambda: d * q, "centred_after": lambda: d * q - 8,
+         "twos_complement": lambda: d * torch.where(q >= 8, q - 16, q)}.get(mistake, lambda: d * (q - 8))()
     return w.reshape(raw.shape[0], -1)
 
 
-_Q4_1_MISTAKES = [
+_Q4_0_MISTAKES = [
     ("nibbles_swapped", "the two codes of each byte are swapped: the LOW 4 bits (byte & 0x0F) hold q_k, the HIGH 4 "
                         "bits (byte >> 4) hold q_(k+16)."),
     ("nibbles_interleaved", "the codes are interleaved (low, high, low, high, ...): byte k holds q_k and q_(k+16), so "
                             "the 16 low nibbles are weights 0-15 and the 16 high nibbles weights 16-31."),
-    ("scale_minimum_swapped", "the scale and the minimum are swapped: bytes 0-1 are the step d, bytes 2-3 the "
-                              "minimum m, and w = d·q + m."),
-    ("no_minimum", "the minimum is missing: Q4_1 is w = d·q + m (Q4_0 has no minimum; Q4_1 does)."),
-    ("minimum_subtracted", "the minimum is subtracted: w = d·q + m, with m stored as it is (usually negative)."),
-    ("minimum_scaled", "the minimum was multiplied by the step: w = d·q + m, not d·(q + m)."),
-    ("signed_codes", "the codes were centred (q - 8) as in Q4_0: Q4_1's codes run 0..15 upwards from the minimum."),
+    ("not_centred", "the codes were not centred: Q4_0 stores q + 8 so that the weights are d·(q - 8), from -8d to 7d "
+                    "(Q4_1 adds a minimum instead)."),
+    ("centred_after", "8 was subtracted after the scaling: the weight is d·(q - 8), not d·q - 8."),
+    ("twos_complement", "the codes were read as signed 4-bit numbers (two's complement): Q4_0's codes are unsigned "
+                        "0..15 with an offset of 8, w = d·(q - 8)."),
 ]
 
 
-@exercise_check(components=("dequantize_q4_1", "dequantize"))
-def check_dequantize_q4_1(dequantize_q4_1_fn) -> str:
-    """``dequantize_q4_1(raw)``: Q4_1 bytes uint8 [rows, 20·n] -> float32 weights [rows, 32·n]."""
+@exercise_check(components=("dequantize",))
+def check_dequantize_q4_0(dequantize_q4_0_fn) -> str:
+    """``dequantize_q4_0(raw)``: Q4_0 bytes uint8 [rows, 18·n] -> float32 weights [rows, 32·n]."""
     __tracebackhide__ = True
-    name = "check_dequantize_q4_1"
+    name = "check_dequantize_q4_0"
     g = generator(91)
     cases = [("one block", 1, 1), ("a row of 18 blocks (576 weights, one row of SmolLM2's W_q)", 1, 18),
              ("6 rows of 4 blocks", 6, 4)]
     for what, rows, n in cases:
-        raw = _q4_1_bytes(g, rows, n)
+        raw = _q4_0_bytes(g, rows, n)
         after = Output(raw)  # what the function leaves in its copy of raw
-        call = f"dequantize_q4_1(raw) on {what}: raw uint8 {list(raw.shape)}"
-        got = call_student(name, call, dequantize_q4_1_fn, after)
+        call = f"dequantize_q4_0(raw) on {what}: raw uint8 {list(raw.shape)}"
+        got = call_student(name, call, dequantize_q4_0_fn, after)
         if not (isinstance(after.value, torch.Tensor) and torch.equal(after.value, raw)):
             fail(name, f"{call}: your function changed raw in place; read the bytes, do not write them.")
-        want = _q4_1_64(raw)
-        cands = [(diag, partial(_q4_1_64, raw, mistake=m)) for m, diag in _Q4_1_MISTAKES]
+        want = _q4_0_64(raw)
+        cands = [(diag, partial(_q4_0_64, raw, mistake=m)) for m, diag in _Q4_0_MISTAKES]
         judge(name, got.double() if isinstance(got, torch.Tensor) else got, want, cands, call, rtol=1e-6, atol=1e-6,
-              hint="per block of 20 bytes: d = bytes 0-1 as fp16, m = bytes 2-3 as fp16, then 16 bytes of codes "
-                   "(low nibbles are q_0..q_15, high nibbles q_16..q_31); w = d·q + m.")
+              dims=("row", ""))
         require_dtype(name, got, torch.float32, call, "the output", "return float32 weights (.float()).")
-    return f"{len(cases)} inputs, up to {max(r * n for _, r, n in cases)} blocks; nibble order, scale and minimum right"
+    return f"{len(cases)} inputs, up to {max(r * n for _, r, n in cases)} blocks; nibble order and offset right"
 
 
 # ---- llama.cpp's query/key rows -----------------------------------------------------------------------------
@@ -178,20 +170,20 @@ _LLAMA3_MISTAKES = [
     ("scale_all", "every frequency was divided by the factor: that is position interpolation. Llama 3 keeps the "
                   "short waves (wavelength < original_len / high_freq_factor) as they are and divides only the long "
                   "ones (wavelength > original_len / low_freq_factor)."),
-    ("bands_swapped", "the two thresholds are swapped (the wrong smoothing band): short waves are those with "
-                      "wavelength < original_len / high_freq_factor, long waves those with wavelength > "
-                      "original_len / low_freq_factor; the band in between is blended."),
-    ("frequency_as_wavelength", "the frequencies θ were compared with the wavelength thresholds (wavelength vs "
-                                "frequency): every θ ≤ 1 then counts as a short wave and nothing changes. Convert "
-                                "first: wavelength = 2π / θ, in tokens per full turn."),
+    ("bands_swapped", "the middle band was left unscaled, as when the two thresholds are swapped (the wrong "
+                      "smoothing band): short waves are those with wavelength < original_len / high_freq_factor, "
+                      "long waves those with wavelength > original_len / low_freq_factor; the band in between is "
+                      "blended."),
+    ("frequency_as_wavelength", "the frequencies came back unscaled: apply Llama 3's rule to θ_i = base^(-2i/dh). "
+                                "(Comparing θ itself with the wavelength thresholds, wavelength vs frequency, gives "
+                                "this too: every θ ≤ 1 then counts as a short wave. Convert first: wavelength = "
+                                "2π / θ, in tokens per full turn.)"),
     ("no_2pi", "the wavelength was taken as 1/θ: a full turn is 2π radians, so the wavelength is 2π / θ tokens."),
     ("turns_inverted", "the blend weight uses wavelength / original_len; it uses the number of turns in the "
                        "original context, original_len / wavelength: a = (original_len / wavelength - low) / "
                        "(high - low)."),
     ("blend_reversed", "the blend is reversed: a = (original_len / wavelength - low) / (high - low) weights the "
                        "unscaled θ (a = 1 at the short edge), and 1 - a weights θ / factor."),
-    ("middle_kept", "the middle band was left unscaled: between the two thresholds θ is blended, "
-                    "(1 - a)·θ/factor + a·θ."),
     ("middle_divided", "the middle band was divided like the long waves: between the two thresholds θ is blended, "
                        "(1 - a)·θ/factor + a·θ."),
     ("multiplied", "the long waves' frequencies were multiplied by the factor; divide them (a slower rotation "
@@ -199,10 +191,10 @@ _LLAMA3_MISTAKES = [
 ]
 
 
-@exercise_check(components=("llama3_frequencies", "scaled_frequencies", "rope_cache"))
+@exercise_check(components=("llama3_frequencies", "scaled_frequencies", "rope_cache", "rope_frequencies"))
 def check_llama3_rope_scaling(llama3_frequencies_fn) -> str:
-    """``llama3_frequencies(theta, factor, low_freq_factor, high_freq_factor, original_len)`` → the scaled
-    frequencies, same shape and dtype as ``theta`` [dh/2]: Llama 3.1's piecewise rule by wavelength."""
+    """``llama3_frequencies(dh, base, factor, low_freq_factor, high_freq_factor, original_len)`` → a model's
+    RoPE frequencies θ_i = base^(-2i/dh), float32 [dh/2], scaled by Llama 3.1's piecewise rule by wavelength."""
     __tracebackhide__ = True
     name = "check_llama3_rope_scaling"
     cases = list(_LLAMA3_CASES)
@@ -213,18 +205,17 @@ def check_llama3_rope_scaling(llama3_frequencies_fn) -> str:
                       low, high, pick(g, [2048, 4096, 16384])))
     for what, dh, base, s, low, high, L0 in cases:
         theta = rope_frequencies(dh, base)  # [dh/2], float32
-        after = Output(theta)  # what the function leaves in its copy of theta
-        call = (f"llama3_frequencies(theta of {what} (d_h {dh}, base {base:,.0f}), factor={s:g}, "
-                f"low_freq_factor={low:g}, high_freq_factor={high:g}, original_len={L0})")
-        got = call_student(name, call, llama3_frequencies_fn, after, s, low, high, L0)
-        if not (isinstance(after.value, torch.Tensor) and torch.equal(after.value, theta)):
-            fail(name, f"{call}: your function changed theta in place; return a new tensor.")
+        call = (f"llama3_frequencies({dh}, {base:g}, factor={s:g}, low_freq_factor={low:g}, "
+                f"high_freq_factor={high:g}, original_len={L0}) ({what})")
+        got = call_student(name, call, llama3_frequencies_fn, dh, base, s, low, high, L0)
         want = _llama3_64(theta, s, low, high, L0)
         cands = [(diag, partial(_llama3_64, theta, s, low, high, L0, mistake=m)) for m, diag in _LLAMA3_MISTAKES]
+        cands += [("the exponent of the frequencies is i/dh: θ_i = base^(-2i/dh) for pair i = 0 .. dh/2-1.",
+                   partial(_llama3_64, base ** (-torch.arange(dh // 2, dtype=torch.float64) / dh), s, low, high, L0))]
         judge(name, got, want, cands, call, rtol=1e-5, atol=0,
               hint="wavelength = 2π/θ; keep θ below original_len/high_freq_factor, divide it by the factor above "
                    "original_len/low_freq_factor, blend in between.")
-        require_dtype(name, got, theta.dtype, call, "the output", "return theta's dtype (float32).")
+        require_dtype(name, got, theta.dtype, call, "the output", "return float32 frequencies.")
     return f"{len(cases)} configurations incl. Llama 3.1 8B and Llama 3.2 1B, every band populated"
 
 
@@ -256,7 +247,7 @@ def check_ntk_scaled_base(ntk_scaled_base_fn) -> str:
     return f"{len(cases)} cases: Llama 2-style, Llama 3-style and a 16-dimensional head"
 
 
-@exercise_check(components=())
+@exercise_check(value="smollm2_cache_bytes")
 def check_smollm2_cache_bytes(n_bytes) -> str:
     """``smollm2_cache_bytes``: SmolLM2-135M's KV cache per token in bf16 (30 layers, 9 query heads over 3 K/V
     heads of 64)."""
@@ -271,5 +262,5 @@ def check_smollm2_cache_bytes(n_bytes) -> str:
         ("one layer only: each of the 30 layers caches its own K and V.", kv_cache_bytes_per_token(1, kv, dh, 2)),
     ]
     judge_int("check_smollm2_cache_bytes", n_bytes, want, cands, "smollm2_cache_bytes",
-              hint="2 (K and V) · n_layers · n_kv_heads · head_dim · 2 bytes.")
+              reveal=False)
     return f"{want:,} bytes per token, a third of MHA's"
