@@ -164,7 +164,8 @@ def test_a_build_says_what_it_writes(tmp_path):
     assert done.stdout.splitlines() == ["exercises/01_rmsnorm.ipynb: written, new (from solutions/01_rmsnorm.ipynb)",
                                         "wrote 1 exercise notebook(s)"]
     nb = nbformat.read(tmp_path / "solutions" / "01_rmsnorm.ipynb", as_version=4)
-    nb.cells[-1].source += "\n\nOne more sentence."
+    last_text = [c for c in nb.cells if c.cell_type == "markdown"][-1]
+    last_text.source += "\n\nOne more sentence."
     nbformat.write(nb, tmp_path / "solutions" / "01_rmsnorm.ipynb")
     check = subprocess.run([sys.executable, "-m", "modern_block", "exercises", "build", "--check", "--root",
                             str(tmp_path)], capture_output=True, text=True, timeout=120)
