@@ -275,7 +275,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-COMPARE = ["--quick", "--workers", "2", "--rates", "0.01", "0.02", "--seeds", "0", "--max-steps", "100000",
+COMPARE = ["--quick", "--workers", "2", "--rates", "0.01", "0.02", "--selection-seeds", "0", "--seeds", "1", "--max-steps", "100000",
            "--eval-interval", "50", "--batch-size", "4", "--block-size", "16", "--eval-batches", "1", "--no-progress"]
 
 

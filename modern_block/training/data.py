@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -46,10 +47,6 @@ class Corpus:
     text: str
     name: str
     source: str  # a path, a URL, or a description of the fallback
-
-    @property
-    def is_fallback(self) -> bool:
-        return self.name != "tinyshakespeare"
 
 
 def cache_dir() -> Path:
@@ -220,6 +217,23 @@ def train_val_split(ids: torch.Tensor, val_fraction: float = 0.1) -> tuple[torch
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     n_train = int(len(ids) * (1.0 - val_fraction))
     return ids[:n_train], ids[n_train:]
+
+
+class Text(NamedTuple):
+    """A corpus ready to train on: the tokenizer of its characters and the 90/10 train/val split of its ids."""
+
+    corpus: Corpus
+    tokenizer: CharTokenizer
+    train_ids: torch.Tensor  # [N_train] int64
+    val_ids: torch.Tensor  # [N_val] int64
+
+
+def load_text(corpus: Corpus | None = None, verbose: bool = True) -> Text:
+    """``corpus`` (default: ``load_corpus()``) with its tokenizer and split: every lesson's data in one call,
+    ``corpus, tok, train_ids, val_ids = load_text()``."""
+    corpus = corpus if corpus is not None else load_corpus(verbose=verbose)
+    tokenizer = CharTokenizer.from_text(corpus.text)
+    return Text(corpus, tokenizer, *train_val_split(tokenizer.encode(corpus.text)))
 
 
 class BatchSampler:

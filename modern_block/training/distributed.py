@@ -105,11 +105,6 @@ def _leave() -> None:
         dist.destroy_process_group()
 
 
-def is_main_process() -> bool:
-    """True in a single process and on rank 0 of a torchrun launch."""
-    return ranks_from_env().is_main
-
-
 def is_comm_failure(err: BaseException) -> bool:
     """Whether ``err`` is a failed exchange with other processes (a peer died or hung up):
     torch's own ``DistError`` types, and gloo's and NCCL's errors, which arrive as plain

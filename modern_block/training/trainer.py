@@ -90,19 +90,29 @@ class TrainResult:
     compiled: bool
     finished: bool
     world_size: int = 1  # processes (devices) that trained it
+    cpu_s: float | None = None  # this process's CPU seconds in the run's last session
+    resumed: bool = False  # the last session continued a checkpoint
+    threads: int = 1  # torch's intra-op threads in that session
 
     @property
     def best_val_loss(self) -> float:
         return min(m["val_loss"] for m in self.metrics)
 
+    @property
+    def final_val_loss(self) -> float:
+        return self.metrics[-1]["val_loss"]
+
     def summary(self) -> dict:
-        return {"arch": self.config.arch, "config": asdict(self.config), "corpus": self.corpus,
+        """The run's record (``DIR/summary.json``; ``training.study`` reads it back): one set of names for a
+        run's result everywhere, ``diverged`` None here and the message for a run stopped by a non-finite loss."""
+        return {"arch": self.config.arch, "config": asdict(self.config), "corpus": self.corpus, "diverged": None,
                 "n_params": self.n_params, "flops_per_token": self.flops_per_token,
-                "best_val_loss": self.best_val_loss, "final_val_loss": self.metrics[-1]["val_loss"],
-                "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "wall_s": self.wall_s, "device": self.device,
+                "best_val_loss": self.best_val_loss, "final_val_loss": self.final_val_loss,
+                "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
+                "resumed": self.resumed, "threads": self.threads, "device": self.device,
                 "precision": self.precision, "peak": self.peak, "compiled": self.compiled,
                 "finished": self.finished, "steps": self.metrics[-1]["step"], "world_size": self.world_size,
-                "torch": torch.__version__}
+                "torch": torch.__version__, "metrics": list(self.metrics), "train_losses": list(self.losses)}
 
 
 class Clock:
@@ -183,6 +193,7 @@ class Trainer:
         self._pending: list[torch.Tensor] = []  # losses not yet read back from the device
         self._last_saved: int | None = None
         self._mid_step = False
+        self._cpu0, self.resumed = time.process_time(), ckpt is not None
         if ckpt is not None:
             self._restore(ckpt)
 
@@ -204,7 +215,7 @@ class Trainer:
         saved_world, ranks = ckpt.get("world_size", 1), self.procs.ranks
         states = ckpt.get("rng_ranks") or [{"cpu": ckpt["rng_cpu"], "cuda": ckpt["rng_cuda"]}]
         try:
-            if saved_world == ranks.world_size or ranks.rank == 0:
+            if saved_world == ranks.world_size or ranks.is_main:
                 mine = states[ranks.rank]
                 torch.set_rng_state(mine["cpu"])
                 if self.setup.device.type == "cuda" and mine["cuda"] is not None:
@@ -447,7 +458,8 @@ class Trainer:
                           list(self.losses), self.n_params, self.flops_per_token, tps, util, self.elapsed,
                           self.setup.name, self.setup.precision, self.setup.peak[0] if self.setup.peak else None,
                           self.forward.compiled, self.step >= self.cfg.max_steps,
-                          world_size=self.procs.ranks.world_size)
+                          world_size=self.procs.ranks.world_size, cpu_s=time.process_time() - self._cpu0,
+                          resumed=self.resumed, threads=torch.get_num_threads())
         try:
             self.folder.write_summary(res.summary() | {"run_id": self.run_id})
         except StorageError as err:
