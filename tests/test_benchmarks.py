@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import nbformat
-import pytest
 from repo_files import ROOT, load_module
 from training_setup import never_online  # noqa: F401 (an autouse fixture: keeps these tests offline)
 

@@ -1,6 +1,5 @@
 """The scale presets (quick, laptop, gpu) and the shape options of train and compare."""
 
-import json
 from dataclasses import asdict
 
 import pytest
@@ -9,6 +8,7 @@ from training_setup import never_online  # noqa: F401 (never_online is an autous
 from modern_block import __main__ as entry
 from modern_block.training import options, train_cli
 from modern_block.training.config import LAPTOP, laptop_config, quick_config, scale_config
+
 
 def _config(argv, monkeypatch, quick_env=False):
     if not quick_env:

@@ -9,8 +9,8 @@ import pytest
 
 from modern_block.training.statistics import (
     HIGHER,
-    LOWER,
     INCONCLUSIVE,
+    LOWER,
     band,
     choose_rate,
     difference,

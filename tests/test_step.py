@@ -1,6 +1,8 @@
 """One training step as a function (modern_block/training/step.py): micro-batches give the one-pass gradient,
 clipping bounds the step, the learning rate is the one asked for, a failing compiler falls back to eager once."""
 
+import functools
+import shutil
 import warnings
 
 import pytest
@@ -10,11 +12,6 @@ import torch.nn as nn
 from modern_block import GPT2LM
 from modern_block.training.distributed import RankFailedError
 from modern_block.training.step import Forward, batch_loss, eval_loss, forward_backward, optimizer_step, train_step
-
-
-class Clip:  # the one field of TrainConfig that train_step reads
-    def __init__(self, grad_clip):
-        self.grad_clip = grad_clip
 
 
 def tiny(seed=0):
@@ -49,7 +46,7 @@ def test_a_step_sets_the_lr_clips_steps_and_clears_the_gradients():
     model = tiny()
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=123.0)
-    loss = train_step(model, (x, y), opt, None, Clip(1e-3), lr=1.0, micro=2)
+    loss = train_step(model, (x, y), opt, None, lr=1.0, micro=2, grad_clip=1e-3)
     assert opt.param_groups[0]["lr"] == 1.0 and not loss.requires_grad
     assert all(p.grad is None for p in model.parameters())
     moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)])
@@ -87,3 +84,39 @@ def test_a_failing_compiler_falls_back_to_eager_once():
     wrapped = Forward(model, compiled=False)
     wrapped.distribute(lambda m: ("wrapped", m))
     assert wrapped.train == ("wrapped", model) and wrapped.eval is model
+
+
+def test_a_step_under_bf16_autocast_on_the_cpu():
+    """bf16 autocast (what a GPU run uses) on the CPU: the matrix products run in bf16, the loss is taken in fp32,
+    the weights stay fp32 and the loss is within bf16's rounding of the fp32 step's."""
+    x, y = batch()
+    seen = []
+    eager, mixed = tiny(), tiny()
+    mixed.head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    bf16 = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+    fp32_loss = train_step(eager, (x, y), torch.optim.SGD(eager.parameters(), lr=0.1), None, 0.1, 4, 1.0)
+    bf16_loss = train_step(mixed, (x, y), torch.optim.SGD(mixed.parameters(), lr=0.1), None, 0.1, 4, 1.0, bf16)
+    assert seen == [torch.bfloat16] and bf16_loss.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in mixed.parameters())
+    assert bf16_loss.item() == pytest.approx(fp32_loss.item(), rel=2e-2) and bf16_loss.item() != fp32_loss.item()
+    moved = [(a - b).abs().max().item() for a, b in zip(mixed.parameters(), eager.parameters(), strict=True)]
+    assert 0 < max(moved) < 1e-2, "the same step, up to bf16 rounding"
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs a C compiler")
+def test_a_compiled_training_step_on_the_cpu_matches_eager():
+    """A real ``torch.compile`` (inductor, forward and backward) of two training steps: no fallback to eager, and
+    the same losses and weights as the eager steps, to float32 reordering."""
+    x, y = batch()
+    eager, model = tiny(), tiny()
+    forward = Forward(model, compiled=True)
+    opt_e, opt_c = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, model))
+    for _ in range(2):
+        want = train_step(eager, (x, y), opt_e, None, 1e-2, 4, 1.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a fallback to eager warns: here it fails the test
+            got = forward.call(lambda: train_step(forward.train, (x, y), opt_c, None, 1e-2, 4, 1.0), opt_c.zero_grad)
+        assert got.item() == pytest.approx(want.item(), rel=1e-4)
+    assert forward.compiled, "the compiler ran; no fallback to eager"
+    for a, b in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)

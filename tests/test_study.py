@@ -17,7 +17,7 @@ from modern_block.training import files, report, run_folder
 from modern_block.training.data import Corpus
 from modern_block.training.report import plot_curve_bands, plot_differences, report_text, write_results
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
-from modern_block.training.statistics import INCONCLUSIVE, LOWER, HIGHER
+from modern_block.training.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training.study import STUDIES, Anchor, Results, Study, run_study
 from modern_block.training.workers import Diverged, WorkerPool, read_record, run_dir, train_many
 
@@ -55,7 +55,7 @@ def test_a_study_chooses_on_some_seeds_reports_on_others_and_resumes(tmp_path):
     report_path = write_results(res, tmp_path / "out")
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert report_path.read_text() == report_text(Results.from_json(saved)) == report_text(res)
-    assert f"gpt2_nobias at a paper's rate 0.003 on seeds 1, 2: " in report_path.read_text()
+    assert "gpt2_nobias at a paper's rate 0.003 on seeds 1, 2: " in report_path.read_text()
     assert f"| llama minus gpt2_nobias | {d.format()} | {d.verdict} |" in report_path.read_text()
 
     said.clear()  # the same study again: every run is read back, none trained

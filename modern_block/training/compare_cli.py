@@ -30,8 +30,8 @@ from .options import (
     seed_arg,
 )
 from .report import report_text, write_results
-from .rungs import RUNG_NAMES
 from .run_folder import RunFolderError
+from .rungs import MODEL_NAMES
 from .study import STUDIES, Study, run_study
 
 SCALE_OF = {"quick": "quick", "ladder": "quick", "ablations": "quick", "laptop": "laptop", "gpu": "gpu"}
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "replaces its budget")
     parser.add_argument("--ladder", action="store_true", help="--study ladder")
     parser.add_argument("--out", default=None, help="output folder (default runs/<study>)")
-    parser.add_argument("--models", nargs="+", default=None, choices=RUNG_NAMES, metavar="MODEL",
+    parser.add_argument("--models", nargs="+", default=None, choices=MODEL_NAMES, metavar="MODEL",
                         help="train these of the study's models only")
     parser.add_argument("--rates", type=positive_float_arg, nargs="+", default=None, metavar="LR",
                         help="peak learning rates each model's rate is chosen from (default: the study's)")

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .rungs import RUNG_NAMES, ModelShape
+from .rungs import MODEL_NAMES, ModelShape
 
 QUICK_ENV = "MODERN_BLOCK_QUICK"
 EVAL_SEED = 1234  # the fixed evaluation windows do not depend on the run's seed
@@ -20,7 +20,6 @@ RUNTIME_FIELDS = ("device", "compile", "log_interval", "micro_batch_size")
 MAX_INT = 2**31 - 1  # sizes and counts beyond this are typos (and overflow some kernels)
 MAX_SEED = 2**63 - 1  # torch's generators take 64-bit seeds
 MAX_LR = 1e3  # far above any rate that trains (lesson 08 shows 10 and 100 diverge), far below float32 overflow
-MIN_LR_FRACTION = 0.1  # the cosine ends at a tenth of the peak (nanoGPT's convention)
 
 
 class ConfigError(ValueError):
@@ -67,9 +66,9 @@ class TrainConfig:
             raise ConfigError(f"micro_batch_size ({self.micro_batch_size}) must divide batch_size ({self.batch_size})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"seed must be an int in [0, 2**63 - 1], got {self.seed!r}")
-        if self.arch not in ARCHS and self.arch.removeprefix("ladder:") not in RUNG_NAMES:
+        if self.arch not in ARCHS and self.arch.removeprefix("ladder:") not in MODEL_NAMES:
             raise ConfigError(f"arch must be one of {list(ARCHS)} or 'ladder:<rung>' with a rung in "
-                             f"{list(RUNG_NAMES)}, got {self.arch!r}")
+                             f"{list(MODEL_NAMES)}, got {self.arch!r}")
         if not (math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
             raise ConfigError(f"lr must be a positive finite number of at most {MAX_LR:g} (AdamW moves every weight "
                              f"by about lr per step; nanoGPT uses 1e-3; beyond this AdamW's float32 arithmetic "
@@ -142,8 +141,9 @@ def quick_forced() -> bool:
 
 
 def with_rate(cfg: TrainConfig, lr: float) -> TrainConfig:
-    """``cfg`` at peak rate ``lr``, its cosine ending at ``MIN_LR_FRACTION`` of it."""
-    return replace(cfg, lr=lr, min_lr=lr * MIN_LR_FRACTION)
+    """``cfg`` at peak rate ``lr``, its cosine ending at the same fraction of the peak (a tenth in every preset,
+    nanoGPT's convention): the one rule for a rate that a sweep or an option sets."""
+    return replace(cfg, lr=lr, min_lr=lr * (cfg.min_lr / cfg.lr))
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

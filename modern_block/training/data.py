@@ -1,16 +1,5 @@
-"""The training text, a character tokenizer, a train/val split and a seeded batch sampler.
-
-Where the text comes from, in order:
-  1. ``$MODERN_BLOCK_DATA/tinyshakespeare.txt`` (a folder with a local copy, for machines without
-     internet; CI points it at ``../shared/data``), used if its sha256 is right;
-  2. the cache, ``$XDG_CACHE_HOME/modern_block`` (or ``~/.cache/modern_block``), same check;
-  3. a download from the public address into the cache: written to a temporary file, checked,
-     then renamed into place, so the cache never holds a partial file under the final name
-     (a corrupt or truncated file left there by anything else fails the checksum and is fetched again);
-  4. if none of these works: the Python standard library's own source text (every installation has
-     it), announced plainly, so a notebook still runs offline. It is a different corpus: losses are
-     not comparable with tinyshakespeare's.
-"""
+"""The training text (tinyshakespeare from $MODERN_BLOCK_DATA, the cache or a checked download; else, announced,
+the standard library's source), a character tokenizer, the 90/10 split and a seeded batch sampler."""
 
 import hashlib
 import os
@@ -25,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..interop.verify import sha256_of
 from ..validate import positive_int
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -53,14 +43,6 @@ def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/modern_block``, or ``~/.cache/modern_block`` when the variable is unset."""
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root) / "modern_block"
-
-
-def sha256_of(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def download(url: str, dest, sha256: str, timeout: float = 30.0, size: int | None = None) -> Path:

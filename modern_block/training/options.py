@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .config import MAX_SEED, MIN_LR_FRACTION, QUICK_ENV, SCALES, TrainConfig, quick_forced, scale_config
+from .config import MAX_SEED, QUICK_ENV, SCALES, TrainConfig, quick_forced, scale_config, with_rate
 from .device import choose_device
 
 
@@ -62,7 +62,7 @@ CONFIG_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--max-steps": ("max_steps", positive_int_arg, "training steps"),
     "--lr": ("lr", positive_float_arg, "peak learning rate"),
     "--min-lr": ("min_lr", nonneg_float_arg,
-                 "learning rate at the end of the cosine (default: lr/10 when --lr is given)"),
+                 "learning rate at the end of the cosine (default: the preset's fraction of --lr, a tenth)"),
     "--warmup-steps": ("warmup_steps", int, "linear warmup steps"),
     "--batch-size": ("batch_size", positive_int_arg, "sequences per optimizer step, over all processes"),
     "--micro-batch-size": ("micro_batch_size", positive_int_arg, "sequences per forward/backward pass in one process "
@@ -119,10 +119,10 @@ def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int
     overrides = overrides_from_args(parser, args)
     if seed is not None:
         overrides["seed"] = seed
-    if "lr" in overrides and "min_lr" not in overrides:
-        overrides["min_lr"] = overrides["lr"] * MIN_LR_FRACTION
+    lr = overrides.pop("lr") if "lr" in overrides and "min_lr" not in overrides else None
     try:
-        return scale_config(scale_from_args(args), arch, **overrides)
+        cfg = scale_config(scale_from_args(args), arch, **overrides)
+        return with_rate(cfg, lr) if lr is not None else cfg
     except ValueError as err:
         parser.error(str(err))
 

@@ -28,9 +28,10 @@ def report_text(results: Results) -> str:
              f"`{results.command}`: {len(results.runs)} runs on {results.corpus}, torch {mach.get('torch')}, "
              f"{mach.get('cpus')} CPUs ({mach.get('processor') or mach.get('machine')}), one thread per run, "
              f"{results.wall_s:,.0f} s of wall time in the last session.", "",
-             f"Budget: d = {b.d}, {b.n_layers} layers, {b.n_heads} heads ({b.n_kv_heads} K/V heads where a model shares "
-             f"them), context {b.block_size}, batch {b.batch_size}, {b.max_steps} steps, warmup {b.warmup_steps} then "
-             f"a cosine to a tenth of the peak, AdamW betas ({b.beta1}, {b.beta2}), weight decay {b.weight_decay}, "
+             f"Budget: d = {b.d}, {b.n_layers} layers, {b.n_heads} heads ({b.n_kv_heads} K/V heads where a model "
+             f"shares them), context {b.block_size}, batch {b.batch_size}, {b.max_steps} steps, warmup "
+             f"{b.warmup_steps} then a cosine to a tenth of the peak, AdamW betas ({b.beta1}, {b.beta2}), weight decay "
+             f"{b.weight_decay}, "
              f"clip {b.grad_clip}, dropout {b.dropout}. Loss: the final validation loss on {b.eval_batches} fixed "
              f"batches of the last 10% of the text. Each model's peak rate is chosen from "
              f"{', '.join(f'{r:g}' for r in s.rates)} on selection seeds {format_seeds(s.selection_seeds)} (lowest "

@@ -10,6 +10,7 @@ import math
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -215,6 +216,24 @@ class Results:
         return cls(study, list(data["runs"]), data["command"], data["corpus"], data["machine"], data["wall_s"])
 
 
+@dataclass
+class _Progress:
+    """One line per finished run of a phase: "[3/8] selection llama lr 0.008 seed 1: final val loss 2.4768"."""
+
+    say: Callable[[str], None]
+    role: str
+    total: int
+    start: float
+    done: int = 0
+
+    def __call__(self, cfg: TrainConfig, result) -> None:
+        self.done += 1
+        value = final_loss(result if isinstance(result, dict) else result.summary())
+        loss = "diverged" if math.isinf(value) else f"final val loss {value:.4f}"
+        self.say(f"[{self.done}/{self.total}] {self.role:9} {cfg.arch.removeprefix('ladder:')} lr {cfg.lr:g} "
+                 f"seed {cfg.seed}: {loss} ({time.perf_counter() - self.start:,.0f} s since start)")
+
+
 def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=1, cache: dict | None = None,
               command: str = "", say=print, train: bool = True) -> Results:
     """Train ``study``: every model at every rate on the selection seeds, then each at its chosen rate on the
@@ -237,16 +256,8 @@ def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=
             say(f"{role}: {len(results.planned(role)) - len(todo)} run(s) already finished in {out_dir}: read back")
         if not (train and todo):
             continue
-        done = [0]
-
-        def finished(cfg, result, role=role, total=len(todo)):
-            done[0] += 1
-            value = final_loss(result if isinstance(result, dict) else result.summary())
-            loss = "diverged" if math.isinf(value) else f"final val loss {value:.4f}"
-            say(f"[{done[0]}/{total}] {role:9} {cfg.arch.removeprefix('ladder:')} lr {cfg.lr:g} seed {cfg.seed}: "
-                f"{loss} ({time.perf_counter() - start:,.0f} s since start)")
-
-        got = train_many([study.config(*run) for run in todo], corpus, workers, out_dir, cache, on_done=finished)
+        on_done = _Progress(say, role, len(todo), start)
+        got = train_many([study.config(*run) for run in todo], corpus, workers, out_dir, cache, on_done=on_done)
         for run, result in zip(todo, got, strict=True):
             results.add(*run, role, result)
     results.wall_s = time.perf_counter() - start

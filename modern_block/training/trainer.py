@@ -1,41 +1,7 @@
-"""Train the Llama-style LM or the GPT-2 LM on characters, and resume exactly where a run stopped.
-
-    python -m modern_block train --arch llama --quick --out runs/llama
-    python -m modern_block train --arch llama --quick --out runs/llama --resume   # continue it
-    torchrun --nproc_per_node 2 -m modern_block train --arch llama --out runs/llama   # two GPUs (or processes)
-
-What one step does (``training.step.train_step``): sample a batch (seeded sampler), forward under
-autocast (bf16, or fp16 with a GradScaler, or plain fp32 on the CPU: see ``training.device``),
-cross-entropy, backward, clip the gradient norm, AdamW step with the learning rate of the schedule
-(linear warmup, cosine decay to ``min_lr``). Weight decay applies to matrices (dim >= 2) only, not
-to biases and norm scales.
-
-Every ``eval_interval`` steps the model is evaluated on fixed batches (the same windows every time),
-one line is appended to ``DIR/metrics.jsonl``, and a checkpoint is written to ``DIR/ckpt.pt``. The
-checkpoint holds the model, optimizer and scaler states, the step, and the random states of torch
-and of the sampler, so a resumed run repeats the uninterrupted one's losses exactly (on the CPU; on a
-GPU up to kernel nondeterminism). It is loaded with ``torch.load(weights_only=True)``: it holds only
-tensors and plain Python containers, and loading one runs no code.
-
-A non-finite loss stops the run with a ``NonFiniteLossError``; the checkpoint on disk is then the last
-good one (parameters are checked before every save). Ctrl-C finishes the step in progress, saves a
-checkpoint and re-raises ``KeyboardInterrupt`` (``training.signals``). How the files are kept safe (a lock
-per folder, no silent restart of an existing run, atomic writes, a checksum in the checkpoint, metrics
-that belong to it): ``training.run_folder`` and ``training.checkpoint``. A file system that refuses a
-write (full, read-only) stops the run with a ``StorageError`` that says what is kept; a run refused
-before it starts removes the folders and the lock file it made.
-
-The run's settings, schedule and optimizer groups: ``training.config``; the command line:
-``training.train_cli``.
-
-Data parallelism (``training.distributed``). Launched by torchrun, every process trains a copy of
-the model inside ``DistributedDataParallel``. ``batch_size`` stays the global batch: every process draws
-the same seeded offsets and keeps its own slice of them, so N processes see exactly the sequences one
-process would, and ``micro_batch_size`` (gradient accumulation) only decides how many of them go
-through the model at once. Evaluation batches are shared out and the losses summed over processes.
-Rank 0 alone prints and writes metrics, checkpoints and the summary; the checkpoint holds every
-process's random state, so a resume with the same number of processes repeats the run exactly.
-"""
+"""The training loop: ``train(cfg, out_dir)`` trains one model on characters and resumes exactly where a run
+stopped (a checkpoint every evaluation holds every state, random ones included). A non-finite loss, Ctrl-C, a
+refused write or a failed peer stops the run saying what is kept; under torchrun every process trains its share
+of the global batch (``training.distributed``)."""
 
 import contextlib
 import math
@@ -287,8 +253,8 @@ class Trainer:
         batch = next(self.parts.sampler)  # x, y: [B / processes, T] each
 
         def step():
-            return train_step(self.forward.train, batch, self.parts.optimizer, self.parts.scaler, self.cfg,
-                              lr_at(self.step, self.cfg), self.parts.micro, self.setup.autocast)
+            return train_step(self.forward.train, batch, self.parts.optimizer, self.parts.scaler,
+                              lr_at(self.step, self.cfg), self.parts.micro, self.cfg.grad_clip, self.setup.autocast)
 
         self._pending.append(self.forward.call(step, self._zero_grad) if first else step())
         self.step += 1
