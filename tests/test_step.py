@@ -103,6 +103,7 @@ def test_a_step_under_bf16_autocast_on_the_cpu():
     assert 0 < max(moved) < 1e-2, "the same step, up to bf16 rounding"
 
 
+@pytest.mark.slow  # inductor compiles forward and backward: about a minute of CPU
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs a C compiler")
 def test_a_compiled_training_step_on_the_cpu_matches_eager():
     """A real ``torch.compile`` (inductor, forward and backward) of two training steps: no fallback to eager, and
