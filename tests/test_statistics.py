@@ -3,6 +3,7 @@ paired intervals and their verdicts, and a rate chosen on selection seeds, repor
 
 import math
 import random
+import re
 from statistics import NormalDist
 
 import pytest
@@ -248,3 +249,54 @@ def test_the_next_value_range_is_a_prediction_interval_by_hand():
     low, high = interval.next_value_range
     assert low == pytest.approx(2.5 - half, abs=1e-9) and high == pytest.approx(2.5 + half, abs=1e-9)
     assert high - low > 2 * interval.half_width  # one run spreads more than the mean
+
+
+def test_every_refusal_names_its_argument_and_rule():
+    for call, kind, message in (
+            (lambda: mean_interval("2.0 2.1"), TypeError, "values must be a sequence of numbers, got str"),
+            (lambda: paired_difference([1.0, "x"], [1.0, 2.0]), TypeError, "a must hold numbers"),
+            (lambda: paired_difference([1.0, 2.0], [1.0, "x"]), TypeError, "b must hold numbers"),
+            (lambda: paired_difference({0: 1.0}, [1.0]), TypeError, "a and b must both be mappings seed -> loss"),
+            (lambda: band([[1.0, "x"], [1.0, 2.0]]), TypeError, "curves[i] must hold numbers"),
+            (lambda: mean_interval([1.0, 2.0], confidence=0.0), ValueError, "confidence must be a float strictly"),
+            (lambda: mean_interval([1.0, 2.0], confidence=1.0), ValueError, "confidence must be a float strictly"),
+            (lambda: mean_interval([1.0, 2.0], confidence=1.5), ValueError, "confidence must be a float strictly"),
+            (lambda: mean_interval([1.0, 2.0], confidence=1), ValueError, "confidence must be a float strictly"),
+            (lambda: verdict(math.nan, 0.1), ValueError, "low and high must be numbers"),
+            (lambda: choose_rate({}), ValueError, "means_by_rate must hold at least one rate"),
+            (lambda: markdown_table([]), ValueError, "rows must be a non-empty sequence of mappings"),
+            (lambda: select_and_report(_table(), (0, 1), ()), ValueError, "reported_seeds must be a non-empty"),
+            (lambda: select_and_report(_table(), (True,), (2,)), ValueError, "selection_seeds must be a non-empty"),
+            (lambda: select_and_report([{"model": "m", "lr": 1e-3, "seed": 0, "loss": True}], (0,), (1,)),
+             ValueError, "loss must be a number or None"),
+            (lambda: select_and_report([{"model": "m", "lr": 1e-3, "seed": 5, "loss": 2.0}], (0,), (1,)),
+             ValueError, "model 'm' has no runs on the selection seeds [0]")):
+        with pytest.raises(kind, match=re.escape(message)):
+            call()
+
+
+def test_confidence_and_divergence_travel_through_every_result():
+    wide, narrow = mean_interval([1.0, 2.0, 4.0]), mean_interval([1.0, 2.0, 4.0], confidence=0.5)
+    assert narrow.confidence == 0.5 and narrow.half_width < wide.half_width
+    diverged = mean_interval([1.0, math.inf], confidence=0.9)
+    assert (diverged.n, diverged.confidence, diverged.format()) == (2, 0.9, "diverged") and math.isnan(diverged.sd)
+    d = paired_difference([2.0, 2.1, 2.3], [1.9, 2.2, 2.1], confidence=0.8)
+    assert d.seeds == (0, 1, 2) and d.confidence == 0.8 and d.interval.confidence == 0.8
+    blown = paired_difference([None, 2.0], [1.0, 2.0])  # None: a diverged run
+    assert blown.diverged and blown.format() == "a run diverged"
+    assert math.isnan(paired_difference([math.inf, 1.0], [2.0, 3.0]).differences[0])
+    mean, low, high = band([[3.0, 2.0], [3.2, 2.4], [3.1, 2.2]], confidence=0.5)
+    _, low95, high95 = band([[3.0, 2.0], [3.2, 2.4], [3.1, 2.2]])
+    assert all(h - lo < h95 - lo95 for lo, h, lo95, h95 in zip(low, high, low95, high95, strict=True))
+    sel = select_and_report(_table(), (0, 1), (2, 3, 4))
+    assert sel["gpt2"].model == "gpt2" and difference(sel, "gpt2", "llama", confidence=0.5).confidence == 0.5
+
+
+def test_a_rate_tried_on_reported_seeds_only_is_not_a_candidate():
+    rows = _table() + [{"model": "gpt2", "lr": 8e-3, "seed": 2, "loss": 1.0}]  # a stray run, reported seed only
+    assert select_and_report(rows, (0, 1), (2, 3, 4))["gpt2"].lr == 2e-3
+
+
+def test_a_markdown_table_exactly():
+    assert markdown_table([{"a": 1, "b": "x"}]) == "| a | b |\n|---|---|\n| 1 | x |"
+    assert markdown_table([{"a": 1}, {"a": 2}]) == "| a |\n|---|\n| 1 |\n| 2 |"

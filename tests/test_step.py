@@ -32,7 +32,8 @@ def grads(model):
 def test_micro_batches_give_the_gradient_and_loss_of_one_pass(micro):
     x, y = batch()
     whole, parts = tiny(), tiny()
-    loss = forward_backward(whole, (x, y), None, micro=4)
+    loss = batch_loss(whole, x, y)  # one pass, outside forward_backward: the reference
+    loss.backward()
     loss_parts = forward_backward(parts, (x, y), None, micro=micro)
     assert loss_parts.item() == pytest.approx(loss.item(), rel=1e-6)
     assert loss.item() == pytest.approx(batch_loss(tiny(), x, y).item(), rel=1e-6)
@@ -80,6 +81,8 @@ def test_a_failing_compiler_falls_back_to_eager_once():
     failing = Forward(model, compiled=True)
     with pytest.raises(RankFailedError):  # another process failed: not a compiler problem, no fallback
         failing.call(lambda: (_ for _ in ()).throw(RankFailedError("rank 1 died")))
+    with pytest.raises(RuntimeError, match="gloo"):  # a peer's failure as gloo reports it: no fallback either
+        failing.call(lambda: (_ for _ in ()).throw(RuntimeError("[gloo] Connection reset by peer")))
     assert failing.compiled
     wrapped = Forward(model, compiled=False)
     wrapped.distribute(lambda m: ("wrapped", m))
@@ -121,3 +124,41 @@ def test_a_compiled_training_step_on_the_cpu_matches_eager():
     assert forward.compiled, "the compiler ran; no fallback to eager"
     for a, b in zip(model.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_autocast_reaches_every_micro_batch_of_a_step_and_of_an_evaluation():
+    x, y = batch()
+    seen = []
+    model = tiny()
+    model.head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    bf16 = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+    train_step(model, (x, y), torch.optim.SGD(model.parameters(), lr=0.1), None, 0.1, 2, 1.0, bf16)
+    assert seen == [torch.bfloat16] * 2, "two micro-batches of 2, both under autocast"
+    seen.clear()
+    eval_loss(model, x, y, 1, bf16)
+    assert seen == [torch.bfloat16] * 4
+    seen.clear()
+    eval_loss(model, x, y, 4, bf16)  # one pass
+    assert seen == [torch.bfloat16]
+
+
+def test_a_gradient_scaler_scales_the_loss_and_unscales_before_clipping_and_stepping():
+    """With a GradScaler (fp16's companion) the step is the unscaled one: the loss is multiplied by the scale for
+    backward, the gradients divided by it before they are clipped, and the optimizer steps on the true gradients."""
+    x, y = batch()
+    for clip in (1e-3, 0.0):  # clipped (to the true norm) and unclipped (the true gradients themselves)
+        plain, scaled = tiny(), tiny()
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        want = train_step(plain, (x, y), torch.optim.SGD(plain.parameters(), lr=0.1), None, 0.1, 2, clip)
+        got = train_step(scaled, (x, y), torch.optim.SGD(scaled.parameters(), lr=0.1), scaler, 0.1, 2, clip)
+        assert got.item() == pytest.approx(want.item(), rel=1e-6), "the loss returned is the unscaled one"
+        for a, b in zip(scaled.parameters(), plain.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+        assert scaler.get_scale() == 2.0**10, "no inf or NaN: the scale holds (it grows after 2000 good steps)"
+
+
+def test_an_evaluation_in_one_pass_is_the_batch_loss():
+    x, y = batch()
+    model = tiny()
+    for micro in (4, 8):  # the whole batch, or more than it: one pass
+        assert eval_loss(model, x, y, micro).item() == batch_loss(model, x, y).item()
