@@ -50,10 +50,11 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import torch  # noqa: E402
 
-from modern_block.training import experiments, report, workers  # noqa: E402
+from modern_block.training import report, workers  # noqa: E402
 from modern_block.training.config import TrainConfig, gpu_config  # noqa: E402
 from modern_block.training.data import DATA_ENV, TINYSHAKESPEARE_FILE, load_corpus  # noqa: E402
 from modern_block.training.rungs import ABLATION_NAMES, LADDER_NAMES, get_rung  # noqa: E402
+from modern_block.training.study import MAIN  # noqa: E402
 from modern_block.training.trainer import sample  # noqa: E402
 
 NANOGPT_BEST_VAL = 1.4697  # nanoGPT's GPT-2 on shakespeare-char at this budget (A100), its README
@@ -68,8 +69,8 @@ class ExperimentAPI:
     """How this check calls the lesson-08 experiments. Each method is one training run's worth of
     work (the check runs many at once, in separate processes), returning plain data."""
 
-    arms = experiments.ARMS[False]  # the comparison's arms: GPT-2 and Llama-style, both heads untied
-    labels = experiments.LABELS
+    arms = MAIN  # the comparison's arms: GPT-2 and Llama-style, both heads untied
+    labels = {"gpt2_untied": "GPT-2", "llama": "Llama"}
     rungs = LADDER_NAMES  # the ladder, GPT-2 -> Llama
 
     @staticmethod
@@ -101,8 +102,21 @@ class ExperimentAPI:
         return ABLATION_NAMES
 
     run_leave_one_out = run_rung
-    plot_loss_curves = staticmethod(report.plot_loss_curves)
-    plot_ladder = staticmethod(report.plot_ladder)
+    plot_loss_curves = staticmethod(report.plot_curve_bands)
+
+    @staticmethod
+    def plot_ladder(rows: list[dict], path, title: str) -> None:
+        """Bar chart of the best val loss per model (error bars: the standard deviation over seeds)."""
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 3.8))
+        means = [r["mean"] if math.isfinite(r["mean"]) else math.nan for r in rows]
+        ax.bar([r["rung"] for r in rows], means, yerr=[r["std"] for r in rows], capsize=4)
+        ax.set(title=title, ylabel="best val loss")
+        ax.tick_params(axis="x", labelrotation=30)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
 
 
 # ---- running many trainings at once ------------------------------------------------------------------
@@ -179,7 +193,9 @@ def fit_steps(left_s: float, s_per_step: float, rounds: int, full: int, unit: in
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
-    return experiments.mean_std(values)
+    """Mean and sample standard deviation (0 for one value; inf for a diverged run's inf)."""
+    mean = sum(values) / len(values)
+    return mean, statistics.stdev(values) if len(values) > 1 and math.isfinite(mean) else 0.0
 
 
 # ---- the check's bookkeeping -------------------------------------------------------------------------

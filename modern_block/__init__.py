@@ -17,10 +17,10 @@ model, each part a subpackage that imports the ones before it:
 """
 
 from .attention import GQAttention
-from .decoder import DecoderLM
+from .decoder import DecoderLM, causal_attention
 from .ffn import SwiGLU, swiglu_hidden_dim
 from .generate import generate
-from .gpt2 import GPT2LM, CausalSelfAttention, GeluMLP, GPT2Block, causal_attention
+from .gpt2 import GPT2LM, CausalSelfAttention, GeluMLP, GPT2Block
 from .kv_cache import KVCache, LayerCache, kv_cache_bytes_per_token, mla_cache_bytes_per_token
 from .llama import Block, LlamaStyleLM
 from .mla import MLAConfig, MLAttention

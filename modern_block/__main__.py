@@ -1,7 +1,7 @@
 """``python -m modern_block COMMAND ...``: the course's command lines, one word each.
 
     python -m modern_block train --arch llama --quick --out runs/llama     # one model (training.train_cli)
-    python -m modern_block compare --quick --out runs/compare              # GPT-2 against Llama (training.compare_cli)
+    python -m modern_block compare --quick --out runs/compare              # a study (training.study)
     python -m modern_block grade submissions/ --reference exercises/       # a class (modern_block.classroom.grade)
     python -m modern_block exercises build                                 # exercises/ from solutions/
 
@@ -13,7 +13,8 @@ import sys
 
 COMMANDS = {  # the command -> the module whose ``main(argv)`` runs it, and what it does
     "train": ("modern_block.training.train_cli", "train one model on characters; --resume continues a run"),
-    "compare": ("modern_block.training.compare_cli", "the GPT-2 and the Llama-style block, each at its best rate"),
+    "compare": ("modern_block.training.compare_cli", "models at their own rates, paired 95% intervals (--study quick, "
+                "laptop, gpu, ladder, ablations)"),
     "grade": ("modern_block.classroom.grade", "grade exercise notebooks, a whole class at once"),
     "exercises": ("modern_block.classroom.exercises", "write exercises/ from solutions/ (build, build --check)"),
 }

@@ -2,7 +2,7 @@
 
     python scripts/nanogpt_recipe_check.py [--steps 2000] [--seed 0] [--course]
 
-The GPT-2 arm of ``compare --scale laptop`` lands above nanoGPT's published 1.88. This script rebuilds that run
+The GPT-2 arm of ``compare --laptop`` lands above nanoGPT's published 1.88. This script rebuilds that run
 without the course's trainer: its own data sampling (random offsets from the global generator, as nanoGPT draws
 them), its own schedule, AdamW groups, clipping and evaluation on 20 random batches; with ``--course`` the model is
 the course's ``GPT2LM(bias=False)`` (tied), else a small GPT written here from the recipe's facts (bias-free

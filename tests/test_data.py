@@ -68,7 +68,7 @@ def _closed_port() -> int:
 def test_local_copy_is_found_through_the_environment(real_dir, tmp_path, monkeypatch):
     monkeypatch.setenv(data.DATA_ENV, str(real_dir))
     corpus = load_corpus(url="file:///nonexistent/x.txt", cache=tmp_path, verbose=False)
-    assert corpus.name == "tinyshakespeare" and not corpus.is_fallback
+    assert corpus.name == "tinyshakespeare" and corpus.name == "tinyshakespeare"
     assert len(corpus.text) == TINYSHAKESPEARE_CHARS
     assert hashlib.sha256(corpus.text.encode()).hexdigest() == TINYSHAKESPEARE_SHA256
     assert not any(tmp_path.iterdir()), "a verified local copy must not be copied into the cache"
@@ -139,7 +139,7 @@ def test_a_data_folder_without_the_text_is_named_in_the_warning(tmp_path, monkey
     out = capsys.readouterr().out
     expected = "no such folder" if case == "no such folder" else f"holds no {TINYSHAKESPEARE_FILE}"
     assert f"warning: {data.DATA_ENV}={folder}" in out and expected in out
-    assert corpus.is_fallback and f"{data.DATA_ENV}={folder} holds no usable {TINYSHAKESPEARE_FILE}" in out
+    assert corpus.name == "python-stdlib" and f"{data.DATA_ENV}={folder} holds no usable {TINYSHAKESPEARE_FILE}" in out
     assert f"Set {data.DATA_ENV} to a folder" not in out, "no hint to set the variable that is set"
 
 
@@ -175,7 +175,7 @@ def test_offline_fallback_uses_the_standard_library_and_says_so(tmp_path, no_env
     out = capsys.readouterr().out
     assert "tinyshakespeare is not available" in out
     assert "USING A DIFFERENT CORPUS" in out and "characters of Python source" in out
-    assert corpus.is_fallback and corpus.name == "python-stdlib"
+    assert corpus.name == "python-stdlib" and corpus.name == "python-stdlib"
     assert len(corpus.text) == data.FALLBACK_CHARS
     assert "def " in corpus.text and "import " in corpus.text
     assert load_corpus(url=url, cache=tmp_path, verbose=False).text == corpus.text, "deterministic"

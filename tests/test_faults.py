@@ -40,13 +40,11 @@ from modern_block.training.config import ConfigError
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
 
 CFG = tiny("llama", max_steps=12, eval_interval=2)  # a checkpoint every 2 steps; dropout 0.1: RNG states matter
-TABLE = []  # rows of the closing table, printed at the end of each test
 
 
 def _row(fault: str, tries: int, survived: int, leftovers: str, message: str) -> None:
-    row = f"FAULT | {fault} | {tries} | {survived} | {leftovers} | {message}"
-    TABLE.append(row)
-    print(row)
+    """One row of the fault table (``pytest -s`` prints them: fault | tries | survived | leftovers | message)."""
+    print(f"FAULT | {fault} | {tries} | {survived} | {leftovers} | {message}")
 
 
 def _temporaries(folder: Path) -> list[str]:
@@ -275,8 +273,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-COMPARE = ["--quick", "--workers", "2", "--rates", "0.01", "0.02", "--seeds", "0", "--max-steps", "100000",
-           "--eval-interval", "50", "--batch-size", "4", "--block-size", "16", "--eval-batches", "1", "--no-progress"]
+COMPARE = ["--quick", "--workers", "2", "--rates", "0.01", "0.02", "--selection-seeds", "0", "--seeds", "1",
+           "--max-steps", "100000", "--eval-interval", "50", "--batch-size", "4", "--block-size", "16",
+           "--eval-batches", "1", "--no-progress"]
 
 
 def _compare_main(out: Path) -> int:
@@ -436,8 +435,3 @@ def test_the_malformed_checkpoint_table(tmp_path):
     _row(f"damaged checkpoint ({len(DAMAGES)} kinds, 12 truncations, 12 bit flips)", len(cases), refused + exact,
          "none (the folder is read, not changed)", f"{refused} refused naming the file, {exact} read exactly")
     assert not wrong, wrong
-
-
-def test_print_the_table():
-    """The rows of this file's table, when run with -s (after the other tests)."""
-    print("\n".join(["fault | tries | survived | leftovers | message", *TABLE]))

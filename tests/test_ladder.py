@@ -8,7 +8,7 @@ from training_setup import never_online, tiny  # noqa: F401 (never_online is an 
 from modern_block import GPT2LM, DecoderLM, LlamaStyleLM, generate
 from modern_block.training import config
 from modern_block.training.ladder import build_model, ladder_model, matched_d_ff, size_table
-from modern_block.training.rungs import ABLATIONS, LADDER, LLAMA_END, RUNG_NAMES, ModelShape, Rung, get_rung
+from modern_block.training.rungs import ABLATIONS, LADDER, LLAMA_END, MODEL_NAMES, ModelShape, Rung, get_rung
 
 EXACT = {"gpt2": "GPT2LM", "gpt2_untied": "GPT2LM(tie=False)", "llama": "LlamaStyleLM",
          "llama_tied": "LlamaStyleLM(tie=True)", "gpt2_nobias": "GPT2LM(bias=False)"}
@@ -111,7 +111,7 @@ def test_rung_switches_are_checked():
 @pytest.mark.parametrize("V", [65, 96], ids=["tinyshakespeare", "stdlib"])
 def test_every_model_is_within_2_percent_of_gpt2(shape, V):
     rows = size_table(shape, V)
-    assert [r["rung"] for r in rows] == list(RUNG_NAMES)
+    assert [r["rung"] for r in rows] == list(MODEL_NAMES)
     assert rows[0]["ratio"] == 1.0 and rows[0]["d_ff"] == 4 * shape.d
     by_name = {r["rung"]: r for r in rows}
     for row in rows:  # nanoGPT's bias-free GPT-2 is taken as it is (d_ff = 4d): 2.5% below in the tiny shapes

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE, TESTS = ROOT / "modern_block", ROOT / "tests"
 
 TESTED_BY = {  # module -> the test files named after its topic (besides tests/test_<name>.py where that exists)
-    "modern_block.__main__": ["test_experiments.py"],
+    "modern_block.__main__": ["test_laptop.py"],
     "modern_block.fast.decoding": ["test_fast.py"],
     "modern_block.interop.compare_layers": ["test_hf.py", "test_hf_families.py"],
     "modern_block.interop.gguf_quants": ["test_gguf.py"],
@@ -33,9 +33,9 @@ TESTED_BY = {  # module -> the test files named after its topic (besides tests/t
     "modern_block.training.train_cli": ["test_train.py"],
     "modern_block.training.flops": ["test_device.py"],
     "modern_block.training.rungs": ["test_ladder.py"],
-    "modern_block.training.workers": ["test_experiments.py"],
-    "modern_block.training.report": ["test_experiments.py"],
-    "modern_block.training.compare_cli": ["test_experiments.py"],
+    "modern_block.training.workers": ["test_study.py"],
+    "modern_block.training.report": ["test_study.py"],
+    "modern_block.training.compare_cli": ["test_study.py"],
     "modern_block.classroom.checks.core": ["test_checks_graded.py", "test_exercises.py"],
     **{f"modern_block.classroom.checks.lesson{n:02d}": ["test_exercises.py"] for n in range(10)},
     **{f"modern_block.classroom.grading.{name}": ["test_sandbox.py"] for name in (

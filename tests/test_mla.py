@@ -255,6 +255,10 @@ def test_norm_eps_is_the_epsilon_of_both_latent_norms():
 @torch.no_grad()
 def test_absorb_forces_one_path_with_or_without_a_cache(absorb):
     model, idx = mla_model("q-lora"), tokens(length=6)
+    other = mla_model("q-lora")
+    for blk in other.blocks:
+        blk.attn.absorb = not absorb
+    want_logits, want_tokens = other(idx), generate(other, idx, 3, use_cache=True)
 
     def refuse(*args, **kwargs):
         raise AssertionError("the other path ran")
@@ -262,5 +266,5 @@ def test_absorb_forces_one_path_with_or_without_a_cache(absorb):
     for blk in model.blocks:
         blk.attn.absorb = absorb
         setattr(blk.attn, "attend_naive" if absorb else "attend_absorbed", refuse)  # shadows the method
-    model(idx)  # no cache
-    generate(model, idx, 3, use_cache=True)
+    torch.testing.assert_close(model(idx), want_logits, rtol=1e-4, atol=1e-5)  # no cache: the same logits
+    assert torch.equal(generate(model, idx, 3, use_cache=True), want_tokens)  # cached: the same tokens

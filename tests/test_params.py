@@ -24,7 +24,7 @@ from modern_block import (
     parameter_breakdown,
 )
 from modern_block.training.ladder import ladder_model
-from modern_block.training.rungs import RUNG_NAMES, ModelShape
+from modern_block.training.rungs import MODEL_NAMES, ModelShape
 
 OUTPUT_OF = {CausalSelfAttention: "proj", GeluMLP: "proj", GQAttention: "wo", MLAttention: "wo", SwiGLU: "w_down"}
 L = 4
@@ -38,7 +38,7 @@ MODELS = {
                                 mla=MLAConfig(kv_latent_dim=32, rope_dim=16, nope_dim=16, v_head_dim=16,
                                               q_lora_rank=32)),
     **{f"ladder:{rung}": (lambda rung=rung: ladder_model(rung, ModelShape(64, L, 4, 2, 32), 100))
-       for rung in RUNG_NAMES},
+       for rung in MODEL_NAMES},
 }
 
 

@@ -3,26 +3,24 @@ paired intervals and their verdicts, and a rate chosen on selection seeds, repor
 
 import math
 import random
+import re
 from statistics import NormalDist
 
 import pytest
 
 from modern_block.training.statistics import (
     HIGHER,
+    INCONCLUSIVE,
     LOWER,
-    NO_DIFFERENCE,
     band,
     choose_rate,
     difference,
-    differences_from,
     format_seeds,
     markdown_table,
     mean_interval,
     paired_difference,
     select_and_report,
     selection_row,
-    successive_differences,
-    t_cdf,
     t_quantile,
     verdict,
 )
@@ -64,12 +62,10 @@ def _t_cdf_by_integration(t: float, df: int, n: int = 20_000) -> float:
 
 
 @pytest.mark.parametrize("df", [3, 4, 5, 8, 13, 30])
-def test_t_cdf_agrees_with_numerical_integration_and_inverts_the_quantile(df):
-    for t in (0.3, 1.0, 2.0, 3.5):
-        assert t_cdf(t, df) == pytest.approx(_t_cdf_by_integration(t, df), abs=1e-10)
-        assert t_cdf(-t, df) == pytest.approx(1 - t_cdf(t, df), abs=1e-15)
+def test_t_quantile_agrees_with_numerical_integration(df):
     for p in (0.55, 0.9, 0.975, 0.995):
-        assert t_cdf(t_quantile(p, df), df) == pytest.approx(p, abs=1e-12)
+        assert _t_cdf_by_integration(t_quantile(p, df), df) == pytest.approx(p, abs=1e-10)
+        assert t_quantile(1 - p, df) == pytest.approx(-t_quantile(p, df), abs=1e-12)
 
 
 @pytest.mark.parametrize(("call", "match"), [
@@ -77,7 +73,6 @@ def test_t_cdf_agrees_with_numerical_integration_and_inverts_the_quantile(df):
     (lambda: t_quantile(0.975, 2.0), "df must be an int"),
     (lambda: t_quantile(1.0, 3), "p must be a probability"),
     (lambda: t_quantile(0.0, 3), "p must be a probability"),
-    (lambda: t_cdf(math.nan, 3), "t must be a number"),
 ])
 def test_t_rejects_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
@@ -100,8 +95,8 @@ def test_mean_interval_by_hand():
 def test_verdict_comes_from_the_interval_alone():
     assert verdict(-0.2, -0.1) == LOWER
     assert verdict(0.1, 0.2) == HIGHER
-    assert verdict(-0.1, 0.1) == NO_DIFFERENCE
-    assert verdict(-0.1, 0.0) == NO_DIFFERENCE  # touching 0 is not excluding it
+    assert verdict(-0.1, 0.3) == f"{INCONCLUSIVE} (the interval holds 0; it could hide an effect of up to ±0.3000)"
+    assert verdict(-0.12345, 0.0, digits=2).startswith(INCONCLUSIVE) and "±0.12)" in verdict(-0.12345, 0.0, 2)
     with pytest.raises(ValueError, match="low <= high"):
         verdict(0.2, 0.1)
 
@@ -115,8 +110,10 @@ def test_pairing_removes_the_noise_the_seeds_share():
     unpaired = mean_interval(b).mean - mean_interval(a).mean  # the same mean difference, judged unpaired:
     se = math.sqrt(mean_interval(a).se ** 2 + mean_interval(b).se ** 2)
     assert unpaired == pytest.approx(paired.mean) and abs(unpaired) < 2 * se  # lost in the seeds' spread
-    assert str(paired).endswith(f"(95% interval, 4 paired seeds): {LOWER}")
-    assert paired.format().startswith("-0.0495 [")
+    assert str(paired).endswith(f"(95% interval, 4 paired seeds): {LOWER}") and paired.decided
+    half = paired.interval.half_width
+    assert paired.format() == f"-0.0495 ± {half:.4f} [{paired.low:+.4f}, {paired.high:+.4f}]"
+    assert paired.high - paired.low == pytest.approx(2 * half)
 
 
 def test_paired_difference_pairs_by_seed_and_checks_its_input():
@@ -125,7 +122,7 @@ def test_paired_difference_pairs_by_seed_and_checks_its_input():
     d = paired_difference(a, b)
     assert d.seeds == (0, 1, 2) and d.differences == pytest.approx((0.2, 0.2001, 0.2)) and d.verdict == HIGHER
     same = paired_difference([1.0, 2.0, 3.0], [1.1, 1.9, 3.0])
-    assert same.verdict == NO_DIFFERENCE
+    assert same.verdict.startswith(INCONCLUSIVE) and not same.decided
     diverged = paired_difference({0: 2.0, 1: 2.1}, {0: None, 1: 2.0})
     assert diverged.diverged and diverged.verdict == "a run diverged" and "diverged" in str(diverged)
     with pytest.raises(ValueError, match="same seeds"):
@@ -160,7 +157,7 @@ def test_select_and_report_chooses_on_selection_seeds_and_reports_on_the_others(
     assert g.lr == 2e-3 and g.reported == {2: 2.06, 3: 2.07, 4: 2.05}  # not 4e-3, better on seeds 2-4
     assert g.selection_means == pytest.approx({1e-3: 2.01, 2e-3: 1.99, 4e-3: 2.02}) and not g.at_edge
     assert g.selection_losses[4e-3] == {0: 2.05, 1: 1.99}  # only the selection seeds, at every rate
-    assert g.optimism == pytest.approx(1.99 - 2.06)  # the selection seeds flatter the chosen rate
+    assert g.selection_means[g.lr] - g.interval.mean == pytest.approx(1.99 - 2.06)  # the selection seeds flatter it
     assert ll.lr == 4e-3 and ll.at_edge and math.isinf(ll.selection_means[2e-3])  # a diverged run is never chosen
     assert g.interval.mean == pytest.approx(2.06) and g.interval.n == 3
     shuffled = rows[:]
@@ -214,9 +211,8 @@ def test_ladder_and_leave_one_out_differences():
     rows = [{"model": m, "lr": 1e-3, "seed": s, "loss": base + 0.01 * s}
             for m, base in (("a", 2.0), ("b", 1.9), ("c", 1.9)) for s in range(4)]
     sel = select_and_report(rows, [0], [1, 2, 3])
-    steps = successive_differences(sel, ["a", "b", "c"])
-    assert [(x, y, d.verdict) for x, y, d in steps] == [("a", "b", LOWER), ("b", "c", NO_DIFFERENCE)]
-    assert [(m, round(d.mean, 6)) for m, d in differences_from(sel, "c", ["a", "b"])] == [("a", 0.1), ("b", 0.0)]
+    assert difference(sel, "a", "b").verdict == LOWER and not difference(sel, "b", "c").decided
+    assert round(difference(sel, "c", "a").mean, 6) == 0.1 and round(difference(sel, "c", "b").mean, 6) == 0.0
     with pytest.raises(ValueError, match="not among the selections"):
         difference(sel, "a", "z")
 
@@ -253,3 +249,54 @@ def test_the_next_value_range_is_a_prediction_interval_by_hand():
     low, high = interval.next_value_range
     assert low == pytest.approx(2.5 - half, abs=1e-9) and high == pytest.approx(2.5 + half, abs=1e-9)
     assert high - low > 2 * interval.half_width  # one run spreads more than the mean
+
+
+def test_every_refusal_names_its_argument_and_rule():
+    for call, kind, message in (
+            (lambda: mean_interval("2.0 2.1"), TypeError, "values must be a sequence of numbers, got str"),
+            (lambda: paired_difference([1.0, "x"], [1.0, 2.0]), TypeError, "a must hold numbers"),
+            (lambda: paired_difference([1.0, 2.0], [1.0, "x"]), TypeError, "b must hold numbers"),
+            (lambda: paired_difference({0: 1.0}, [1.0]), TypeError, "a and b must both be mappings seed -> loss"),
+            (lambda: band([[1.0, "x"], [1.0, 2.0]]), TypeError, "curves[i] must hold numbers"),
+            (lambda: mean_interval([1.0, 2.0], confidence=0.0), ValueError, "confidence must be a float strictly"),
+            (lambda: mean_interval([1.0, 2.0], confidence=1.0), ValueError, "confidence must be a float strictly"),
+            (lambda: mean_interval([1.0, 2.0], confidence=1.5), ValueError, "confidence must be a float strictly"),
+            (lambda: mean_interval([1.0, 2.0], confidence=1), ValueError, "confidence must be a float strictly"),
+            (lambda: verdict(math.nan, 0.1), ValueError, "low and high must be numbers"),
+            (lambda: choose_rate({}), ValueError, "means_by_rate must hold at least one rate"),
+            (lambda: markdown_table([]), ValueError, "rows must be a non-empty sequence of mappings"),
+            (lambda: select_and_report(_table(), (0, 1), ()), ValueError, "reported_seeds must be a non-empty"),
+            (lambda: select_and_report(_table(), (True,), (2,)), ValueError, "selection_seeds must be a non-empty"),
+            (lambda: select_and_report([{"model": "m", "lr": 1e-3, "seed": 0, "loss": True}], (0,), (1,)),
+             ValueError, "loss must be a number or None"),
+            (lambda: select_and_report([{"model": "m", "lr": 1e-3, "seed": 5, "loss": 2.0}], (0,), (1,)),
+             ValueError, "model 'm' has no runs on the selection seeds [0]")):
+        with pytest.raises(kind, match=re.escape(message)):
+            call()
+
+
+def test_confidence_and_divergence_travel_through_every_result():
+    wide, narrow = mean_interval([1.0, 2.0, 4.0]), mean_interval([1.0, 2.0, 4.0], confidence=0.5)
+    assert narrow.confidence == 0.5 and narrow.half_width < wide.half_width
+    diverged = mean_interval([1.0, math.inf], confidence=0.9)
+    assert (diverged.n, diverged.confidence, diverged.format()) == (2, 0.9, "diverged") and math.isnan(diverged.sd)
+    d = paired_difference([2.0, 2.1, 2.3], [1.9, 2.2, 2.1], confidence=0.8)
+    assert d.seeds == (0, 1, 2) and d.confidence == 0.8 and d.interval.confidence == 0.8
+    blown = paired_difference([None, 2.0], [1.0, 2.0])  # None: a diverged run
+    assert blown.diverged and blown.format() == "a run diverged"
+    assert math.isnan(paired_difference([math.inf, 1.0], [2.0, 3.0]).differences[0])
+    mean, low, high = band([[3.0, 2.0], [3.2, 2.4], [3.1, 2.2]], confidence=0.5)
+    _, low95, high95 = band([[3.0, 2.0], [3.2, 2.4], [3.1, 2.2]])
+    assert all(h - lo < h95 - lo95 for lo, h, lo95, h95 in zip(low, high, low95, high95, strict=True))
+    sel = select_and_report(_table(), (0, 1), (2, 3, 4))
+    assert sel["gpt2"].model == "gpt2" and difference(sel, "gpt2", "llama", confidence=0.5).confidence == 0.5
+
+
+def test_a_rate_tried_on_reported_seeds_only_is_not_a_candidate():
+    rows = _table() + [{"model": "gpt2", "lr": 8e-3, "seed": 2, "loss": 1.0}]  # a stray run, reported seed only
+    assert select_and_report(rows, (0, 1), (2, 3, 4))["gpt2"].lr == 2e-3
+
+
+def test_a_markdown_table_exactly():
+    assert markdown_table([{"a": 1, "b": "x"}]) == "| a | b |\n|---|---|\n| 1 | x |"
+    assert markdown_table([{"a": 1}, {"a": 2}]) == "| a |\n|---|\n| 1 |\n| 2 |"

@@ -175,8 +175,7 @@ def test_config_validation_and_quick_env(monkeypatch):
     gpu = config.gpu_config("gpt2")
     assert (gpu.n_layers, gpu.n_heads, gpu.d, gpu.block_size, gpu.batch_size, gpu.max_steps, gpu.dropout, gpu.lr,
             gpu.warmup_steps, gpu.min_lr, gpu.beta2) == (6, 6, 384, 256, 64, 5000, 0.2, 1e-3, 100, 1e-4, 0.99)
-    monkeypatch.setenv(config.QUICK_ENV, "1")
-    assert config.default_config("llama", quick=False) == config.quick_config("llama")
+    assert config.with_rate(gpu, 4e-3).min_lr == pytest.approx(4e-4), "the cosine ends at a tenth of the peak"
 
 
 def test_replace_keeps_validation():

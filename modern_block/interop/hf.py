@@ -41,7 +41,7 @@ from ..gpt2 import GPT2LM
 from ..llama import LlamaStyleLM
 from ..mla import MLAttention
 from ..rope import permute_qk_weight
-from .hf_config import _course_tied, _deepseek_kwargs, _family, _gpt2_kwargs, _hf_config, _llama_kwargs, _transformers
+from .hf_config import _transformers, course_tied, deepseek_kwargs, gpt2_kwargs, hf_config, hf_family, llama_kwargs
 from .hf_names import (  # noqa: F401 - the tables are part of this module's interface
     DEEPSEEK_V3_FUSED,
     DEEPSEEK_V3_MODULES,
@@ -118,16 +118,16 @@ def from_hf(hf_model) -> nn.Module:
 
     Tied embeddings stay tied: the course model's head and embedding share one tensor.
     """
-    family = _family(hf_model)
+    family = hf_family(hf_model)
     cfg = hf_model.config
     tie = _tied(hf_model)
     model: GPT2LM | LlamaStyleLM
     if family == "gpt2":
-        model = GPT2LM(**_gpt2_kwargs(cfg), tie=tie)
+        model = GPT2LM(**gpt2_kwargs(cfg), tie=tie)
     elif family == "deepseek_v3":
-        model = LlamaStyleLM(**_deepseek_kwargs(cfg), tie=tie)
+        model = LlamaStyleLM(**deepseek_kwargs(cfg), tie=tie)
     else:
-        model = LlamaStyleLM(**_llama_kwargs(family, cfg), tie=tie)
+        model = LlamaStyleLM(**llama_kwargs(family, cfg), tie=tie)
     ref = hf_model.get_input_embeddings().weight
     model.to(device=ref.device, dtype=ref.dtype)
 
@@ -159,7 +159,7 @@ def to_hf(model: DecoderLM, *, rope_interleave: bool = False, family: str | None
     ``rope_interleave=True`` writes an MLA model in DeepSeek's interleaved RoPE layout (the rotated
     rows are permuted; the logits do not change)."""
     tf = _transformers()
-    family, cfg = _hf_config(model, rope_interleave, family)
+    family, cfg = hf_config(model, rope_interleave, family)
     hf_model = getattr(tf, HF_CLASSES[family])(cfg)
     ref = model.head.weight
     hf_model.to(device=ref.device, dtype=ref.dtype)
@@ -174,13 +174,13 @@ def to_hf(model: DecoderLM, *, rope_interleave: bool = False, family: str | None
         for i, blk in enumerate(model.blocks):
             _fuse_mla(hf_sd, sd, cast(MLAttention, blk.attn), i, rope_interleave)
     hf_model.load_state_dict(hf_sd, strict=True)
-    if _tied(hf_model) != _course_tied(model):
-        raise RuntimeError(f"tying was lost: course tied={_course_tied(model)}, Hugging Face tied={_tied(hf_model)}")
+    if _tied(hf_model) != course_tied(model):
+        raise RuntimeError(f"tying was lost: course tied={course_tied(model)}, Hugging Face tied={_tied(hf_model)}")
     return hf_model.eval()
 
 
 def module_pairs(model: DecoderLM, hf_model) -> list[tuple[str, str]]:
     """(course module, Hugging Face module) pairs whose outputs should agree, for ``compare_layers``."""
-    family = _family(hf_model)
+    family = hf_family(hf_model)
     ours, theirs = dict(model.named_modules()), dict(hf_model.named_modules())
     return [(a, b) for a, b in _expand(MODULES[family], len(model.blocks)) if a in ours and b in theirs]

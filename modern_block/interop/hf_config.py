@@ -1,8 +1,8 @@
 """Hugging Face configs <-> the course models' keyword arguments.
 
-Reading (``_llama_kwargs``, ``_deepseek_kwargs``, ``_gpt2_kwargs``): what the course model can express is
+Reading (``llama_kwargs``, ``deepseek_kwargs``, ``gpt2_kwargs``): what the course model can express is
 carried over, anything else is refused with a ValueError naming the config field (sliding windows,
-mixture-of-experts layers, partial rotary, longrope, ...). Writing (``_hf_config``): the transformers config
+mixture-of-experts layers, partial rotary, longrope, ...). Writing (``hf_config``): the transformers config
 that describes a course model. transformers is imported only when a function here needs it.
 """
 
@@ -92,7 +92,7 @@ def _silu(family: str, cfg) -> None:
         _refuse(family, "hidden_act", cfg.hidden_act, "the FFN is SwiGLU (SiLU gate, also called swish)")
 
 
-def _llama_kwargs(family: str, cfg) -> dict:
+def llama_kwargs(family: str, cfg) -> dict:
     """Llama, Mistral, Qwen2 and Qwen3: the same block, up to QK-norm (Qwen3) and q/k/v biases (Qwen2)."""
     _silu(family, cfg)
     _check_flags(family, cfg, [("attention_bias", False, _NO_BIAS + " (attention_bias also puts one on o_proj)"),
@@ -113,7 +113,7 @@ def _llama_kwargs(family: str, cfg) -> dict:
                 head_dim=head_dim)
 
 
-def _deepseek_kwargs(cfg) -> dict:
+def deepseek_kwargs(cfg) -> dict:
     family = "deepseek_v3"
     if cfg.first_k_dense_replace < cfg.num_hidden_layers:
         _refuse(family, "first_k_dense_replace", cfg.first_k_dense_replace,
@@ -131,7 +131,7 @@ def _deepseek_kwargs(cfg) -> dict:
                 rope_base=_rope(family, cfg)[0], qk_norm=False, norm_eps=cfg.rms_norm_eps, mla=mla)
 
 
-def _gpt2_kwargs(cfg) -> dict:
+def gpt2_kwargs(cfg) -> dict:
     family = "gpt2"
     if cfg.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
         _refuse(family, "activation_function", cfg.activation_function, "GPT2LM uses GELU with the tanh approximation")
@@ -144,7 +144,7 @@ def _gpt2_kwargs(cfg) -> dict:
                 d_ff=cfg.n_inner, norm_eps=cfg.layer_norm_epsilon)
 
 
-def _family(hf_model) -> str:
+def hf_family(hf_model) -> str:
     family = getattr(getattr(hf_model, "config", None), "model_type", None)
     if family is None or not isinstance(hf_model, nn.Module):
         raise TypeError(f"hf_model must be a transformers model, got {type(hf_model).__name__}")
@@ -158,7 +158,7 @@ def _family(hf_model) -> str:
     return family
 
 
-def _course_tied(model: DecoderLM) -> bool:
+def course_tied(model: DecoderLM) -> bool:
     return model.head.weight is model.emb.weight
 
 
@@ -186,7 +186,7 @@ def _llama_family(attn: GQAttention, family: str | None) -> str:
     return family or natural
 
 
-def _hf_config(model: nn.Module, rope_interleave: bool, family: str | None = None):
+def hf_config(model: nn.Module, rope_interleave: bool, family: str | None = None):
     """(family, transformers config) describing a course model; refuses what transformers cannot build."""
     if not isinstance(model, (LlamaStyleLM, GPT2LM)):
         raise TypeError(f"model must be a LlamaStyleLM or GPT2LM, got {type(model).__name__}")
@@ -194,7 +194,7 @@ def _hf_config(model: nn.Module, rope_interleave: bool, family: str | None = Non
         raise ValueError(f"family must be one of {sorted(HF_CLASSES)} or None, got {family!r}")
     tf = _transformers()
     common: dict[str, Any] = dict(vocab_size=model.V, max_position_embeddings=model.max_len,
-                                  tie_word_embeddings=_course_tied(model), bos_token_id=None, eos_token_id=None,
+                                  tie_word_embeddings=course_tied(model), bos_token_id=None, eos_token_id=None,
                                   pad_token_id=None)
     if isinstance(model, GPT2LM):
         if family not in (None, "gpt2"):

@@ -11,6 +11,7 @@ flipped bit that leaves a finite number loads; only NaN and infinity are caught.
 checked against the hash its package recorded (``modern_block.interop.gguf.smollm2_path``).
 """
 
+import hashlib
 import re
 from collections.abc import Sequence
 
@@ -18,7 +19,17 @@ import torch
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded as it is: damaged, incomplete, or at odds with its config."""
+    """A checkpoint (a pretrained model's, or a training run's) that cannot be read or written as it is:
+    damaged, incomplete, at odds with its config, or refused by a full disk."""
+
+
+def sha256_of(path) -> str:
+    """The hex sha256 of a file, read 1 MiB at a time (the one file-hashing loop of the package)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def layer_indices(names, pattern: str) -> set[int]:

@@ -1,17 +1,16 @@
-"""Training: the course's models trained on characters, and lesson 08's experiments.
+"""Training the course's models on characters, and comparing them fairly. What the lessons use:
 
-* ``data``: tinyshakespeare (cached, checksummed, an offline fallback), a character tokenizer, seeded batches;
-* ``rungs``: the models a comparison trains, as data (the shape, the rungs between GPT-2 and Llama);
-* ``config``: a run's settings (``TrainConfig``), the quick and GPU scales, the schedule, the optimizer groups;
-* ``options``: the command-line options ``train`` and ``compare`` share;
-* ``step``: one training step and one evaluation, as functions;
-* ``parts``: what one process of a run trains with (device, batches, model, optimizer);
-* ``trainer``: the training loop; ``train_cli``: ``python -m modern_block train``;
-* ``run_folder``, ``checkpoint``, ``files``: a run's files kept safe (lock, checksummed checkpoints, atomic writes);
-* ``signals``: Ctrl-C and SIGTERM; ``distributed``: data parallelism under torchrun;
-* ``device``: devices and precision; ``flops``: FLOPs per token and MFU;
-* ``ladder``: the models between GPT-2 and Llama, each sized to GPT-2's parameters;
-* ``workers``: many trainings, here or in worker processes; ``experiments``: the learning-rate sweep, the
-  comparison, the ladder and the ablations; ``report``: their report and figures; ``compare_cli``:
-  ``python -m modern_block compare``.
+    load_text()                        the corpus, its tokenizer and the train/val split, in one call
+    train(cfg, out_dir)                one run (resumable; ``TrainConfig``, ``quick_config`` ...)
+    STUDIES, run_study(study)          a study: rates chosen on some seeds, losses reported on others
+    paired_difference, mean_interval   the paired t interval and its verdict
 """
+
+from .config import TrainConfig, gpu_config, laptop_config, quick_config
+from .data import load_text
+from .statistics import mean_interval, paired_difference
+from .study import STUDIES, Results, Study, run_study
+from .trainer import train
+
+__all__ = ["STUDIES", "Results", "Study", "TrainConfig", "gpu_config", "laptop_config", "load_text", "mean_interval",
+           "paired_difference", "quick_config", "run_study", "train"]

@@ -1,12 +1,8 @@
 """The checkpoint: everything a run needs to continue exactly, in a file that proves it is whole.
 
-It holds only tensors and plain Python containers and is loaded with ``torch.load(weights_only=True)``:
-loading one runs no code. It carries a sha256 of everything in it, checked when it is loaded: a
-flipped bit is reported, not trained on. It also carries what proves that the metrics beside it are
-its own: the run's identity (``run_id``, drawn when the run began) and the evaluations up to its step
-(``metrics``), so a resume puts back a torn or missing line, and never keeps another run's. Any
-unreadable or malformed checkpoint gives a ``CheckpointError`` naming the file; a failed write (a full
-disk) leaves the previous checkpoint as it was.
+Tensors and plain containers only (``torch.load(weights_only=True)`` runs no code), a sha256 of all of it
+(a flipped bit is refused, not trained on), and the run's identity and evaluations (so a resume keeps only
+its own metrics). A bad checkpoint is a ``CheckpointError`` naming the file; a failed write keeps the old one.
 """
 
 import hashlib
@@ -16,19 +12,15 @@ from pathlib import Path
 
 import torch
 
+from ..interop.verify import CheckpointError
 from .config import TrainConfig
 from .files import reason, write_atomic
 
-# 1: no checksum, no throughput history (read, with a warning); 2: no run identity, no metrics (read, with a note)
-CHECKPOINT_FORMAT = 3
+CHECKPOINT_FORMAT = 3  # formats 1 (no checksum: read with a warning) and 2 (no run_id, no metrics) are still read
 REQUIRED_KEYS = ("format", "config", "chars", "corpus", "step", "elapsed_s", "losses", "model", "optimizer",
                  "scaler", "rng_cpu", "rng_cuda", "sampler")
 REQUIRED_SINCE = {3: ("run_id", "metrics")}
 ADVICE = "restore a good copy, or start the run again with --overwrite"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be read (empty, truncated, damaged, incomplete) or written (disk full)."""
 
 
 def digest(obj) -> str:

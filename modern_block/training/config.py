@@ -1,8 +1,5 @@
-"""A training run's settings: ``TrainConfig`` (shape, optimisation, evaluation; checked when built), the
-two scales (``gpu_config``: nanoGPT's shakespeare-char budget; ``quick_config``: the CPU scale), the
-learning-rate schedule, the optimizer's parameter groups, and which settings a resumed run may change.
-``modern_block.training.trainer`` runs a config; ``modern_block.training.options`` builds one from command-line
-options. A setting that breaks a rule, or contradicts another, is a ``ConfigError``: the one kind of error the
+"""A run's settings (``TrainConfig``, checked when built), the three scales (quick, laptop, gpu), the
+learning-rate schedule and the optimizer's groups. A bad setting is a ``ConfigError``: the one error the
 command lines report as a usage error."""
 
 import math
@@ -13,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .rungs import RUNG_NAMES, ModelShape
+from .rungs import MODEL_NAMES, ModelShape
 
 QUICK_ENV = "MODERN_BLOCK_QUICK"
 EVAL_SEED = 1234  # the fixed evaluation windows do not depend on the run's seed
@@ -69,9 +66,9 @@ class TrainConfig:
             raise ConfigError(f"micro_batch_size ({self.micro_batch_size}) must divide batch_size ({self.batch_size})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"seed must be an int in [0, 2**63 - 1], got {self.seed!r}")
-        if self.arch not in ARCHS and self.arch.removeprefix("ladder:") not in RUNG_NAMES:
+        if self.arch not in ARCHS and self.arch.removeprefix("ladder:") not in MODEL_NAMES:
             raise ConfigError(f"arch must be one of {list(ARCHS)} or 'ladder:<rung>' with a rung in "
-                             f"{list(RUNG_NAMES)}, got {self.arch!r}")
+                             f"{list(MODEL_NAMES)}, got {self.arch!r}")
         if not (math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
             raise ConfigError(f"lr must be a positive finite number of at most {MAX_LR:g} (AdamW moves every weight "
                              f"by about lr per step; nanoGPT uses 1e-3; beyond this AdamW's float32 arithmetic "
@@ -109,17 +106,15 @@ def gpu_config(arch: str = "llama", **overrides) -> TrainConfig:
 
 
 def quick_config(arch: str = "llama", **overrides) -> TrainConfig:
-    """The CPU scale: about a minute per architecture on 2 cores."""
-    base: dict[str, Any] = dict(d=96, n_layers=3, n_heads=4, n_kv_heads=2, block_size=64, dropout=0.0, batch_size=24,
-                max_steps=300, lr=3e-3, min_lr=3e-4, warmup_steps=20, eval_interval=25, eval_batches=4,
+    """The CPU scale of lesson 08 and ``compare --quick``: d 32, 2 layers, context 32, batch 16, 90 steps
+    (about a second per run on one core)."""
+    base: dict[str, Any] = dict(d=32, n_layers=2, n_heads=4, n_kv_heads=2, block_size=32, dropout=0.0, batch_size=16,
+                max_steps=90, lr=3e-3, min_lr=3e-4, warmup_steps=9, eval_interval=30, eval_batches=4,
                 log_interval=1, compile=False)
-    base.update(overrides)
-    return TrainConfig(arch=arch, **base)
+    return TrainConfig(arch=arch, **(base | overrides))
 
 
-# nanoGPT's README CPU recipe ("--device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size=64
-# --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0", the rest
-# from its shakespeare-char config): val loss 1.88 in about 3 minutes there.
+# nanoGPT's README CPU recipe (the rest from its shakespeare-char config): val loss 1.88 in about 3 minutes there.
 LAPTOP: dict[str, Any] = dict(
     d=128, n_layers=4, n_heads=4, n_kv_heads=2, block_size=64, dropout=0.0, batch_size=12, max_steps=2000,
     lr=1e-3, min_lr=1e-4, warmup_steps=100, weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
@@ -145,11 +140,10 @@ def quick_forced() -> bool:
     return os.environ.get(QUICK_ENV, "") not in ("", "0")
 
 
-def default_config(arch: str = "llama", quick: bool | None = None, **overrides) -> TrainConfig:
-    """Quick when asked, when ``MODERN_BLOCK_QUICK=1``, or (``quick=None``) when there is no GPU."""
-    if quick_forced() or quick or (quick is None and not torch.cuda.is_available()):
-        return quick_config(arch, **overrides)
-    return gpu_config(arch, **overrides)
+def with_rate(cfg: TrainConfig, lr: float) -> TrainConfig:
+    """``cfg`` at peak rate ``lr``, its cosine ending at the same fraction of the peak (a tenth in every preset,
+    nanoGPT's convention): the one rule for a rate that a sweep or an option sets."""
+    return replace(cfg, lr=lr, min_lr=lr * (cfg.min_lr / cfg.lr))
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

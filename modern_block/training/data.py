@@ -1,16 +1,5 @@
-"""The training text, a character tokenizer, a train/val split and a seeded batch sampler.
-
-Where the text comes from, in order:
-  1. ``$MODERN_BLOCK_DATA/tinyshakespeare.txt`` (a folder with a local copy, for machines without
-     internet; CI points it at ``../shared/data``), used if its sha256 is right;
-  2. the cache, ``$XDG_CACHE_HOME/modern_block`` (or ``~/.cache/modern_block``), same check;
-  3. a download from the public address into the cache: written to a temporary file, checked,
-     then renamed into place, so the cache never holds a partial file under the final name
-     (a corrupt or truncated file left there by anything else fails the checksum and is fetched again);
-  4. if none of these works: the Python standard library's own source text (every installation has
-     it), announced plainly, so a notebook still runs offline. It is a different corpus: losses are
-     not comparable with tinyshakespeare's.
-"""
+"""The training text (tinyshakespeare from $MODERN_BLOCK_DATA, the cache or a checked download; else, announced,
+the standard library's source), a character tokenizer, the 90/10 split and a seeded batch sampler."""
 
 import hashlib
 import os
@@ -20,10 +9,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from ..interop.verify import sha256_of
 from ..validate import positive_int
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -47,23 +38,11 @@ class Corpus:
     name: str
     source: str  # a path, a URL, or a description of the fallback
 
-    @property
-    def is_fallback(self) -> bool:
-        return self.name != "tinyshakespeare"
-
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/modern_block``, or ``~/.cache/modern_block`` when the variable is unset."""
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root) / "modern_block"
-
-
-def sha256_of(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def download(url: str, dest, sha256: str, timeout: float = 30.0, size: int | None = None) -> Path:
@@ -220,6 +199,23 @@ def train_val_split(ids: torch.Tensor, val_fraction: float = 0.1) -> tuple[torch
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     n_train = int(len(ids) * (1.0 - val_fraction))
     return ids[:n_train], ids[n_train:]
+
+
+class Text(NamedTuple):
+    """A corpus ready to train on: the tokenizer of its characters and the 90/10 train/val split of its ids."""
+
+    corpus: Corpus
+    tokenizer: CharTokenizer
+    train_ids: torch.Tensor  # [N_train] int64
+    val_ids: torch.Tensor  # [N_val] int64
+
+
+def load_text(corpus: Corpus | None = None, verbose: bool = True) -> Text:
+    """``corpus`` (default: ``load_corpus()``) with its tokenizer and split: every lesson's data in one call,
+    ``corpus, tok, train_ids, val_ids = load_text()``."""
+    corpus = corpus if corpus is not None else load_corpus(verbose=verbose)
+    tokenizer = CharTokenizer.from_text(corpus.text)
+    return Text(corpus, tokenizer, *train_val_split(tokenizer.encode(corpus.text)))
 
 
 class BatchSampler:

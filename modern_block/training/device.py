@@ -1,14 +1,5 @@
-"""Device and precision: where a run trains, in which dtype, and the device's peak FLOP/s and memory.
-
-Precision: on CUDA, bf16 autocast when the compute capability is 8.0 or more (Ampere and later);
-below that fp16 autocast with a ``GradScaler`` (fp16 has a narrow exponent range, so the loss is
-scaled up before backward and the gradients unscaled before the step). The capability decides, not
-``torch.cuda.is_bf16_supported()``: a T4 (7.5) answers True there through emulation, which is slow.
-On the CPU the model trains in fp32.
-
-The peak FLOP/s of each GPU (for MFU) is read from ``PEAK_FLOPS``; the arithmetic of FLOPs per token
-and MFU is in ``modern_block.training.flops``.
-"""
+"""Where a run trains and in which precision: bf16 autocast on CUDA capability 8.0+, fp16 with a GradScaler
+below (the capability decides: emulated bf16 is slow), fp32 on the CPU; the GPU's peak FLOP/s and memory."""
 
 import contextlib
 import os

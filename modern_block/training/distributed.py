@@ -1,19 +1,6 @@
-"""Data parallelism over the processes that ``torchrun`` starts: which process am I, and the few
-messages the trainer's processes exchange.
-
-    torchrun --nproc_per_node 2 -m modern_block train --arch llama --out runs/llama
-
-torchrun starts one process per device and tells each where it stands through the environment:
-``RANK`` (0 .. WORLD_SIZE-1 over all machines), ``LOCAL_RANK`` (its device on this machine),
-``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` and where to meet (``MASTER_ADDR``, ``MASTER_PORT``). Every
-process holds the whole model and computes gradients on its own share of the batch;
-``DistributedDataParallel`` averages the gradients during backward (an all-reduce), so every
-process takes the same optimizer step and the copies of the model stay identical. The processes
-talk over gloo on the CPU and NCCL on GPUs.
-
-Without these variables, or with ``WORLD_SIZE=1``, there is one process and nothing here
-communicates: every helper below then returns its input unchanged.
-"""
+"""Data parallelism under torchrun: which process this is (``Ranks``, from torchrun's environment) and the few
+exchanges the trainer's processes make. Without torchrun there is one process and every exchange returns its
+input."""
 
 import atexit
 import inspect
@@ -103,11 +90,6 @@ def setup(device_type: str) -> Ranks:
 def _leave() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def is_main_process() -> bool:
-    """True in a single process and on rank 0 of a torchrun launch."""
-    return ranks_from_env().is_main
 
 
 def is_comm_failure(err: BaseException) -> bool:

@@ -1,14 +1,5 @@
-"""Files written so that a reader never sees half of one, and the file system's refusals in words.
-
-Every file is written to a temporary file with a unique name in the same folder and renamed onto
-its final name (``os.replace`` is atomic), so a reader sees the old file or the new one, never
-half of one. A failed write (a full disk) removes its temporary file; the old file stays. A process
-killed in the middle of a write cannot remove its temporary file: ``remove_temporaries`` does, at
-the next start, once the folder's lock is held.
-
-When the file system refuses (full, read-only, a name too long, a folder that is gone), the error is a
-``StorageError`` whose message names the file, the reason and what is kept: one line, not a traceback.
-"""
+"""Files a reader never sees half of (written beside their name, then renamed), and the file system's refusals
+as one-line ``StorageError``s naming the file and the reason."""
 
 import contextlib
 import errno

@@ -1,22 +1,5 @@
-"""The arithmetic of model FLOPs utilisation (MFU): FLOPs per token and the share of a peak.
-
-FLOPs per token (nanoGPT's estimate, from the PaLM paper's appendix):
-
-    6·N + 12·L·H·Q·T
-
-N: parameters used in matrix multiplies (all parameters except embedding tables that are only looked
-up: learned positions, and the input embedding when the head is untied); 6 = 2 (multiply-add)
-× 3 (forward, and backward for activations and for weights). 12·L·H·Q·T: the attention scores and
-the weighted sum of values, L layers, H query heads of size Q, context T (counted for the full
-T × T square, as nanoGPT does; causal kernels skip about half of it). GQA does not change this term:
-every query head still scores every key.
-
-MFU = FLOPs per token × tokens per second / the GPU's peak dense 16-bit tensor-core FLOP/s.
-
-With several devices (torchrun), FLOPs per token is unchanged (a property of the model), tokens per
-second is the whole run's (all devices together), and MFU divides by the peak of all the devices,
-N × one GPU's: it is the utilisation of an average device.
-"""
+"""Model FLOPs utilisation: FLOPs per token, 6·N + 12·L·H·Q·T (nanoGPT's estimate: N the parameters used in
+matrix products, the attention term over the full T × T square), and its share of a device's peak."""
 
 import torch.nn as nn
 

@@ -1,32 +1,6 @@
-"""From GPT-2 to Llama one change at a time, and back one change at a time, at a matched number of parameters.
-
-Every model here is the course's one decoder skeleton (``modern_block.decoder.DecoderLM``) filled with the
-parts its rung names (``ladder_lm``), so that every intermediate model exists (a GPT-2 with RMSNorm, a Llama
-with MHA, ...): GPT-2's block (``GPT2Block``) while the attention is GPT-2's, Llama's (``Block``) after.
-
-The rungs (the ladder, cumulative, GPT-2 -> Llama, and the leave-one-out models from the Llama end) and
-the shape they share are data in ``training.rungs``; this module builds them.
-
-Llama's components carry no biases, so each rung of the ladder also drops the biases of the part
-it replaces (and a leave-one-out model gets GPT-2's part back with them). ``gpt2``, ``gpt2_untied``,
-``gpt2_nobias``, ``llama`` and ``llama_tied`` are exactly ``GPT2LM`` (with and without biases) and ``LlamaStyleLM``:
-the same parts under the same names, registered in the same order (the same state dict keys, the same
-weights from the same seed, the same logits; the tests check this).
-
-Matching sizes. ``GPT2LM`` (d_ff = 4d, tied head) sets the budget, P_gpt2 parameters, for every
-model here. Every other model gets the FFN hidden size that brings its total closest to P_gpt2:
-the total is linear in d_ff (a SwiGLU holds 3·d weights per unit of d_ff and layer, a GELU MLP
-2·d + 1 with its bias), so
-
-    d_ff = round_to_multiple( (P_gpt2 - P_without_ffn) / (per_unit · n_layers), 8 )
-
-With MHA and SwiGLU this is the 8/3·d rule (3·d·d_ff = 8·d²), corrected for the dropped biases and
-position table; whatever a model saves (GQA's smaller K/V, RMSNorm's missing bias) goes back into
-its FFN, and whatever it adds (an untied head, V·d; a position table) comes out of it. Rounding to
-a multiple of 8 moves the total by at most 12·d·n_layers parameters (0.13% at the GPU scale), well
-inside the 2% the comparison allows; in models so small that this step is over 1% of the total, d_ff
-is rounded to the nearest integer instead.
-"""
+"""The models between GPT-2 and Llama (``training.rungs``) built at one shape, each FFN sized so that the model
+has GPT-2's parameter count (within 2%): d_ff is the multiple of 8 whose total is closest to GPT2LM's (the total
+is linear in d_ff), so what a change saves goes back into its FFN and what it adds comes out of it."""
 
 import functools
 from collections.abc import Callable
@@ -42,7 +16,7 @@ from ..params import count_parameters
 from ..rmsnorm import RMSNorm
 from ..rope import RotaryEmbedding
 from ..validate import positive_ints
-from .rungs import LADDER, LLAMA_END, RUNG_NAMES, ModelShape, Rung, get_rung
+from .rungs import LADDER, LLAMA_END, MODEL_NAMES, ModelShape, Rung, get_rung
 
 FFN_MULTIPLE = 8  # FFN hidden sizes are rounded to a multiple of this
 GPT2_NORM_EPS, LLAMA_NORM_EPS = 1e-5, 1e-6
@@ -150,11 +124,11 @@ def build_model(arch: str, shape: ModelShape, V: int) -> nn.Module:
                             dropout=shape.dropout)
     if arch.startswith("ladder:"):
         return ladder_model(arch.split(":", 1)[1], shape, V)
-    raise ValueError(f"arch must be 'gpt2', 'llama' or 'ladder:<rung>' with a rung in {list(RUNG_NAMES)}, "
+    raise ValueError(f"arch must be 'gpt2', 'llama' or 'ladder:<rung>' with a rung in {list(MODEL_NAMES)}, "
                      f"got {arch!r}")
 
 
-def size_table(shape: ModelShape, V: int, rungs=RUNG_NAMES) -> list[dict]:
+def size_table(shape: ModelShape, V: int, rungs=MODEL_NAMES) -> list[dict]:
     """Each model's d_ff, parameters and ratio to GPT-2's: the evidence that the sizes match."""
     target = gpt2_parameters(shape, V)
     rows = []

@@ -1,6 +1,5 @@
-"""Command-line options shared by ``python -m modern_block train`` and ``python -m modern_block compare``:
-argument types that reject bad values with a clear message, the run options, and the ``TrainConfig``
-they ask for."""
+"""The command-line options ``train`` and ``compare`` share: argument types that reject bad values with a
+clear message, and the settings the options ask for."""
 
 import argparse
 import math
@@ -10,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .config import MAX_SEED, QUICK_ENV, SCALES, TrainConfig, quick_forced, scale_config
+from .config import MAX_SEED, QUICK_ENV, SCALES, TrainConfig, quick_forced, scale_config, with_rate
 from .device import choose_device
 
 
@@ -63,7 +62,7 @@ CONFIG_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--max-steps": ("max_steps", positive_int_arg, "training steps"),
     "--lr": ("lr", positive_float_arg, "peak learning rate"),
     "--min-lr": ("min_lr", nonneg_float_arg,
-                 "learning rate at the end of the cosine (default: lr/10 when --lr is given)"),
+                 "learning rate at the end of the cosine (default: the preset's fraction of --lr, a tenth)"),
     "--warmup-steps": ("warmup_steps", int, "linear warmup steps"),
     "--batch-size": ("batch_size", positive_int_arg, "sequences per optimizer step, over all processes"),
     "--micro-batch-size": ("micro_batch_size", positive_int_arg, "sequences per forward/backward pass in one process "
@@ -95,18 +94,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int | None = None,
-                     lr: float | None = None, preset: dict | None = None) -> TrainConfig:
-    """The TrainConfig the options ask for; invalid combinations end in ``parser.error`` (exit 2). ``preset``:
-    settings to start from on top of the scale's (the options given still override them)."""
+def overrides_from_args(parser: argparse.ArgumentParser, args) -> dict[str, Any]:
+    """The settings the options give (nothing for an option not given); bad ones end in ``parser.error``."""
     overrides = {name: getattr(args, option[2:].replace("-", "_")) for option, (name, _, _) in CONFIG_OPTIONS.items()}
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    if lr is not None:
-        overrides["lr"] = lr
-    if "lr" in overrides and "min_lr" not in overrides:
-        overrides["min_lr"] = overrides["lr"] / 10  # nanoGPT's convention
-    if seed is not None:
-        overrides["seed"] = seed
     if args.no_compile and args.compile:
         parser.error("--compile and --no-compile exclude each other")
     if args.no_compile or args.compile:
@@ -120,8 +111,18 @@ def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int
     asked = scale_asked(args)
     if asked not in (None, "quick") and quick_forced():
         print(f"note: {QUICK_ENV} is set, so --scale {asked} is ignored: quick mode", file=sys.stderr)
+    return overrides
+
+
+def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int | None = None) -> TrainConfig:
+    """The TrainConfig the options ask for; invalid combinations end in ``parser.error`` (exit 2)."""
+    overrides = overrides_from_args(parser, args)
+    if seed is not None:
+        overrides["seed"] = seed
+    lr = overrides.pop("lr") if "lr" in overrides and "min_lr" not in overrides else None
     try:
-        return scale_config(scale_from_args(args), arch, **((preset or {}) | overrides))
+        cfg = scale_config(scale_from_args(args), arch, **overrides)
+        return with_rate(cfg, lr) if lr is not None else cfg
     except ValueError as err:
         parser.error(str(err))
 
@@ -138,7 +139,4 @@ def scale_from_args(args) -> str:
     return scale_asked(args) or ("gpu" if torch.cuda.is_available() else "quick")
 
 
-def quick_from_args(args) -> bool:
-    """Quick mode: --quick (--scale quick), MODERN_BLOCK_QUICK=1, or no GPU and no scale asked for."""
-    return scale_from_args(args) == "quick"
 

@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from .checkpoint import CheckpointError
 from .config import EVAL_SEED, ConfigError, TrainConfig, make_optimizer
-from .data import BatchSampler, CharTokenizer, Corpus, fixed_batches, load_corpus, train_val_split
+from .data import BatchSampler, CharTokenizer, Corpus, fixed_batches, load_text
 from .device import DeviceSetup, choose_device, memory_bytes
 from .distributed import Processes
 from .flops import model_flops_per_token
@@ -80,13 +80,11 @@ def build_parts(cfg: TrainConfig, procs: Processes, corpus: Corpus | None = None
     setup = choose_device(procs.device(cfg.device))
     dev = setup.device
 
-    corpus = corpus if corpus is not None else load_corpus(verbose=verbose)
-    tokenizer = CharTokenizer.from_text(corpus.text)
+    corpus, tokenizer, train_ids, val_ids = load_text(corpus, verbose)
     if resumed is not None and resumed["chars"] != tokenizer.chars:
         raise ConfigError(f"the checkpoint was trained on a different text (corpus {resumed['corpus']!r}, vocabulary "
                           f"of {len(resumed['chars'])}); cannot resume on {corpus.name!r}")
     check_memory(cfg, setup, world, micro, tokenizer.vocab_size)
-    train_ids, val_ids = train_val_split(tokenizer.encode(corpus.text))
     if len(val_ids) <= cfg.block_size:
         raise ConfigError(f"block_size ({cfg.block_size}) must be shorter than the validation text "
                           f"({len(val_ids):,} characters of {corpus.name!r}, the last 10%)")

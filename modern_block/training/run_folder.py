@@ -1,24 +1,7 @@
-"""What a training run keeps on disk, written so that a run is never lost.
-
-    DIR/metrics.jsonl   one JSON line per evaluation, appended as the run goes
-    DIR/ckpt.pt         everything needed to continue exactly, and a sha256 of its contents (``training.checkpoint``)
-    DIR/summary.json    the run's summary, rewritten at the end of each session
-    DIR/.lock           held (an operating-system file lock) by the one training writing DIR
-
-The rules, and why:
-- A folder that already holds a run is not started over unless asked (``RunFolderError``): a
-  typo in ``--out`` must not wipe a day of training.
-- One training per folder at a time. The lock is the operating system's (``flock``; ``msvcrt`` on
-  Windows), so it is released when its process ends, even when it is killed: no stale lock files.
-- Every file is replaced atomically (``training.files``): a reader sees the old file or the new one.
-  Temporary files that a killed write left behind are removed at the next start, once the lock is held.
-- The metrics on disk are the checkpoint's own: a resume rewrites ``metrics.jsonl`` to hold exactly the
-  evaluations the checkpoint carries (a torn or missing line is put back, another run's lines replaced,
-  and said so), and a ``summary.json`` of another run is removed.
-- A run refused before it starts (settings, a folder in use, a full disk) removes the folders and the
-  lock file it created. When the file system refuses a write, the error is a ``StorageError`` that
-  names the file and the reason.
-"""
+"""A run's folder, kept so that a run is never lost: metrics.jsonl (appended), ckpt.pt (``training.checkpoint``),
+summary.json (the run's record) and .lock (the operating system's lock: one training per folder). A folder
+holding a run is not started over unless asked; every file is replaced atomically; a resume keeps exactly
+the checkpoint's evaluations; a refused run removes what it created; a refused write is a ``StorageError``."""
 
 import contextlib
 import json

@@ -1,32 +1,6 @@
-"""The models a comparison trains, as data: their shape (``ModelShape``) and the rungs between GPT-2 and Llama.
-
-Settings (``training.config``) and the model factory (``training.ladder``) both read this table; it builds
-no model, so a run's settings can be checked without importing a single model class.
-
-The ladder, cumulative: each rung adds one change to the rung above it. Names are the models'.
-    rung         what changes
-    gpt2         the baseline: LayerNorm, GELU MLP (4d), learned positions, MHA with biases, tied head (= GPT2LM)
-    gpt2_untied  a separate output head (= GPT2LM(tie=False))
-    rmsnorm      LayerNorm -> RMSNorm
-    swiglu       GELU MLP -> SwiGLU at matched parameters
-    bias_free    the attention's biases removed (GQAttention with n_kv = h, no rotation: the last biases gone)
-    rope         learned positions -> RoPE
-    gqa          MHA -> GQA (n_kv_heads < n_heads)
-    llama        + RMSNorm on each head's q and k (= LlamaStyleLM)
-
-Leave one out, from the Llama end (``llama``, the chapter's ``LlamaStyleLM``): each model undoes
-one change and keeps all the others.
-    no_rmsnorm     RMSNorm -> LayerNorm (GPT-2's, with bias)
-    no_swiglu      SwiGLU -> GELU MLP (GPT-2's, with biases)
-    no_rope        RoPE -> learned positions (Llama's attention, rotating by angle 0)
-    no_qk_norm     QK-norm removed
-    no_gqa         GQA -> MHA
-    llama_tied     the output head tied to the embedding (= LlamaStyleLM(tie=True))
-
-Other models.
-    gpt2_nobias    nanoGPT's GPT-2 at its small scales: no biases anywhere, tied head (= GPT2LM(bias=False))
-    post_norm      Llama with each sub-layer's norm after the residual sum (the 2017 Transformer's post-norm)
-"""
+"""The models a comparison trains, as data: their shape (``ModelShape``) and switches (``Rung``): the ladder from
+GPT-2 to Llama one change at a time (``LADDER``), Llama with one change left out (``ABLATIONS``), and two others.
+Settings are checked against this table without importing a model class."""
 
 from dataclasses import dataclass, fields
 from typing import Any
@@ -116,15 +90,15 @@ OTHERS: tuple[Rung, ...] = (
     Rung("gpt2_nobias", bias=False, change="GPT-2 without biases (nanoGPT's bias=False), tied head"),
     Rung("post_norm", **(_LLAMA | dict(post_norm=True)), change="pre-norm -> post-norm"),
 )
-RUNGS: tuple[Rung, ...] = LADDER + ABLATIONS + OTHERS  # every model (``train`` accepts arch="ladder:<name>")
-RUNG_NAMES = tuple(r.name for r in RUNGS)
+MODELS: tuple[Rung, ...] = LADDER + ABLATIONS + OTHERS  # every model (``train`` accepts arch="ladder:<name>")
+MODEL_NAMES = tuple(r.name for r in MODELS)
 LADDER_NAMES = tuple(r.name for r in LADDER)
 ABLATION_NAMES = tuple(r.name for r in ABLATIONS)
 LLAMA_END = "llama"  # the ladder's top and the leave-one-out reference: LlamaStyleLM
 
 
 def get_rung(name: str) -> Rung:
-    for rung in RUNGS:
+    for rung in MODELS:
         if rung.name == name:
             return rung
-    raise ValueError(f"rung must be one of {list(RUNG_NAMES)}, got {name!r}")
+    raise ValueError(f"rung must be one of {list(MODEL_NAMES)}, got {name!r}")

@@ -1,16 +1,5 @@
-"""How a training run hears that it should stop: Ctrl-C (SIGINT) and, under torchrun, SIGTERM.
-
-Ctrl-C sets a flag that the loop reads after each step, so the step in progress finishes and the
-state stays whole; a second Ctrl-C aborts at once. Under torchrun every process gets Ctrl-C twice
-(from the terminal, then forwarded by torchrun), and the processes must stop at the same step: there
-the flag is only read, and agreed on, where the processes exchange their losses, and a second
-Ctrl-C does not abort. SIGTERM (torchrun sends it to every process when one of them fails, or when it
-is itself stopped) raises a ``RankFailedError`` at once, instead of dying without a word.
-
-Handlers are installed only in the main thread (Python allows no other) and restored on exit. A
-process that ignores SIGINT (a shell's background job; ``compare``'s workers, whose parent decides
-when they stop) keeps ignoring it.
-"""
+"""Ctrl-C and SIGTERM: the first Ctrl-C stops the run after the step in progress (under torchrun, at the step
+where the processes agree), a second aborts; SIGTERM under torchrun is a ``RankFailedError``."""
 
 import signal
 import sys

@@ -1,21 +1,9 @@
-"""How lesson 08 decides: paired differences over seeds with a t-based 95% interval, the verdict that
-interval supports, and a learning rate chosen on some seeds and reported on others.
+"""How the course decides between two models: the paired t interval of their loss difference over seeds,
+its verdict, and a learning rate chosen on some seeds and reported on others.
 
-    t_quantile(p, df)                   Student's t quantile, computed (exact CDF for integer df, then bisection)
-    mean_interval(values)               a mean with its t interval (a band around a curve, an arm's loss)
-    paired_difference(a, b)             b minus a, seed by seed, with its t interval and its verdict
-    verdict(low, high)                  "lower", "higher" or "no difference at this scale", from the interval alone
-    select_and_report(rows, sel, rep)   per model: the rate with the lowest mean loss on the selection seeds, and
-                                        the losses at that rate on the reported seeds (a pure function of a table)
-    band, successive_differences, differences_from, markdown_table: what the lesson and the report print
-
-Why paired: two models trained with the same seed see the same batches in the same order, so much of the
-seed-to-seed noise is shared; the differences d_i = b_i - a_i carry less of it than the two means do. With
-n seeds, mean d̄ and sample standard deviation s_d, the interval is d̄ ± t_{(1+c)/2, n-1} · s_d / sqrt(n).
-
-Why separate seeds: the rate a model is reported at is the one that happened to do best on the seeds it was
-chosen on, so those seeds' losses at that rate are biased low (the luckiest of several draws). Losses on
-other seeds at the chosen rate are not.
+Paired: two models trained with the same seed see the same batches, so the differences d_i = b_i - a_i carry
+less noise than the two means; the interval is d̄ ± t_{(1+c)/2, n-1} · s_d / sqrt(n). Separate seeds: the
+rate that did best on the seeds that chose it is flattered there (the luckiest of several draws).
 """
 
 import math
@@ -23,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 CONFIDENCE = 0.95
-LOWER, HIGHER, NO_DIFFERENCE = "lower", "higher", "no difference at this scale"
+LOWER, HIGHER, INCONCLUSIVE = "lower", "higher", "inconclusive at this scale"
 MAX_DF = 10_000  # the exact CDF sums df/2 terms (fast up to here); far more than any count of seeds
 
 
@@ -52,17 +40,6 @@ def _central_probability(t: float, df: int) -> float:
         term *= c2 * (2 * k) / (2 * k + 1)
         total += term
     return 2 / math.pi * (theta + s * total)
-
-
-def t_cdf(t: float, df: int) -> float:
-    """P(T <= t) for Student's t with ``df`` degrees of freedom (exact series; no scipy)."""
-    _check_df(df)
-    if math.isnan(t):
-        raise ValueError("t must be a number, got nan")
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    half = 0.5 * _central_probability(abs(t), df)
-    return 0.5 + half if t >= 0 else 0.5 - half
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -168,16 +145,18 @@ def mean_interval(values, confidence: float = CONFIDENCE) -> Interval:
     return Interval(mean, sd, len(xs), confidence)
 
 
-def verdict(low: float, high: float) -> str:
+def verdict(low: float, high: float, digits: int = 4) -> str:
     """What an interval for b - a (a loss difference) supports: "lower" when it lies wholly below 0, "higher"
-    when wholly above, otherwise "no difference at this scale" (an interval that touches 0 included)."""
+    when wholly above; otherwise "inconclusive at this scale (the interval holds 0; it could hide an effect of
+    up to ±h)", h the farther end: an interval that holds zero is not evidence of equality."""
     if math.isnan(low) or math.isnan(high) or low > high:
         raise ValueError(f"low and high must be numbers with low <= high, got {low}, {high}")
     if high < 0:
         return LOWER
     if low > 0:
         return HIGHER
-    return NO_DIFFERENCE
+    return (f"{INCONCLUSIVE} (the interval holds 0; it could hide an effect of up to "
+            f"±{max(-low, high):.{digits}f})")
 
 
 @dataclass(frozen=True)
@@ -216,11 +195,17 @@ class PairedDifference:
     def verdict(self) -> str:
         return "a run diverged" if self.diverged else verdict(self.low, self.high)
 
+    @property
+    def decided(self) -> bool:
+        """The interval lies wholly on one side of zero."""
+        return self.verdict in (LOWER, HIGHER)
+
     def format(self, digits: int = 4) -> str:
-        """"-0.1360 [-0.1430, -0.1290]": the mean difference and its interval."""
+        """"-0.1360 ± 0.0070 [-0.1430, -0.1290]": the mean difference, the half-width and the interval."""
         if self.diverged:
             return "a run diverged"
-        return f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+        return (f"{self.mean:+.{digits}f} ± {self.interval.half_width:.{digits}f} "
+                f"[{self.low:+.{digits}f}, {self.high:+.{digits}f}]")
 
     def __str__(self) -> str:
         if self.diverged:
@@ -298,11 +283,6 @@ class Selection:
         """The reported losses' mean with its t interval."""
         return mean_interval([self.reported[s] for s in self.reported_seeds])
 
-    @property
-    def optimism(self) -> float:
-        """The chosen rate's mean on the selection seeds minus its mean on the reported seeds: how much lower
-        the loss would look if it were reported on the seeds that chose the rate (negative: flattered)."""
-        return self.selection_means[self.lr] - self.interval.mean
 
 
 def choose_rate(means_by_rate: Mapping[float, float]) -> float:
@@ -389,18 +369,6 @@ def difference(selections: Mapping[str, Selection], a: str, b: str,
         if name not in selections:
             raise ValueError(f"model {name!r} is not among the selections {list(selections)}")
     return paired_difference(selections[a].reported, selections[b].reported, confidence)
-
-
-def successive_differences(selections: Mapping[str, Selection], order: Sequence[str],
-                           confidence: float = CONFIDENCE) -> list[tuple[str, str, PairedDifference]]:
-    """A ladder: (previous, model, model minus previous) for each step of ``order``."""
-    return [(a, b, difference(selections, a, b, confidence)) for a, b in zip(order, order[1:], strict=False)]
-
-
-def differences_from(selections: Mapping[str, Selection], reference: str, others: Sequence[str],
-                     confidence: float = CONFIDENCE) -> list[tuple[str, PairedDifference]]:
-    """Leave one out: (model, model minus reference) for each of ``others``."""
-    return [(b, difference(selections, reference, b, confidence)) for b in others]
 
 
 # ---- formatting -------------------------------------------------------------------------------------------

@@ -1,14 +1,6 @@
-"""One training step and one evaluation, as functions of their inputs: no files, no printing, no timing.
-
-    train_step(model, batch, optimizer, scaler, cfg, lr, micro, autocast) -> the batch's mean loss
-
-sets the learning rate, runs forward and backward over the batch in micro-batches of ``micro``
-sequences (gradient accumulation: the gradients of all micro-batches add up before the step),
-clips the gradient norm, and takes the optimizer step (through the ``GradScaler`` with fp16). The
-loss comes back as a device tensor, not read back: reading it would wait for the device.
-
-``Forward`` is the model as the steps call it: compiled or not, inside ``DistributedDataParallel``
-or not, falling back to eager mode once if the compiler fails.
+"""One training step and one evaluation, as functions of their inputs (no files, no printing, no timing),
+and ``Forward``: the model as the steps call it (compiled or not, data-parallel or not, falling back to eager
+mode once if the compiler fails). Losses stay on the device: reading one back would wait for it.
 """
 
 import contextlib
@@ -19,7 +11,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from .config import TrainConfig
 from .distributed import RankFailedError, is_comm_failure
 
 
@@ -66,13 +57,14 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler, g
     optimizer.zero_grad(set_to_none=True)
 
 
-def train_step(model: nn.Module, batch, optimizer: torch.optim.Optimizer, scaler, cfg: TrainConfig, lr: float,
-               micro: int, autocast=contextlib.nullcontext) -> torch.Tensor:
-    """One optimizer step on ``batch`` (x, y: [B, T]) at learning rate ``lr``; returns its mean loss."""
+def train_step(model: nn.Module, batch, optimizer: torch.optim.Optimizer, scaler, lr: float, micro: int,
+               grad_clip: float, autocast=contextlib.nullcontext) -> torch.Tensor:
+    """One optimizer step on ``batch`` (x, y: [B, T]) at learning rate ``lr``, ``micro`` sequences per
+    forward/backward, the gradient norm clipped to ``grad_clip`` (0: no clipping); returns its mean loss."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     loss = forward_backward(model, batch, scaler, micro, autocast)
-    optimizer_step(model, optimizer, scaler, cfg.grad_clip)
+    optimizer_step(model, optimizer, scaler, grad_clip)
     return loss.detach()
 
 

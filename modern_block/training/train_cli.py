@@ -1,15 +1,10 @@
 """``python -m modern_block train``: train one model on characters, and continue it with ``--resume``.
 
-    python -m modern_block train --arch llama --quick --out runs/llama
-    python -m modern_block train --arch llama --quick --out runs/llama --resume   # continue it
-    python -m modern_block train --arch gpt2_nobias --scale laptop --d 192 --n-layers 6   # any size
-    torchrun --nproc_per_node 2 -m modern_block train --arch llama --out runs/llama   # two GPUs (or processes)
+    python -m modern_block train --arch llama --quick --out runs/llama [--resume]
+    torchrun --nproc_per_node 2 -m modern_block train --arch llama --out runs/llama
 
-Exit status: 0 done; 2 a usage error (bad options, settings that break a rule or contradict the run
-being resumed, an ``--out`` that cannot be used as asked: a ``ConfigError``); 1 the run failed, in one
-line that says what is kept (a non-finite loss, a damaged checkpoint, a file system that refuses a
-write, another process of the run failed); 130 interrupted. The trainer itself:
-``modern_block.training.trainer``.
+Exit status: 0 done; 2 a usage error (a ``ConfigError``); 1 the run failed, in one line that says what is kept;
+130 interrupted.
 """
 
 import argparse
@@ -23,7 +18,7 @@ from .config import ARCHS, ConfigError
 from .distributed import RankFailedError
 from .files import StorageError, reason
 from .options import add_run_options, config_from_args, seed_arg
-from .rungs import RUNG_NAMES
+from .rungs import MODEL_NAMES
 from .trainer import NonFiniteLossError, train
 
 
@@ -38,9 +33,9 @@ def build_parser(quiet: bool = False) -> argparse.ArgumentParser:
     parser = (QuietParser if quiet else argparse.ArgumentParser)(prog="python -m modern_block train",
                                      description="Train the Llama-style LM or the GPT-2 LM on tinyshakespeare "
                                      "(one process, or one per GPU under torchrun).")
-    parser.add_argument("--arch", required=True, choices=ARCHS + tuple(r for r in RUNG_NAMES if r not in ARCHS),
+    parser.add_argument("--arch", required=True, choices=ARCHS + tuple(r for r in MODEL_NAMES if r not in ARCHS),
                         metavar="ARCH", help="which model: gpt2 (GPT2LM), llama (LlamaStyleLM), or any model of "
-                        f"lesson 08's ladder: {', '.join(r for r in RUNG_NAMES if r not in ARCHS)} "
+                        f"lesson 08's ladder: {', '.join(r for r in MODEL_NAMES if r not in ARCHS)} "
                         "(gpt2_nobias: nanoGPT's GPT-2, no biases, tied)")
     parser.add_argument("--out", default=None, help="folder for metrics.jsonl, ckpt.pt, summary.json "
                         "(default runs/<arch>)")

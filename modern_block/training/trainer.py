@@ -1,41 +1,7 @@
-"""Train the Llama-style LM or the GPT-2 LM on characters, and resume exactly where a run stopped.
-
-    python -m modern_block train --arch llama --quick --out runs/llama
-    python -m modern_block train --arch llama --quick --out runs/llama --resume   # continue it
-    torchrun --nproc_per_node 2 -m modern_block train --arch llama --out runs/llama   # two GPUs (or processes)
-
-What one step does (``training.step.train_step``): sample a batch (seeded sampler), forward under
-autocast (bf16, or fp16 with a GradScaler, or plain fp32 on the CPU: see ``training.device``),
-cross-entropy, backward, clip the gradient norm, AdamW step with the learning rate of the schedule
-(linear warmup, cosine decay to ``min_lr``). Weight decay applies to matrices (dim >= 2) only, not
-to biases and norm scales.
-
-Every ``eval_interval`` steps the model is evaluated on fixed batches (the same windows every time),
-one line is appended to ``DIR/metrics.jsonl``, and a checkpoint is written to ``DIR/ckpt.pt``. The
-checkpoint holds the model, optimizer and scaler states, the step, and the random states of torch
-and of the sampler, so a resumed run repeats the uninterrupted one's losses exactly (on the CPU; on a
-GPU up to kernel nondeterminism). It is loaded with ``torch.load(weights_only=True)``: it holds only
-tensors and plain Python containers, and loading one runs no code.
-
-A non-finite loss stops the run with a ``NonFiniteLossError``; the checkpoint on disk is then the last
-good one (parameters are checked before every save). Ctrl-C finishes the step in progress, saves a
-checkpoint and re-raises ``KeyboardInterrupt`` (``training.signals``). How the files are kept safe (a lock
-per folder, no silent restart of an existing run, atomic writes, a checksum in the checkpoint, metrics
-that belong to it): ``training.run_folder`` and ``training.checkpoint``. A file system that refuses a
-write (full, read-only) stops the run with a ``StorageError`` that says what is kept; a run refused
-before it starts removes the folders and the lock file it made.
-
-The run's settings, schedule and optimizer groups: ``training.config``; the command line:
-``training.train_cli``.
-
-Data parallelism (``training.distributed``). Launched by torchrun, every process trains a copy of
-the model inside ``DistributedDataParallel``. ``batch_size`` stays the global batch: every process draws
-the same seeded offsets and keeps its own slice of them, so N processes see exactly the sequences one
-process would, and ``micro_batch_size`` (gradient accumulation) only decides how many of them go
-through the model at once. Evaluation batches are shared out and the losses summed over processes.
-Rank 0 alone prints and writes metrics, checkpoints and the summary; the checkpoint holds every
-process's random state, so a resume with the same number of processes repeats the run exactly.
-"""
+"""The training loop: ``train(cfg, out_dir)`` trains one model on characters and resumes exactly where a run
+stopped (a checkpoint every evaluation holds every state, random ones included). A non-finite loss, Ctrl-C, a
+refused write or a failed peer stops the run saying what is kept; under torchrun every process trains its share
+of the global batch (``training.distributed``)."""
 
 import contextlib
 import math
@@ -90,19 +56,29 @@ class TrainResult:
     compiled: bool
     finished: bool
     world_size: int = 1  # processes (devices) that trained it
+    cpu_s: float | None = None  # this process's CPU seconds in the run's last session
+    resumed: bool = False  # the last session continued a checkpoint
+    threads: int = 1  # torch's intra-op threads in that session
 
     @property
     def best_val_loss(self) -> float:
         return min(m["val_loss"] for m in self.metrics)
 
+    @property
+    def final_val_loss(self) -> float:
+        return self.metrics[-1]["val_loss"]
+
     def summary(self) -> dict:
-        return {"arch": self.config.arch, "config": asdict(self.config), "corpus": self.corpus,
+        """The run's record (``DIR/summary.json``; ``training.study`` reads it back): one set of names for a
+        run's result everywhere, ``diverged`` None here and the message for a run stopped by a non-finite loss."""
+        return {"arch": self.config.arch, "config": asdict(self.config), "corpus": self.corpus, "diverged": None,
                 "n_params": self.n_params, "flops_per_token": self.flops_per_token,
-                "best_val_loss": self.best_val_loss, "final_val_loss": self.metrics[-1]["val_loss"],
-                "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "wall_s": self.wall_s, "device": self.device,
+                "best_val_loss": self.best_val_loss, "final_val_loss": self.final_val_loss,
+                "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
+                "resumed": self.resumed, "threads": self.threads, "device": self.device,
                 "precision": self.precision, "peak": self.peak, "compiled": self.compiled,
                 "finished": self.finished, "steps": self.metrics[-1]["step"], "world_size": self.world_size,
-                "torch": torch.__version__}
+                "torch": torch.__version__, "metrics": list(self.metrics), "train_losses": list(self.losses)}
 
 
 class Clock:
@@ -183,6 +159,7 @@ class Trainer:
         self._pending: list[torch.Tensor] = []  # losses not yet read back from the device
         self._last_saved: int | None = None
         self._mid_step = False
+        self._cpu0, self.resumed = time.process_time(), ckpt is not None
         if ckpt is not None:
             self._restore(ckpt)
 
@@ -204,7 +181,7 @@ class Trainer:
         saved_world, ranks = ckpt.get("world_size", 1), self.procs.ranks
         states = ckpt.get("rng_ranks") or [{"cpu": ckpt["rng_cpu"], "cuda": ckpt["rng_cuda"]}]
         try:
-            if saved_world == ranks.world_size or ranks.rank == 0:
+            if saved_world == ranks.world_size or ranks.is_main:
                 mine = states[ranks.rank]
                 torch.set_rng_state(mine["cpu"])
                 if self.setup.device.type == "cuda" and mine["cuda"] is not None:
@@ -276,8 +253,8 @@ class Trainer:
         batch = next(self.parts.sampler)  # x, y: [B / processes, T] each
 
         def step():
-            return train_step(self.forward.train, batch, self.parts.optimizer, self.parts.scaler, self.cfg,
-                              lr_at(self.step, self.cfg), self.parts.micro, self.setup.autocast)
+            return train_step(self.forward.train, batch, self.parts.optimizer, self.parts.scaler,
+                              lr_at(self.step, self.cfg), self.parts.micro, self.cfg.grad_clip, self.setup.autocast)
 
         self._pending.append(self.forward.call(step, self._zero_grad) if first else step())
         self.step += 1
@@ -447,7 +424,8 @@ class Trainer:
                           list(self.losses), self.n_params, self.flops_per_token, tps, util, self.elapsed,
                           self.setup.name, self.setup.precision, self.setup.peak[0] if self.setup.peak else None,
                           self.forward.compiled, self.step >= self.cfg.max_steps,
-                          world_size=self.procs.ranks.world_size)
+                          world_size=self.procs.ranks.world_size, cpu_s=time.process_time() - self._cpu0,
+                          resumed=self.resumed, threads=torch.get_num_threads())
         try:
             self.folder.write_summary(res.summary() | {"run_id": self.run_id})
         except StorageError as err:

@@ -1,24 +1,15 @@
-"""Many trainings: one after another in this process, or at once in worker processes.
+"""Many trainings, here or in worker processes (one thread each): ``train_many(configs, corpus, workers)``.
 
-    train_many(configs, corpus, workers)   a ``TrainResult`` (or a ``Diverged``) per configuration, in order
-    WorkerPool(corpus, n)                  n worker processes (spawned, one thread each) that hold the text
-
-Each run is seeded, so the results do not depend on ``workers``; ``cache`` (a dict) lets one call
-reuse another's runs: an identical configuration trains once. A run whose loss becomes non-finite (a
-sweep's highest rates may do this) comes back as a ``Diverged``, which counts as loss inf.
-
-The workers are accounted for, however the parent ends:
-- they die with it, SIGKILL included (Linux's ``PR_SET_PDEATHSIG``, and everywhere a thread that
-  watches whether the parent is still there), so none is left holding the caller's terminal or pipe;
-- they ignore Ctrl-C (the terminal sends it to the whole process group): the parent decides. On
-  Ctrl-C (or Jupyter's interrupt) ``train_many`` asks every worker to stop after its current step and
-  waits for them; a queued run does not start. The runs keep what they wrote (no checkpoints: the
-  trainer keeps those, for one run at a time).
+A run with a folder keeps a checkpoint at every evaluation and resumes from it; a finished one is read back
+(its ``summary.json``), not trained again. A run whose loss becomes non-finite comes back as ``Diverged``.
+Workers die with their parent, ignore Ctrl-C (the parent asks them to stop after their current step) and
+start no queued run once stopped.
 """
 
 import atexit
 import contextlib
 import ctypes
+import json
 import math
 import multiprocessing
 import os
@@ -33,8 +24,10 @@ from typing import Any
 
 import torch
 
-from .config import TrainConfig
+from .config import RUNTIME_FIELDS, TrainConfig
 from .data import Corpus, load_corpus
+from .files import write_text_atomic
+from .run_folder import CHECKPOINT, SUMMARY
 from .rungs import get_rung
 from .trainer import NonFiniteLossError, TrainResult, train
 
@@ -48,6 +41,13 @@ class Diverged:
     metrics: list = field(default_factory=list)
     losses: list = field(default_factory=list)
     best_val_loss: float = math.inf
+    final_val_loss: float = math.inf
+
+    def summary(self) -> dict:
+        """The run's record, in the names of ``TrainResult.summary``."""
+        return {"arch": self.config.arch, "config": asdict(self.config), "diverged": self.message, "finished": True,
+                "final_val_loss": None, "best_val_loss": None, "metrics": [], "train_losses": [],
+                "torch": torch.__version__}
 
 
 def run_key(cfg: TrainConfig, corpus: Corpus) -> tuple:
@@ -59,18 +59,45 @@ def run_key(cfg: TrainConfig, corpus: Corpus) -> tuple:
     return (corpus.name, len(corpus.text)) + tuple(sorted(settings.items(), key=lambda kv: kv[0]))
 
 
-def _run_dir(out_dir, cfg: TrainConfig):
+def run_dir(out_dir, cfg: TrainConfig) -> Path | None:
+    """``out_dir/<model>-lr<LR>-seed<S>``, the run's folder (None without ``out_dir``)."""
     if out_dir is None:
         return None
     return Path(out_dir) / f"{cfg.arch.removeprefix('ladder:')}-lr{cfg.lr:g}-seed{cfg.seed}"
 
 
-def _train_or_diverge(cfg, run_dir, corpus, progress, verbose, on_step=None):
+def read_record(folder, cfg: TrainConfig) -> dict | None:
+    """The record (``summary.json``) of a finished run in ``folder`` made with these settings, else None."""
     try:
-        return train(cfg, run_dir, corpus=corpus, checkpoints=False, progress=progress, verbose=verbose,
-                     overwrite=True, on_step=on_step)  # a re-run replaces its own runs
+        record = json.loads((Path(folder) / SUMMARY).read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    if not (isinstance(record, dict) and record.get("finished") and isinstance(record.get("config"), dict)):
+        return None
+    same = all(record["config"].get(k) == v for k, v in asdict(cfg).items() if k not in RUNTIME_FIELDS)
+    return record if same else None
+
+
+def _train_or_diverge(cfg, folder, corpus, progress, verbose, on_step=None):
+    """A ``TrainResult``, a ``Diverged``, or the record of a run already finished in ``folder``; one thread."""
+    if folder is not None and (record := read_record(folder, cfg)) is not None:
+        return record
+    try:
+        resume = folder is not None and (Path(folder) / CHECKPOINT).exists()
+    except OSError:  # a path the file system refuses: the run folder's checks say why
+        resume = False
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train(cfg, folder, resume=resume, corpus=corpus, progress=progress, verbose=verbose,
+                     overwrite=not resume, on_step=on_step)
     except NonFiniteLossError as err:
-        return Diverged(cfg, str(err))
+        diverged = Diverged(cfg, str(err))
+        if folder is not None:
+            write_text_atomic(Path(folder) / SUMMARY, json.dumps(diverged.summary(), indent=1))
+        return diverged
+    finally:
+        torch.set_num_threads(threads)
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -112,11 +139,11 @@ def _stop_if_asked(trainer) -> None:
         raise KeyboardInterrupt  # the trainer stops after this step, as on Ctrl-C
 
 
-def _worker_train(cfg: TrainConfig, run_dir):
+def _worker_train(cfg: TrainConfig, folder):
     if _WORKER_STOP.is_set():
         return None  # queued when the pool was stopped: not started
     try:
-        result = _train_or_diverge(cfg, run_dir, _WORKER_CORPUS, False, False, on_step=_stop_if_asked)
+        result = _train_or_diverge(cfg, folder, _WORKER_CORPUS, False, False, on_step=_stop_if_asked)
     except KeyboardInterrupt:
         return None  # stopped after a step, as asked
     if isinstance(result, TrainResult):
@@ -138,14 +165,14 @@ class WorkerPool:
         self._pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_init,
                                          initargs=(corpus.text, corpus.name, corpus.source, os.getpid(), self._stop))
 
-    def submit(self, cfg: TrainConfig, run_dir):
+    def submit(self, cfg: TrainConfig, folder):
         """Queue one run. A worker starts here when one is missing, with Ctrl-C blocked until it has set
         itself to ignore it (a blocked signal stays blocked through the new interpreter's start)."""
         if not hasattr(signal, "pthread_sigmask"):
-            return self._pool.submit(_worker_train, cfg, run_dir)
+            return self._pool.submit(_worker_train, cfg, folder)
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            return self._pool.submit(_worker_train, cfg, run_dir)
+            return self._pool.submit(_worker_train, cfg, folder)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
@@ -169,11 +196,11 @@ class WorkerPool:
 
 
 def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers=1, out_dir=None,
-               cache: dict | None = None, progress=None, verbose: bool = False) -> list:
-    """Train each configuration on ``corpus``; returns a ``TrainResult`` (or a ``Diverged``) per
-    configuration, in order. ``workers``: 1 trains here, one run after another; n > 1 starts a
-    ``WorkerPool`` of n processes for this call; a ``WorkerPool`` is used as it is. Runs found in
-    ``cache`` are not trained again. Each run is seeded, so the results do not depend on ``workers``."""
+               cache: dict | None = None, progress=None, verbose: bool = False, on_done=None) -> list:
+    """A ``TrainResult``, ``Diverged`` or finished run's record per configuration, in order, each run in its
+    folder under ``out_dir`` (or none). ``workers``: 1 trains here, n > 1 in a ``WorkerPool`` made for this
+    call, or a given ``WorkerPool``. Runs in ``cache`` are not trained again; ``on_done(cfg, result)`` is
+    called as each run ends. Each run is seeded, so the results do not depend on ``workers``."""
     if isinstance(workers, WorkerPool):
         corpus = corpus if corpus is not None else workers.corpus
         if (corpus.name, corpus.text) != (workers.corpus.name, workers.corpus.text):
@@ -188,14 +215,18 @@ def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers
     todo = {k: cfg for k, cfg in todo.items() if k not in cache}
     if workers == 1 or (not isinstance(workers, WorkerPool) and len(todo) <= 1):
         for k, cfg in todo.items():
-            cache[k] = _train_or_diverge(cfg, _run_dir(out_dir, cfg), corpus, progress, verbose)
+            cache[k] = _train_or_diverge(cfg, run_dir(out_dir, cfg), corpus, progress, verbose)
+            if on_done is not None:
+                on_done(cfg, cache[k])
     elif todo:
         pool = workers if isinstance(workers, WorkerPool) else WorkerPool(corpus, min(workers, len(todo)))
         futures = {}
         try:
-            futures = {k: pool.submit(cfg, _run_dir(out_dir, cfg)) for k, cfg in todo.items()}
+            futures = {k: pool.submit(cfg, run_dir(out_dir, cfg)) for k, cfg in todo.items()}
             for k, future in futures.items():
                 cache[k] = future.result()
+                if on_done is not None:
+                    on_done(todo[k], cache[k])
         except BaseException:  # an error or Ctrl-C: no run starts any more, the running ones stop after a step
             for future in futures.values():
                 future.cancel()

@@ -1,0 +1,230 @@
+"""The one study (modern_block/training/study.py), its report (report.py) and its command line (compare_cli.py)."""
+
+import errno
+import json
+import math
+import re
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from training_setup import CORPUS, SMALL, never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
+
+from modern_block.training import compare_cli as cli
+from modern_block.training import files, report, run_folder
+from modern_block.training.data import Corpus
+from modern_block.training.report import plot_curve_bands, plot_differences, report_text, write_results
+from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
+from modern_block.training.statistics import HIGHER, INCONCLUSIVE, LOWER
+from modern_block.training.study import STUDIES, Anchor, Results, Study, run_study
+from modern_block.training.workers import Diverged, WorkerPool, read_record, run_dir, train_many
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = tiny("gpt2", max_steps=6, eval_interval=3, dropout=0.0, warmup_steps=2)
+MODELS = ("gpt2_nobias", "llama", "llama_tied")
+
+
+def _study(**changes) -> Study:
+    return replace(Study("test", BASE, MODELS, (1e-3, 1e-2), (0,), (1, 2), (("gpt2_nobias", "llama"),),
+                         Anchor("gpt2_nobias", 3e-3, 3.5, "a paper")), **changes)
+
+
+def test_a_study_chooses_on_some_seeds_reports_on_others_and_resumes(tmp_path):
+    said = []
+    res = run_study(_study(), tmp_path, CORPUS, command="test", say=said.append)
+    selection = [r for r in res.runs if r["role"] == "selection"]
+    assert len(selection) == 3 * 2 and {r["seed"] for r in selection} == {0}
+    for m, sel in res.selections.items():
+        at = {r["lr"]: r["final_val_loss"] for r in selection if r["model"] == m}
+        assert sel.lr == min(at, key=at.get), "the rate with the lowest loss on the selection seed"
+        reported = [r for r in res.runs if r["model"] == m and r["role"] == "reported"]
+        assert {r["seed"] for r in reported} == {1, 2} and {r["lr"] for r in reported} == {sel.lr}
+    anchor = [r for r in res.runs if r["role"] == "anchor"]
+    assert [(r["model"], r["lr"], r["seed"]) for r in anchor] == [("gpt2_nobias", 3e-3, 1), ("gpt2_nobias", 3e-3, 2)]
+    for r in res.runs:  # one budget: only the model, the rate and the seed change; the record's names
+        assert {k for k, v in r["config"].items() if v != asdict(BASE)[k]} <= {"arch", "lr", "min_lr", "seed"}
+        assert r["config"]["arch"] == f"ladder:{r['model']}" and r["config"]["min_lr"] == pytest.approx(r["lr"] / 10)
+        assert r["final_val_loss"] == r["metrics"][-1]["val_loss"] and len(r["train_losses"]) == 6
+        assert (tmp_path / f"{r['model']}-lr{r['lr']:g}-seed{r['seed']}" / CHECKPOINT).exists()
+    d = res.difference("gpt2_nobias", "llama")
+    expected = [res.selections["llama"].reported[s] - res.selections["gpt2_nobias"].reported[s] for s in (1, 2)]
+    assert d.mean == pytest.approx(sum(expected) / 2) and d.low < d.mean < d.high
+
+    report_path = write_results(res, tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert report_path.read_text() == report_text(Results.from_json(saved)) == report_text(res)
+    assert "gpt2_nobias at a paper's rate 0.003 on seeds 1, 2: " in report_path.read_text()
+    assert f"| llama minus gpt2_nobias | {d.format()} | {d.verdict} |" in report_path.read_text()
+
+    said.clear()  # the same study again: every run is read back, none trained
+    again = run_study(_study(), tmp_path, CORPUS, command="test", say=said.append)
+    assert not any(line.startswith("[") for line in said), said
+    assert [r["final_val_loss"] for r in again.runs] == [r["final_val_loss"] for r in res.runs]
+
+
+def test_a_study_is_checked_when_built():
+    for changes, message in ((dict(selection_seeds=(0, 1), reported_seeds=(1,)), "different seeds; both hold [1]"),
+                             (dict(rates=(1e-3, 1e-3)), "rates must be a non-empty sequence of distinct"),
+                             (dict(rates=(-1.0,)), "lr must be a positive"),
+                             (dict(models=("gpt3",)), "rung must be one of"),
+                             (dict(pairs=(("gpt2", "llama"),)), "pairs name models the study does not train")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _study(**changes)
+
+
+def test_the_course_studies_are_configurations_of_one_design():
+    assert set(STUDIES) == {"quick", "laptop", "gpu", "ladder", "ablations"}
+    assert STUDIES["quick"].base == STUDIES["ladder"].base, "one quick budget"
+    assert STUDIES["laptop"].anchor.lr == 1e-3 and STUDIES["laptop"].anchor.published == 1.88
+    for study in STUDIES.values():
+        assert not set(study.selection_seeds) & set(study.reported_seeds)
+        assert all(set(p) <= set(study.models) for p in study.pairs)
+
+
+def test_results_do_not_depend_on_workers_and_the_cache_reuses_runs():
+    configs = [replace(BASE, arch=f"ladder:{r}") for r in ("gpt2_untied", "no_gqa")]
+    here = train_many(configs, CORPUS, workers=1)
+    with WorkerPool(CORPUS, 2) as pool:
+        there = train_many(configs, workers=pool)
+        with pytest.raises(ValueError, match="different corpus"):
+            train_many(configs, Corpus("other text " * 100, "other", "inline"), workers=pool)
+    for a, b in zip(here, there, strict=True):
+        assert a.losses == b.losses and a.metrics[-1]["val_loss"] == b.metrics[-1]["val_loss"]
+        assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values(),
+                                                     strict=True))
+    cache: dict = {}
+    first = train_many(configs, CORPUS, cache=cache)
+    again = train_many(configs[::-1], CORPUS, cache=cache)
+    assert again[0] is first[1] and again[1] is first[0], "identical configurations train once"
+    with pytest.raises(ValueError, match="workers must be"):
+        train_many(configs, CORPUS, workers=0)
+
+
+def test_a_diverged_run_counts_as_inf_and_is_never_chosen(tmp_path):
+    base = replace(BASE, max_steps=12, eval_interval=6, warmup_steps=0, grad_clip=0.0)
+    res = run_study(Study("t", base, ("gpt2_untied",), (1e-2, 1e3), (0,), (1, 2)), tmp_path, CORPUS,
+                    say=lambda text: None)
+    blown = res.record("gpt2_untied", 1e3, 0)
+    assert blown["diverged"] and "became" in blown["diverged"] and blown["final_val_loss"] is None
+    assert res.chosen_rates() == {"gpt2_untied": 1e-2}
+    assert read_record(run_dir(tmp_path, base.__class__(**blown["config"])), base.__class__(**blown["config"]))
+    (blown_run,) = train_many([replace(base, arch="ladder:gpt2_untied", lr=1e3, min_lr=1e2)], CORPUS)
+    assert isinstance(blown_run, Diverged) and blown_run.best_val_loss == math.inf
+
+
+def test_a_record_made_with_other_settings_is_not_reused(tmp_path):
+    cfg = replace(BASE, arch="ladder:llama")
+    (result,) = train_many([cfg], CORPUS, out_dir=tmp_path)
+    folder = run_dir(tmp_path, cfg)
+    assert read_record(folder, cfg) == json.loads(json.dumps(result.summary())) | {"run_id": read_record(
+        folder, cfg)["run_id"]}
+    assert read_record(folder, replace(cfg, device=None, log_interval=5)) is not None, "runtime fields may differ"
+    assert read_record(folder, replace(cfg, d=64)) is None
+    (folder / SUMMARY).write_text("{broken")
+    assert read_record(folder, cfg) is None
+
+
+def test_collect_reads_what_is_finished_and_trains_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("MODERN_BLOCK_QUICK", raising=False)
+    argv = ["--study", "laptop", "--collect", "--out", str(tmp_path), "--d", "32", "--n-layers", "2", "--block-size",
+            "16", "--batch-size", "4", "--max-steps", "6", "--warmup-steps", "2", "--eval-interval", "3",
+            "--eval-batches", "1", "--rates", "0.001", "0.01", "--seeds", "1", "2", "--device", "cpu"]
+    assert cli.main(argv) == 0  # nothing finished yet: an empty, incomplete result
+    empty = json.loads((tmp_path / "results.json").read_text())
+    assert empty["runs"] == [] and not empty["complete"] and "INCOMPLETE" in (tmp_path / "report.md").read_text()
+    study = cli.study_from_args(cli.build_parser(), cli.build_parser().parse_args(argv))
+    run_study(study, tmp_path, CORPUS, say=lambda text: None)
+    monkeypatch.setattr("modern_block.training.study.load_corpus", lambda verbose: CORPUS)
+    assert cli.main(argv) == 0
+    full = json.loads((tmp_path / "results.json").read_text())
+    anchor = 0 if Results.from_json(full).chosen_rates()["gpt2_nobias"] == 1e-3 else 2  # 1e-3 on seeds 1, 2
+    assert full["complete"] and len(full["runs"]) == 3 * 2 + 3 * 2 + anchor
+    assert "INCOMPLETE" not in (tmp_path / "report.md").read_text() and (tmp_path / "curves.png").exists()
+
+
+def test_compare_prints_the_interval_lesson_08_computes(tmp_path, monkeypatch, capsys):
+    """The CLI's report and a reader of its results.json (as lesson 08 reads the committed ones) give one interval."""
+    monkeypatch.setattr("modern_block.training.study.load_corpus", lambda verbose: CORPUS)
+    out = tmp_path / "cmp"
+    assert cli.main(["--quick", "--out", str(out), "--rates", "0.003", "0.01", "--selection-seeds", "0",
+                     "--seeds", "1", "2", *SMALL]) == 0
+    printed = capsys.readouterr().out
+    res = Results.from_json(json.loads((out / "results.json").read_text()))
+    d = res.difference("gpt2_untied", "llama")
+    assert f"| llama minus gpt2_untied | {d.format()} | {d.verdict} |" in printed
+    assert d.verdict in (LOWER, HIGHER) or d.verdict.startswith(INCONCLUSIVE)
+    for m, lr in res.chosen_rates().items():
+        assert (out / f"{m}-lr{lr:g}-seed1" / METRICS).exists()
+
+
+@pytest.mark.parametrize("where", ["a run's metrics", "the report"])
+def test_compare_cli_a_full_disk_is_one_line_and_keeps_the_runs(tmp_path, monkeypatch, capsys, where):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def append_fails(self, row):
+        with files.refused_writes(f"append an evaluation to {self.metrics}"):
+            full()
+
+    if where == "the report":  # report.py turns the OSError into one line naming the file
+        monkeypatch.setattr(report, "write_text_atomic", full)
+    else:
+        monkeypatch.setattr(run_folder.RunFolder, "append_metrics", append_fails)
+    monkeypatch.setattr("modern_block.training.study.load_corpus", lambda verbose: CORPUS)
+    out = tmp_path / "cmp"
+    assert cli.main(["--quick", "--out", str(out), "--rates", "0.01", "--selection-seeds", "0", "--seeds", "1", "2",
+                     *SMALL]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: could not ") and "(No space left on device)" in err and "No report written" in err
+    assert not [p for p in out.rglob("*") if p.name.endswith(files.TEMPORARY)]
+
+
+def test_compare_cli_an_out_path_too_long_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("modern_block.training.study.load_corpus", lambda verbose: CORPUS)
+    assert cli.main(["--quick", "--out", str(tmp_path / ("y" * 300)), "--rates", "0.01", "--selection-seeds", "0",
+                     "--seeds", "1", "2", *SMALL]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: cannot write in --out") and "File name too long" in err
+
+
+def test_the_anchor_is_held_against_where_one_more_run_falls():
+    def sentence(losses):
+        res = Results(_study())
+        for seed, loss in losses.items():
+            res.add("gpt2_nobias", 3e-3, seed, "anchor", {"final_val_loss": loss})
+        return report._anchor_sentence(res)
+
+    inside = sentence({0: 3.49, 1: 3.50, 2: 3.51, 3: 3.52})
+    assert "prediction interval" in inside and "3.5 is inside it: within the seed spread." in inside
+    assert "3.5 is outside it: beyond the seed spread." in sentence({0: 3.55, 1: 3.551, 2: 3.552})
+    assert "one seed" in sentence({0: 3.9})
+
+
+def test_figures_of_the_lesson(tmp_path):
+    res = run_study(replace(_study(), anchor=None, models=MODELS[:2]), None, CORPUS, say=lambda text: None)
+    fig = plot_curve_bands({m: res.reported(m) for m in res.selections})
+    assert len(fig.axes[0].lines) == 2 and len(fig.axes[0].collections) == 2  # two means, two bands
+    d = res.difference("gpt2_nobias", "llama")
+    fig = plot_differences([("llama", d), ("same", d)])
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["llama", "same"]
+
+
+def test_readme_quotes_the_committed_lesson_08_run():
+    """The README's lesson-08 paragraph states what the committed run shows: every decimal figure it quotes is in
+    the notebook's saved outputs, and every verdict it gives is the one its paired 95% interval supports."""
+    readme = (ROOT / "README.md").read_text()
+    paragraph = readme.split("Lesson 08 in quick mode", 1)[1].split("\n\n", 1)[0]
+    nb = nbformat.read(ROOT / "notebooks" / "08_train_llama_vs_gpt2.ipynb", as_version=4)
+    outputs = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    quoted = re.findall(r"[−-]?\d+\.\d+|\d{1,3}(?:,\d{3})+", paragraph)
+    assert len(quoted) >= 8, quoted
+    for number in quoted:
+        assert number.replace("−", "-").lstrip("+") in outputs, f"README quotes {number}, which lesson 08 does not show"
+    num = r"([+−-]\d+\.\d+)"
+    claims = re.findall(num + r" \[" + num + ", " + num + r"\]: (lower|higher|inconclusive)", paragraph)
+    assert len(claims) >= 2, "the caption gives its verdicts with their intervals"
+    for _, low, high, word in claims:
+        low_f, high_f = (float(x.replace("−", "-")) for x in (low, high))
+        assert word == ("lower" if high_f < 0 else "higher" if low_f > 0 else "inconclusive"), (low, high, word)
