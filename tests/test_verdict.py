@@ -92,12 +92,13 @@ REPLAYABLE = {"check_gpt2_block_params", "check_causal_attention", "check_gpt2_a
 @pytest.mark.parametrize("check, impl", FUNCTIONS, ids=[c.__name__ for c, _ in FUNCTIONS])
 def test_every_known_mistake_is_named_and_nothing_else(check, impl):
     if isinstance(impl, type):
-        pytest.skip("a class: its mistakes are written out in test_exercises.py")
+        pytest.skip("a class: the module audits below and test_exercises.py generate its mistakes")
     calls, seen = record(check, impl)
     where = mapping(calls, seen)
     if where is None:
         assert check.__name__ not in REPLAYABLE
-        pytest.skip("the check judges outputs it assembles from several calls: see test_exercises.py")
+        pytest.skip("the check judges outputs it assembles from several calls: the lr-schedule audit below, and "
+                    "test_exercises.py for the KV cache")
     assert check.__name__ in REPLAYABLE, "add it to REPLAYABLE"
     diagnoses = list(dict.fromkeys(d for _, _, cands in seen for d, _ in cands))
     problems = []
