@@ -671,3 +671,18 @@ def test_a_cp1252_console_gets_the_text_report(monkeypatch):
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw := io.BytesIO(), encoding="cp1252"))
     assert grade.main([solution, "--reference", str(REFERENCE), "--json"]) == 0
     assert json.loads(raw.getvalue().decode("cp1252"))["notebooks"][0]["summary"]["passed"] == 2
+
+
+@needs_sandbox
+def test_a_typed_in_value_fails_in_the_grader_and_a_computed_one_passes(tmp_path):
+    """A value item whose text asks for the value computed: the grader reads the submission's cells, as the
+    notebook reads its input history."""
+    right = 61 * (512 + 64) * 2
+    reports = {}
+    for student, answer in (("typed", f"kimi_k2_cache_bytes = {right}"),
+                            ("computed", "kimi_k2_cache_bytes = 61 * (512 + 64) * 2")):
+        nb = answered("05_mla", dict(ex5_kimi_k2_cache=answer), base="solutions")
+        (reports[student],) = grade.grade_paths([write(tmp_path, student, "05_mla", nb)])
+    status = {k: {e.number: (e.status, e.detail) for e in r.exercises}[5] for k, r in reports.items()}
+    assert status["computed"][0] == "passed", status
+    assert status["typed"][0] == "failed" and "typed in as a number" in status["typed"][1], status

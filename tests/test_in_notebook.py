@@ -130,3 +130,33 @@ def test_in_a_kernel_a_typed_in_value_and_the_packages_function_are_flagged():
     assert "kimi_k2_cache_bytes is typed in as a number" in out["ex5-check"]
     assert "not available while this notebook is graded" in out["ex1-check"]
     assert "0 of 5 passed, 2 failed, 3 not attempted." in out["summary"]
+
+
+def test_in_the_grader_a_typed_in_value_fails_per_thread():
+    """The grader runs its checks in threads, one submission each: each thread's cells decide for its own
+    check (``answer_sources`` is per context), and a computed value passes beside a typed-in one."""
+    import threading
+
+    from modern_block.classroom.checks.in_notebook import answer_sources
+
+    right = mb.mla_cache_bytes_per_token(61, 512, 64, 2)
+    outcomes: dict[str, str] = {}
+    barrier = threading.Barrier(2)
+
+    def grade(key: str, source: str) -> None:
+        with checks.graded(7), answer_sources(["import modern_block as mb", source]):
+            barrier.wait()
+            try:
+                checks.check_kimi_k2_cache_bytes(right)
+                outcomes[key] = "passed"
+            except CheckFailed as err:
+                outcomes[key] = str(err)
+
+    threads = [threading.Thread(target=grade, args=("typed", f"kimi_k2_cache_bytes = {right}")),
+               threading.Thread(target=grade, args=("computed", "kimi_k2_cache_bytes = 61 * (512 + 64) * 2"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes["computed"] == "passed"
+    assert "typed in as a number" in outcomes["typed"]

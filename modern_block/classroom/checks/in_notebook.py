@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import contextvars
 import sys
 import types
 
@@ -156,37 +157,39 @@ def _is_literal(node: ast.AST) -> bool:
     return False
 
 
-_SOURCES: list[list[str]] = []
+_SOURCES: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("modern_block_answer_sources",
+                                                                                  default=None)
 
 
 @contextlib.contextmanager
 def answer_sources(sources: list[str]):
     """Inside the block ``typed_in`` reads these cell sources (in the order they ran) instead of the notebook's
     input history: the grader, which runs the checks outside the student's process, passes the submission's
-    cells this way, so a value typed in fails there too."""
-    _SOURCES.append(list(sources))
+    cells this way, so a value typed in fails there too (one context per grading thread)."""
+    token = _SOURCES.set(tuple(sources))
     try:
         yield
     finally:
-        _SOURCES.pop()
+        _SOURCES.reset(token)
 
 
 def has_sources() -> bool:
-    return bool(_SOURCES)
+    return _SOURCES.get() is not None
 
 
 def typed_in(name: str) -> bool:
     """Whether the latest cell that assigns ``name`` at its top level assigns a number literal (the cells: the
     grader's ``answer_sources``, else the notebook's input history)."""
-    if _SOURCES:
-        history = _SOURCES[-1]
-    else:
+    history = _SOURCES.get()
+    if history is None:
         shell = _shell()
         history = shell.user_ns.get("In", []) if shell is not None else []
     for source in reversed(list(history)):
+        if name not in source:
+            continue
         try:
             tree = ast.parse(source)
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):  # a student's cell: any parse failure
             continue
         value: ast.expr | None = None
         for stmt in tree.body:

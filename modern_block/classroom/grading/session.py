@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .. import checks
 from ..checks import graded
+from ..checks.in_notebook import answer_sources
 from .notebook import (
     BadReference,
     Cell,
@@ -172,7 +173,7 @@ def check_exercise(run: _Run, ex: RefExercise, result: Exercise, plan: Plan, sec
                                              " (was the answer cell deleted or renamed?)"))
             return
         first: Exception | None = None  # every check of the exercise runs: each earns its share of the points
-        with graded(secret):
+        with graded(secret), answer_sources([cell.source for cell in run.done]):  # "computed, not typed in"
             for number, call in enumerate(ex.calls):
                 args = [values[v] if kind == "name" else v for kind, v in call.args]
                 kwargs = {k: values[v] if kind == "name" else v for k, (kind, v) in call.kwargs.items()}
