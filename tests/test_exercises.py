@@ -1126,3 +1126,10 @@ def test_check_dequantize_q4_0_diagnoses(mistake, diagnosis):
 ])
 def test_check_unpermute_qk_diagnoses(mistake, diagnosis):
     rejects(checks.check_unpermute_qk, lambda *a: unpermute_qk_ok(*a, mistake=mistake), diagnosis)
+
+
+def test_a_huge_return_value_is_refused_at_once():
+    """A call that returns far more numbers than its small case asks for fails at that call (so the grader
+    never holds two such replies), and says how many it returned."""
+    with pytest.raises(checks.CheckFailed, match="returned 5,000,000 numbers, far more"):
+        checks.check_rms(lambda x, eps=1e-6: torch.zeros(5_000_000))

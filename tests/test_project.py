@@ -37,8 +37,8 @@ def _environment_requirements() -> dict[str, str]:
     reqs = {}
     text = (ROOT / "environment.yml").read_text().split("\ndependencies:\n", 1)[1]
     for line in text.splitlines():
-        m = re.match(r"^  - ([^:#\s][^#]*?)\s*$", line)  # top-level conda dependencies only
-        if m:
+        m = re.match(r"^  - ([^:#\s][^#]*?)\s*$", line) or re.match(r"^      - ([A-Za-z][^#\s]*)", line)
+        if m:  # conda's dependencies, and pip's where conda-forge has no package (not pip's options)
             name, spec = _split(m.group(1))
             if name not in ("python", "pip"):
                 reqs[CONDA_TO_PIP.get(name, name)] = spec

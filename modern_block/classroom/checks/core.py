@@ -194,9 +194,26 @@ def call_student(name: str, what: str, fn, *args, **kwargs):
         raise
     except Exception as err:  # the student's code crashed: say where, keep the traceback chained
         raise CheckFailed(f"{name}: {what} raised {type(err).__name__}: {err}") from err
+    returned = _numbers_in(value) + sum(_numbers_in(v) for v in changed.values())
+    if returned > MAX_RETURNED_NUMBERS:  # no case of any check asks for this much: drop it now, whatever comes next
+        raise CheckFailed(f"{name}: {what} returned {returned:,} numbers, far more than this small case asks for")
     for i in outputs:
         args[i].value = changed[i]
     return value
+
+
+MAX_RETURNED_NUMBERS = 1 << 22  # tensor elements one call of a check may return (the cases are small)
+
+
+def _numbers_in(value, depth: int = 0) -> int:
+    """The tensor elements in a returned value (tensors, and tuples, lists and dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel()
+    if depth < 8 and isinstance(value, (tuple, list)):
+        return sum(_numbers_in(v, depth + 1) for v in value)
+    if depth < 8 and isinstance(value, dict):
+        return sum(_numbers_in(v, depth + 1) for v in value.values())
+    return 0
 
 
 def shape_of(t) -> str:
