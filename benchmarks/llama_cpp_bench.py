@@ -139,7 +139,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-bpc", action="store_true", help="skip bits per character (all validation windows)")
     parser.add_argument("--llama-dir", default=None, help="the folder make llama-cpp built into (.llama-cpp)")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results_formats_cpu.json"))
+    parser.add_argument("--bpc-only", type=Path, default=None,
+                        help="only bits per character, written to this file (run beside a timing run)")
+    parser.add_argument("--merge-bpc", type=Path, default=None,
+                        help="put the bits per character of a --bpc-only file into --out and stop")
     args = parser.parse_args(argv)
+    if args.bpc_only or args.merge_bpc:
+        return bpc_only(args)
     llama_cpp = llama_cpp_module(args.llama_dir)
     import transformers
 
@@ -158,6 +164,7 @@ def main(argv=None) -> dict:
 
     # greedy tokens on lesson 09's prompts: every path against fast_fp32 (the plain model's tokens)
     progress("greedy tokens on lesson 09's prompts")
+    torch.set_num_threads(1)  # small steps on a shared machine: one thread
     tokens_check: dict[str, list] = {name: [] for name in nbytes}
     for q in QUESTIONS:
         ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
@@ -215,22 +222,38 @@ def main(argv=None) -> dict:
         del compiled
         write(args.out, results_dict(blocks, {}, tokens_check, nbytes, T0, args, llama_cpp, t_start))
 
-    bpc = {}
-    if not args.no_bpc:
-        torch.set_num_threads(max(args.threads))
-        torch.compiler.reset()
-        windows, chars, corpus_name = bpc_windows(tok)
-        progress(f"bits per character: {len(windows)} windows of {corpus_name}'s validation text, 3 formats")
-        for fmt in FORMATS:
-            m = fast.prepare(model, compile=False, weights=fmt).model
-            bpc[f"fast_{fmt}"] = bits_per_char(m, windows, chars)
-        bpc["transformers_fp32"] = bpc["fast_fp32"]  # the same weights and arithmetic (lesson 09: identical logits)
-
+    bpc = {} if args.no_bpc else formats_bpc(model, tok, max(args.threads))
     results = results_dict(blocks, bpc, tokens_check, nbytes, T0, args, llama_cpp, t_start)
     write(args.out, results)
     print_table(results)
     print(f"written to {args.out}")
     return results
+
+
+def formats_bpc(model, tok, threads: int) -> dict:
+    """Bits per character of every course path on lesson 09's validation windows (all of them)."""
+    torch.set_num_threads(threads)
+    windows, chars, corpus_name = bpc_windows(tok)
+    progress(f"bits per character: {len(windows)} windows of {corpus_name}'s validation text, {len(FORMATS)} formats")
+    bpc = {f"fast_{fmt}": bits_per_char(fast.prepare(model, compile=False, weights=fmt).model, windows, chars)
+           for fmt in FORMATS}
+    bpc["transformers_fp32"] = bpc["fast_fp32"]  # the same weights and arithmetic (lesson 09: identical logits)
+    return bpc
+
+
+def bpc_only(args) -> dict:
+    """--bpc-only FILE: compute and write the bits per character; --merge-bpc FILE: merge them into --out."""
+    if args.merge_bpc:
+        results, bpc = json.loads(args.out.read_text()), json.loads(args.merge_bpc.read_text())
+        for name, row in results["formats"].items():
+            row["bits_per_char"] = bpc.get(name)
+        write(args.out, results)
+        print_table(results)
+        return results
+    model, tok = load_gguf(smollm2_path(), tokenizer=True)
+    bpc = formats_bpc(model, tok, max(args.threads))
+    write(args.bpc_only, bpc)
+    return bpc
 
 
 def results_dict(blocks, bpc, tokens_check, nbytes, T0, args, llama_cpp, t_start) -> dict:

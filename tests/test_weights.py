@@ -149,3 +149,14 @@ def test_bad_input_is_refused_with_the_rule():
     with pytest.raises(ValueError, match="one entry per row"):
         dequantize_int8(torch.ones(2, 2, dtype=torch.int8), torch.ones(3))
     assert FORMATS == ("fp32", "bf16", "int8")
+
+
+def test_the_compiled_one_row_product_is_the_dequantized_product():
+    """Under torch.compile one row takes the fused multiply-and-sum path: the same product, in fp32."""
+    torch.manual_seed(2)
+    w, x = torch.randn(40, 48), torch.randn(1, 1, 48)
+    q, s = quantize_int8(w)
+    torch.compiler.reset()
+    got = torch.compile(int8_matmul, fullgraph=True)(x, q, s)
+    torch.compiler.reset()
+    torch.testing.assert_close(got, x @ dequantize_int8(q, s).T, atol=1e-4, rtol=1e-4)
