@@ -71,8 +71,9 @@ KERNEL_MULTIPLE = 16  # torch 2.13's CPU int8 kernel crashes (segfault) for n_in
 
 def int8_matmul(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x [..., n_in] times (q · s)ᵀ -> [..., n_out] in x's dtype. One row under ``torch.compile`` (the decode
-    step): a multiply-and-sum, which inductor turns into one loop over the int8 weights (measured: about 1.8x the
-    kernel's speed at one row); otherwise the CPU int8 weight-only kernel where it exists and takes the shape (input
+    step): a multiply-and-sum, which inductor turns into one loop over the int8 weights (1.8x the kernel's speed on
+    91 matrices alone; in SmolLM2's whole compiled step the two measured alike, 41.8 vs 40.6 ms median of 5
+    interleaved rounds); otherwise the CPU int8 weight-only kernel where it exists and takes the shape (input
     rounded to bf16), else the widened matrix."""
     if torch.compiler.is_compiling() and x.numel() == x.shape[-1]:
         y = (x.reshape(1, -1).float() * q.float()).sum(-1) * scales.float()  # [n_out]: fused, nothing materialised
