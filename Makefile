@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # JupyterLab refuses to run as root unless told (containers, CI); ordinary users get no extra flag
 LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test install exercises check-exercises mutation
+.PHONY: lab test install exercises check-exercises mutation llama-cpp bench-llama-cpp
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,3 +47,25 @@ mutation: install
 	rm -rf mutants
 	MODERN_BLOCK_QUICK=1 $(BIN)/mutmut run --max-children 2
 	$(BIN)/mutmut results
+
+# llama.cpp beside the fast layer (benchmarks/llama_cpp_bench.py; not CI): the registry's llama-cpp-python compiled
+# from its source distribution (never a prebuilt wheel) into the git-ignored folder $(LLAMA_DIR), which the benchmark
+# puts on its path; about 15-20 minutes on 2 cores. bench-llama-cpp then decodes the GGUF with both, in one run.
+LLAMA_DIR ?= .llama-cpp
+LLAMA_CPP ?= llama-cpp-python
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+# ggml's AMX kernels (compiled in by -march=native where the CPU reports AMX) crashed in ggml_backend_amx_mul_mat
+# on the development machine's virtual CPU; without them ggml uses its AVX-512 / AVX2 kernels
+LLAMA_CFLAGS ?= $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16,)
+
+$(LLAMA_DIR)/.built: | $(INSTALLED)
+	rm -rf $(LLAMA_DIR)
+	CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(BIN)/python -m pip install -v --no-cache-dir --no-binary llama-cpp-python --no-deps --target $(LLAMA_DIR) \
+		$(LLAMA_CPP) diskcache
+	touch $@
+
+llama-cpp: $(LLAMA_DIR)/.built
+
+bench-llama-cpp: llama-cpp
+	MODERN_BLOCK_LLAMA_CPP=$(LLAMA_DIR) $(BIN)/python benchmarks/llama_cpp_bench.py

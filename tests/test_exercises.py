@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from test_lesson10 import bytes_per_token_ok, floor_ms_ok, quantize_row_int8_ok
 
 import modern_block as mb
 from modern_block.classroom import checks, exercises
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
 LESSONS = ["00_gpt2_block", "01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cache", "05_mla", "06_qk_norm",
-           "07_llama_block", "08_train_llama_vs_gpt2", "09_real_model"]
+           "07_llama_block", "08_train_llama_vs_gpt2", "09_real_model", "10_fast_decoding"]
 
 
 def named(message: str) -> list[str]:
@@ -358,6 +359,8 @@ RIGHT = [
     (checks.check_ntk_scaled_base, ntk_scaled_base_ok),
     (checks.check_smollm2_cache_bytes, SMOLLM2_CACHE_BYTES),
     (checks.check_dequantize_q4_0, dequantize_q4_0_ok), (checks.check_unpermute_qk, unpermute_qk_ok),
+    (checks.check_bytes_per_token, bytes_per_token_ok), (checks.check_floor_ms, floor_ms_ok),
+    (checks.check_quantize_row_int8, quantize_row_int8_ok),  # lesson 10's: the mistakes in test_lesson10.py
 ]
 FUNCTIONS = [(check, impl) for check, impl in RIGHT if callable(impl)]  # the rest are numbers, graded by value
 

@@ -17,6 +17,9 @@ that can each be switched on alone and measured (lesson 10 measures them on Smol
    (full graph, static shapes) fuses each layer's small element-wise ops into a few kernels and takes Python
    out of the layer loop.
 
+Beside the steps, ``weights`` ("fp32", "bf16" or "int8"; ``weights.py``) stores the matrices in fewer bytes, which
+lowers the floor itself: the residual stream and the cache stay in the model's dtype.
+
 The rule: any model built on ``decoder.DecoderLM`` (GPT2LM, LlamaStyleLM with GQA or MLA and any RoPE
 scaling, the ladder's models) is accepted; the fast layer fuses ``GQAttention`` and ``SwiGLU`` and leaves every
 other module as it is. Apart from the fused projections nothing of the model is re-implemented here, so a model
@@ -36,6 +39,7 @@ from ..kv_cache import KVCache
 from ..validate import positive_int, token_ids
 from .fused import fused_copy
 from .static_cache import StaticKVCache
+from .weights import FORMATS, StoredEmbedding, convert_weights
 
 
 class FastLM(nn.Module):
@@ -53,6 +57,12 @@ class FastLM(nn.Module):
         self.cache: KVCache | None = None
         self.step = self.eager_step  # replaced by the compiled step in ``compile_step``
         self.compiled = False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the residual stream and the cache (the model's own, whatever format its weights are in)."""
+        emb = self.model.emb
+        return emb.dtype if isinstance(emb, StoredEmbedding) else emb.weight.dtype
 
     @property
     def V(self) -> int:
@@ -108,15 +118,19 @@ COMPILE_OPTIONS = {"cpp_wrapper": True, "compile_threads": 1}
 
 
 def prepare(model: DecoderLM, compile: bool = True, mode: str | None = None, options: dict | None = None, *,
-            fuse: bool = True, static_cache: bool | None = None) -> FastLM:
-    """A fast copy of ``model`` for decoding: fused q/k/v and gate/up (unless ``fuse=False``), a static cache
+            fuse: bool = True, static_cache: bool | None = None, weights: str = "fp32") -> FastLM:
+    """A fast copy of ``model`` for decoding: fused q/k/v and gate/up (unless ``fuse=False``), its matrices in the
+    format ``weights`` ("fp32": as loaded, "bf16", "int8": ``weights.convert_weights``), a static cache
     (``static_cache``, by default when compiling) and, unless ``compile=False``, a compiled decode step (``mode``
     and ``options`` go to ``torch.compile``; ``options`` defaults to ``COMPILE_OPTIONS``). ``model`` itself is
     not changed."""
     if not isinstance(model, DecoderLM):
         raise TypeError("fast.prepare takes a model built on modern_block.decoder.DecoderLM (GPT2LM, LlamaStyleLM, "
                         f"the ladder's models), got {type(model).__name__}")
+    if weights not in FORMATS:
+        raise ValueError(f"weights must be one of {FORMATS}, got {weights!r}")
     copied = fused_copy(model) if fuse else copy.deepcopy(model).requires_grad_(False).eval()
+    convert_weights(copied, weights)
     fast_model = FastLM(copied, static_cache=compile if static_cache is None else static_cache)
     return fast_model.compile_step(mode, COMPILE_OPTIONS if options is None else options) if compile else fast_model
 
@@ -143,7 +157,7 @@ def generate(fast_model: FastLM, idx: torch.Tensor, max_new_tokens: int, tempera
         raise ValueError(f"idx is on {idx.device} but the model is on {w.device}: move one of them")
     capacity = cache_capacity(needed, fast_model.max_len)
     cache = fast_model.cache
-    if isinstance(cache, StaticKVCache) and cache.fits(idx.shape[0], capacity, w.dtype, w.device):
+    if isinstance(cache, StaticKVCache) and cache.fits(idx.shape[0], capacity, fast_model.dtype, w.device):
         cache.reset()  # the same buffers, overwritten: the compiled step's inputs do not change
     else:
         fast_model.setup_cache(idx.shape[0], capacity)

