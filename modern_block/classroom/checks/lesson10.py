@@ -90,7 +90,7 @@ def _int8_row(w: torch.Tensor, mistake: str | None = None) -> tuple[torch.Tensor
     s = amax / (128 if mistake == "128" else 255 if mistake == "255" else 127)
     r = w / s
     q = r.trunc() if mistake == "trunc" else r.round()
-    return q.clamp(-128, 127).to(torch.int8), s
+    return q.to(torch.int8), s  # no clamp: a wrong scale's out-of-range q converts as a student's would
 
 
 @exercise_check(components=("quantize_int8",))
@@ -109,16 +109,17 @@ def check_quantize_row_int8(quantize_row_int8) -> str:
             fail(name, f"{what}: return (q, scale), q an int8 tensor the shape of w; got {type(got).__name__}.")
         q, s = got
         want_q, want_s = _int8_row(w)
-        judge_number(name, s, want_s.item(), [
-            ("the scale used 128: +max|w| / (max|w| / 128) = 128 does not fit in int8 (at most 127).",
-             _int8_row(w, "128")[1].item()),
-            ("the scale used 255 (the unsigned range): symmetric int8 spans -127 .. 127, so max|w| / 127.",
-             _int8_row(w, "255")[1].item()),
+        scale_mistakes = [  # each also gives its own q: both the scale and q cases are explained by it
+            ("the scale used 128: +max|w| / (max|w| / 128) = 128 does not fit in int8 (at most 127).", "128"),
+            ("the scale used 255 (the unsigned range): symmetric int8 spans -127 .. 127, so max|w| / 127.", "255"),
             ("the scale came from max(w), not max(|w|): a row whose largest weights are negative clips.",
-             _int8_row(w, "max_not_abs")[1].item()),
-        ], f"{what}, the scale", rel=1e-6, hint="scale = w.abs().max() / 127.")
-        cands = [("q was truncated toward zero (int(), .to(torch.int8) alone): round to the nearest, or the error "
-                  "reaches a whole scale step, not half.", _int8_row(w, "trunc")[0].float())]
+             "max_not_abs"),
+        ]
+        judge_number(name, s, want_s.item(), [(d, _int8_row(w, how)[1].item()) for d, how in scale_mistakes],
+                     f"{what}, the scale", rel=1e-6, hint="scale = w.abs().max() / 127.")
+        cands = [(d, _int8_row(w, how)[0].float()) for d, how in scale_mistakes]
+        cands.append(("q was truncated toward zero (int(), .to(torch.int8) alone): round to the nearest, or the "
+                      "error reaches a whole scale step, not half.", _int8_row(w, "trunc")[0].float()))
         judge(name, q.float() if isinstance(q, torch.Tensor) else q, want_q.float(), cands, f"{what}, q", rtol=0,
               atol=0, hint="q = torch.round(w / scale), then .to(torch.int8).")
         if q.dtype != torch.int8:
