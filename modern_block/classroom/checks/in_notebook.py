@@ -180,10 +180,12 @@ def has_sources() -> bool:
 def typed_in(name: str) -> bool:
     """Whether the latest cell that assigns ``name`` at its top level assigns a number literal (the cells: the
     grader's ``answer_sources``, else the notebook's input history)."""
-    history = _SOURCES.get()
-    if history is None:
+    given = _SOURCES.get()
+    if given is not None:
+        history = list(given)
+    else:
         shell = _shell()
-        history = shell.user_ns.get("In", []) if shell is not None else []
+        history = list(shell.user_ns.get("In", [])) if shell is not None else []
     for source in reversed(list(history)):
         if name not in source:
             continue
