@@ -55,13 +55,7 @@ class FreshLauncher(Launcher):
             number = self.count
             copy = package_copy.build(self.run_dir, hidden)
         files: list[Path] = []
-        nb = None
-        if notebook is not None:
-            nb = self.run_dir / f"notebook-{number}.ipynb"
-            nb.write_bytes(notebook)
-            files.append(nb)
-            if self.user is not None:
-                os.chown(nb, *self.user)
+        nb = self._notebook_file(number, notebook, files)
         ours, theirs = socket.socketpair()
         status, status_theirs = socket.socketpair()
         status_theirs.close()

@@ -32,12 +32,10 @@ import time
 from pathlib import Path
 
 import pytest
-from submissions import RIGHT_RMS, ROOT, WRONG_RMS, answered, solution_source, write
+from submissions import RIGHT_RMS, ROOT, WRONG_RMS, answered, sandbox_problem, solution_source, write
 
-from modern_block.classroom import grade
 from modern_block.classroom.grading.files import MAX_STUDENT_BYTES, MAX_STUDENT_ENTRIES
 from modern_block.classroom.grading.report import one_line
-from modern_block.classroom.grading.sandbox import Limits, SandboxError
 from modern_block.classroom.grading.sandbox_user import sandbox_user
 
 REFERENCE = ROOT / "exercises"
@@ -48,15 +46,8 @@ ROOT_DENIED = ("io_uring_setup", "keyctl", "add_key", "request_key", "ptrace", "
                "setns", "bpf", "perf_event_open", "userfaultfd", "kexec_load", "init_module", "finit_module")
 
 
-def _sandbox_problem() -> str | None:
-    try:
-        grade.launcher_for(None, Limits())
-    except SandboxError as err:
-        return str(err)
-    return None
 
-
-SANDBOX_PROBLEM = _sandbox_problem()
+SANDBOX_PROBLEM = sandbox_problem()
 needs_sandbox = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
 
 ROOT_PROBE = """import ctypes, errno, json, os, socket

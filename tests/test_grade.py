@@ -34,12 +34,12 @@ from submissions import (
     answered,
     exercise,
     injected,
+    sandbox_problem,
     solution_source,
     write,
 )
 
 from modern_block.classroom import grade
-from modern_block.classroom.grading.sandbox import SandboxError
 
 REFERENCE = ROOT / "exercises"
 TIMEOUT = 12  # seconds per cell and check in the class run; the endless notebooks cost this much each
@@ -47,15 +47,8 @@ MARKER = "4242.5"  # `sleep 4242.5`: the detached child a submission leaves behi
 LEFT_BEHIND = "modern-block-left-behind"  # files the probes write into their /tmp and /dev/shm
 
 
-def _sandbox_problem() -> str | None:
-    try:
-        grade.launcher_for(None, grade.Limits())  # started once, used by the tests that grade in this process
-    except SandboxError as err:
-        return str(err)
-    return None
 
-
-SANDBOX_PROBLEM = _sandbox_problem()
+SANDBOX_PROBLEM = sandbox_problem()
 needs_sandbox = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
 MUTATE_TABLES = "cos.fill_(1.0)  # the check's tables, were they shared: no rotation at all\nsin.zero_()"
 

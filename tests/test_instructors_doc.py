@@ -15,11 +15,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from submissions import LAYERNORM_RMSNORM, ROOT, WRONG_RMS, answered, write
+from submissions import LAYERNORM_RMSNORM, ROOT, WRONG_RMS, answered, sandbox_problem, write
 
 from modern_block.classroom import grade
 from modern_block.classroom.grading.report import COLUMNS, number_text
-from modern_block.classroom.grading.sandbox import SandboxError
 
 DOC = ROOT / "docs" / "instructors.md"
 TABLE_START = "<!-- exercise table: generated from solutions/ by tests/test_instructors_doc.py; do not edit -->"
@@ -100,15 +99,8 @@ def blocks() -> list[tuple[str, int | None]]:
     return found
 
 
-def _sandbox_problem():
-    try:
-        grade.launcher_for(None, grade.Limits())
-    except SandboxError as err:
-        return str(err)
-    return None
 
-
-@pytest.mark.skipif(_sandbox_problem() is not None, reason="no sandbox here")
+@pytest.mark.skipif(sandbox_problem() is not None, reason="no sandbox here")
 def test_the_walk_through_runs_as_written(tmp_path):
     shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
     write(tmp_path / "submissions", "ada", "01_rmsnorm", answered("01_rmsnorm", base="solutions"))

@@ -6,13 +6,12 @@ import json
 
 import nbformat
 import pytest
-from submissions import IDENTITY_RMSNORM, RIGHT_RMS, ROOT, answered, write
+from submissions import IDENTITY_RMSNORM, RIGHT_RMS, ROOT, answered, sandbox_problem, write
 
 from modern_block.classroom import grade
 from modern_block.classroom.grading import points
 from modern_block.classroom.grading.notebook import read_notebook, reference_from
 from modern_block.classroom.grading.report import Exercise, Report
-from modern_block.classroom.grading.sandbox import SandboxError
 
 
 def _scheme(nb) -> points.Scheme:
@@ -74,15 +73,8 @@ def test_a_notebook_without_nbgrader_metadata_gets_exercise_numbers_and_one_poin
     assert points.default_scheme(own).weights == {1: [1.0], 3: [1.0]}
 
 
-def _sandbox_problem():
-    try:
-        grade.launcher_for(None, grade.Limits())
-    except SandboxError as err:
-        return str(err)
-    return None
 
-
-@pytest.mark.skipif(_sandbox_problem() is not None, reason="no sandbox here")
+@pytest.mark.skipif(sandbox_problem() is not None, reason="no sandbox here")
 def test_partial_credit_when_an_exercise_has_two_checks(tmp_path):
     ref = tmp_path / "ref" / "01_rmsnorm.ipynb"
     ref.parent.mkdir()

@@ -367,16 +367,21 @@ class Launcher:
         tail = log.read_text(errors="replace")[-2000:]
         raise SandboxError(f"the grader's interpreter ({self.interpreter.executable}) did not start:\n{tail}")
 
+    def _notebook_file(self, number: int, notebook: bytes | None, files: list) -> Path | None:
+        """The submission's copy that bubblewrap binds (readable by the sandbox user only), listed in ``files``."""
+        if notebook is None:
+            return None
+        nb = self.run_dir / f"notebook-{number}.ipynb"
+        nb.write_bytes(notebook)
+        files.append(nb)
+        if self.user is not None:
+            os.chown(nb, *self.user)
+            nb.chmod(0o400)
+        return nb
+
     def _holder(self, number: int, copy: Path, notebook: bytes | None, files: list) -> tuple[subprocess.Popen, int]:
         """Start bubblewrap for one sandbox, holding its namespaces open; its first process's pid."""
-        nb = None
-        if notebook is not None:
-            nb = self.run_dir / f"notebook-{number}.ipynb"
-            nb.write_bytes(notebook)
-            files.append(nb)
-            if self.user is not None:
-                os.chown(nb, *self.user)
-                nb.chmod(0o400)
+        nb = self._notebook_file(number, notebook, files)
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
         if self.user is not None:
