@@ -41,7 +41,8 @@ from modern_block.classroom.grading.sandbox_user import sandbox_user
 REFERENCE = ROOT / "exercises"
 TIMEOUT = 20
 L01, L07 = "01_rmsnorm", "07_llama_block"
-GRADER_MEMORY = 1 << 30  # the grader's own peak resident memory in this class run (--jobs 2): its budget here
+GRADER_MEMORY = 768 << 20  # the grader's peak above its loaded interpreter in this class run (--jobs 2): its budget
+# (the interpreter with torch is about 350 MB with the CPU build, about 0.6 GB more with PyPI's CUDA build)
 ROOT_DENIED = ("io_uring_setup", "keyctl", "add_key", "request_key", "ptrace", "mount", "umount2", "pivot_root",
                "setns", "bpf", "perf_event_open", "userfaultfd", "kexec_load", "init_module", "finit_module")
 
@@ -193,9 +194,10 @@ GRADER = """import json, re, sys
 from modern_block.classroom.grading import cgroups
 cgroups.Cgroups.open = classmethod(lambda cls: None)  # no cgroup may be made, as in Docker
 from modern_block.classroom import grade
+base = int(re.search(r"VmRSS:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) << 10
 status = grade.main(json.loads(sys.argv[1]))
 peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) << 10
-print("@@", json.dumps({"status": status, "max_rss": peak}))"""
+print("@@", json.dumps({"status": status, "max_rss": peak, "loaded": base}))"""
 
 
 def run_grader(args: list[str], user: str | None = None) -> tuple[dict, str]:
@@ -257,12 +259,13 @@ def _seen(row) -> dict:
 @needs_sandbox
 def test_the_class_is_graded_within_the_memory_budget_and_every_row_is_there(class_run):
     assert class_run["result"]["status"] == 1
-    assert class_run["result"]["max_rss"] < GRADER_MEMORY, class_run["result"]
+    assert class_run["result"]["max_rss"] - class_run["result"]["loaded"] < GRADER_MEMORY, class_run["result"]
     honest_keys = set(class_run["alone"])
     got = {(s, Path(r["notebook"]).stem) for s, rs in class_run["rows"].items() for r in rs}
     assert honest_keys <= got and {one_line(s) for s in class_run["want"]} <= {s for s, _ in got}
-    print(f"\n[attacks] {len(got)} rows in {class_run['seconds']:.0f} s; grader peak memory "
-          f"{class_run['result']['max_rss'] / 2**20:.0f} MB (budget {GRADER_MEMORY >> 20} MB)")
+    peak, loaded = class_run["result"]["max_rss"] >> 20, class_run["result"]["loaded"] >> 20
+    print(f"\n[attacks] {len(got)} rows in {class_run['seconds']:.0f} s; grader peak memory {peak} MB, {loaded} MB "
+          f"of it the loaded interpreter (budget above it {GRADER_MEMORY >> 20} MB)")
 
 
 @needs_sandbox
