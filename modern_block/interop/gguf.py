@@ -5,6 +5,8 @@
     read_gguf(path)        header, metadata and tensor table (read with ``gguf.GGUFReader``) -> ``GGUFFile``
     gguf_config(file)      metadata -> ``LlamaStyleLM``'s keyword arguments; what the course model cannot
                            express is refused, naming the metadata field
+    gguf_hf_config(path)   metadata -> a config with Hugging Face's field names, for any architecture (lesson 11's
+                           config card reads it)
     gguf_state_dict(file)  every tensor dequantized to float32 (``gguf_quants``), renamed to the course's names,
                            the query/key rows put back in the half-split RoPE layout; checked against the config
     load_gguf(path)        all of the above in one call: the model in eval mode (and its tokenizer, built from
@@ -267,6 +269,42 @@ def gguf_config(gf: GGUFFile) -> dict:
                 tie="output.weight" not in gf.tensors, qk_norm=False,
                 norm_eps=_float32(_field(md, p + "attention.layer_norm_rms_epsilon", float)),
                 head_dim=head_dim, rope_scaling=scaling)
+
+
+def gguf_hf_config(path) -> dict:
+    """A GGUF file's metadata as a config (Hugging Face's field names), plus ``gguf_metadata`` and the bytes of
+    its tensors. Refuses a file that is not a model (``general.type``, the architecture's keys)."""
+    file = read_gguf(path)  # checks the header and the tensor table
+    meta = file.metadata
+    kind = meta.get("general.type", "model")
+    if kind != "model":
+        raise ValueError(f"{path}: general.type is {kind!r}; the card reads a model's GGUF (general.type 'model')")
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ValueError(f"{path}: general.architecture is missing; every GGUF model names its architecture")
+    keys = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size",
+            "feed_forward_length": "intermediate_size", "attention.head_count": "num_attention_heads",
+            "attention.head_count_kv": "num_key_value_heads", "context_length": "max_position_embeddings",
+            "rope.freq_base": "rope_theta", "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+            "vocab_size": "vocab_size"}
+    cfg: dict = {"model_type": arch}
+    for key, name in keys.items():
+        if f"{arch}.{key}" in meta:
+            cfg[name] = meta[f"{arch}.{key}"]
+    if "num_hidden_layers" not in cfg or "hidden_size" not in cfg:
+        raise ValueError(f"{path}: {arch}.block_count or {arch}.embedding_length is missing: not a model's metadata")
+    if "vocab_size" not in cfg and "tokenizer.ggml.tokens" in meta:
+        cfg["vocab_size"] = len(meta["tokenizer.ggml.tokens"])
+    cfg["tie_word_embeddings"] = "output.weight" not in file.tensors  # a tied head is stored once
+    for key, name in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id")):
+        if f"tokenizer.ggml.{key}_token_id" in meta:
+            cfg[name] = meta[f"tokenizer.ggml.{key}_token_id"]
+    cfg["torch_dtype"] = "float16"  # the cache's dtype in llama.cpp (its weights' bytes are the file's own)
+    cfg["gguf_metadata"] = meta
+    cfg["gguf_weight_bytes"] = sum(t.n_bytes for t in file.tensors.values())
+    cfg["gguf_embedding_bytes"] = file.tensors["token_embd.weight"].n_bytes if "token_embd.weight" in file.tensors \
+        else 0
+    return cfg
 
 
 def expected_tensors(cfg: dict) -> dict[str, tuple[int, ...]]:
