@@ -74,3 +74,46 @@ def cache_calculator(preset: str = "Llama 3 70B", context_len: int = 131072, bat
         w.observe(update, names="value")
     update()
     return widgets.VBox([widgets.HBox([preset_w, dtype_w]), widgets.HBox([context_w, batch_w]), out])
+
+
+def config_reader(preset: str = "Llama 3.1 8B", gpu: str = "H100 SXM", context_len: int = 131072):
+    """Lesson 11's config reader: pick a preset or give a config.json / .gguf path (or upload a config.json);
+    the card shows every field with its lesson and what the config implies at the chosen context and GPU."""
+    import ipywidgets as widgets
+
+    from ..interop.config_card import CONFIG_PRESETS, GPU_BANDWIDTH, config_card
+
+    preset_w = widgets.Dropdown(options=list(CONFIG_PRESETS), value=preset, description="preset")
+    path_w = widgets.Text(value="", placeholder="or a config.json / .gguf path", description="path")
+    upload_w = widgets.FileUpload(accept=".json", multiple=False, description="config.json")
+    gpu_w = widgets.Dropdown(options=list(GPU_BANDWIDTH), value=gpu, description="GPU")
+    context_w = widgets.Dropdown(options=[(f"{n:,}", n) for n in sorted(set(CONTEXT_LENGTHS) | {context_len})],
+                                 value=context_len, description="context")
+    out = widgets.HTML()
+
+    def _uploaded():
+        value = upload_w.value  # ipywidgets 8: a tuple of dicts; 7.7: a dict of dicts
+        items = list(value.values()) if isinstance(value, dict) else list(value)
+        return bytes(items[-1]["content"]) if items else None
+
+    state: dict = {"source": preset}  # the last source chosen: a preset, a path or an uploaded file
+
+    def update(change=None):
+        owner = getattr(change, "owner", None)
+        if owner is preset_w:
+            state["source"] = preset_w.value
+        elif owner is path_w and path_w.value.strip():
+            state["source"] = path_w.value.strip()
+        elif owner is upload_w and _uploaded() is not None:
+            state["source"] = _uploaded()
+        try:
+            card = config_card(state["source"])
+            out.value = ("<pre class='config-card'>" + html.escape(card.summary(context_w.value, gpu_w.value))
+                         + "\n\n" + html.escape(card.field_table()) + "</pre>")
+        except (ValueError, TypeError, FileNotFoundError) as err:
+            out.value = f"<pre class='config-card-error'>{html.escape(str(err))}</pre>"
+
+    for w in (preset_w, path_w, upload_w, gpu_w, context_w):
+        w.observe(update, names="value")
+    update()
+    return widgets.VBox([widgets.HBox([preset_w, gpu_w, context_w]), widgets.HBox([path_w, upload_w]), out])

@@ -17,7 +17,7 @@ from typing import Any
 from ..ffn import swiglu_hidden_dim
 from ..kv_cache import kv_cache_bytes_per_token, mla_cache_bytes_per_token
 from ..presets import BYTES_PER_ELEM
-from ..rope import rope_frequencies, scaled_frequencies
+from ..rope import scaled_frequencies
 from .gguf import gguf_hf_config
 
 HERE = Path(__file__).parent
@@ -264,8 +264,8 @@ def rope_summary(cfg: dict, a: Architecture) -> dict:
         return out
     if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 1:
         raise ValueError(f"config field 'rope_theta' must be a number > 1, got {base!r}")
-    wavelengths = 2 * math.pi / rope_frequencies(dim, float(base)).double()  # [dim/2] tokens per turn
-    out.update(shortest=float(wavelengths.min()), longest=float(wavelengths.max()))
+    wavelengths = [2 * math.pi * base ** (2 * i / dim) for i in range(dim // 2)]  # tokens per turn, in float64
+    out.update(shortest=wavelengths[0], longest=wavelengths[-1])
     if isinstance(scaling, dict) and (scaling.get("rope_type") or scaling.get("type")) not in (None, "default"):
         kind = scaling.get("rope_type") or scaling.get("type")
         sc = {k: v for k, v in scaling.items() if k != "type"} | {"rope_type": kind}
