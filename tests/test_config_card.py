@@ -96,7 +96,7 @@ def test_rope_wavelengths_and_scaling():
     assert r["shortest"] == pytest.approx(2 * math.pi)
     assert r["longest"] == pytest.approx(2 * math.pi * 500000 ** (126 / 128), rel=1e-9)
     assert (r["scaling"], r["factor"], r["original"], r["extends_to"]) == ("llama3", 8.0, 8192, 131072)
-    assert r["longest_scaled"] == pytest.approx(8 * r["longest"], rel=1e-6)  # from float32 frequencies  # the low frequencies divided by 8
+    assert r["longest_scaled"] == pytest.approx(8 * r["longest"], rel=1e-6)  # the low frequencies / 8
     ds = config_card("DeepSeek-V3").rope
     assert (ds["dim"], ds["scaling"], ds["factor"], ds["extends_to"]) == (64, "yarn", 40, 163840)
     assert config_card("Gemma 3 27B").rope["scaling"] == "linear"
@@ -145,7 +145,8 @@ def test_smollm2_gguf_metadata_is_explained_and_matches_its_config(smollm2_file)
     assert gguf["rms_norm_eps"] == pytest.approx(published["rms_norm_eps"], rel=1e-7)  # stored in float32
     assert card.total == config_card("SmolLM2-135M-Instruct").total
     size = smollm2_file.stat().st_size  # the tensors' bytes, under the file's (metadata and tokenizer come first)
-    assert card.active_weight_bytes() == gguf["gguf_weight_bytes"] and card.total * 0.5 < gguf["gguf_weight_bytes"] < size
+    assert card.active_weight_bytes() == gguf["gguf_weight_bytes"]
+    assert card.total * 0.5 < gguf["gguf_weight_bytes"] < size  # over 4 bits per weight (Q4_1 is 5)
 
 
 def _gguf(path, arch_keys: dict, kind: str = "model"):

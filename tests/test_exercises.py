@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from test_lesson10 import bytes_per_token_ok, floor_ms_ok, quantize_row_int8_ok
+from test_lesson11 import active_parameters_ok, kv_bytes_per_token_ok, smallest_multiple_of_ok
 
 import modern_block as mb
 from modern_block.classroom import checks, exercises
@@ -28,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
 LESSONS = ["00_gpt2_block", "01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cache", "05_mla", "06_qk_norm",
-           "07_llama_block", "08_train_llama_vs_gpt2", "09_real_model", "09b_rope_scaling", "10_fast_decoding"]
+           "07_llama_block", "08_train_llama_vs_gpt2", "09_real_model", "09b_rope_scaling", "10_fast_decoding",
+           "11_read_any_config"]
 
 
 def named(message: str) -> list[str]:
@@ -361,6 +363,8 @@ RIGHT = [
     (checks.check_dequantize_q4_0, dequantize_q4_0_ok), (checks.check_unpermute_qk, unpermute_qk_ok),
     (checks.check_bytes_per_token, bytes_per_token_ok), (checks.check_floor_ms, floor_ms_ok),
     (checks.check_quantize_row_int8, quantize_row_int8_ok),  # lesson 10's: the mistakes in test_lesson10.py
+    (checks.check_kv_bytes_per_token, kv_bytes_per_token_ok), (checks.check_active_parameters, active_parameters_ok),
+    (checks.check_smallest_multiple_of, smallest_multiple_of_ok),  # lesson 11's: the mistakes in test_lesson11.py
 ]
 FUNCTIONS = [(check, impl) for check, impl in RIGHT if callable(impl)]  # the rest are numbers, graded by value
 

@@ -19,7 +19,7 @@ Both exceptions subclass ``AssertionError``; the grader (``modern_block.classroo
 Every check runs in well under a second on a CPU and leaves the global random state untouched.
 
 Layout: ``core`` (the shared machinery), ``reference`` (float64 formulas with a knob per mistake) and
-one module per lesson, ``lesson00`` ... ``lesson10`` and ``lesson09b``; ``verdict`` names a mistake only when it
+one module per lesson, ``lesson00`` ... ``lesson11`` and ``lesson09b``; ``verdict`` names a mistake only when it
 explains every failing case; ``in_notebook`` is the student's loop (no check stops Run All; ``summary()`` at the
 end). Under ``graded(secret)`` (the grader's mode) the inputs are drawn from the secret and nothing is printed.
 """
@@ -44,6 +44,7 @@ from .lesson08 import check_fair_comparison, check_flops_per_token, check_llama3
 from .lesson09 import check_dequantize_q4_0, check_smollm2_cache_bytes, check_unpermute_qk
 from .lesson09b import check_llama3_rope_scaling, check_ntk_scaled_base
 from .lesson10 import check_bytes_per_token, check_floor_ms, check_quantize_row_int8
+from .lesson11 import check_active_parameters, check_kv_bytes_per_token, check_smallest_multiple_of
 
 __all__ = [
     "CheckFailed", "NotAttempted", "graded", "summary",
@@ -60,4 +61,5 @@ __all__ = [
     "check_smollm2_cache_bytes", "check_dequantize_q4_0", "check_unpermute_qk",
     "check_llama3_rope_scaling", "check_ntk_scaled_base",
     "check_bytes_per_token", "check_floor_ms", "check_quantize_row_int8",
+    "check_kv_bytes_per_token", "check_smallest_multiple_of", "check_active_parameters",
 ]
