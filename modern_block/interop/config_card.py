@@ -55,7 +55,7 @@ def load_config(source) -> dict:
     if isinstance(source, dict):
         return dict(source)
     if isinstance(source, str) and source in CONFIG_PRESETS:
-        return json.loads((HERE / "configs" / CONFIG_PRESETS[source][0]).read_text(encoding="utf-8"))
+        source = HERE / "configs" / CONFIG_PRESETS[source][0]
     if isinstance(source, (bytes, bytearray)):
         data, where = bytes(source), "the file's bytes"
     elif isinstance(source, (str, Path)):
@@ -92,8 +92,7 @@ def _int(cfg: dict, key: str, default=None, minimum: int = 1) -> int:
 
 
 def _bool(cfg: dict, key: str, default: bool) -> bool:
-    value = cfg.get(key, default)
-    if not isinstance(value, bool):
+    if not isinstance(value := cfg.get(key, default), bool):
         raise TypeError(f"config field {key!r} must be true or false, got {type(value).__name__} {value!r}")
     return value
 
@@ -233,8 +232,8 @@ def _attention_extras(a: Architecture) -> int:
 
 def active_parameters(a: Architecture, counts: dict[str, int]) -> int:
     """Parameters one token uses: all but the routed experts it does not pick."""
-    per_expert = counts["experts"] // (a.moe_layers * a.n_experts) if a.moe_layers else 0
-    return sum(counts.values()) - a.moe_layers * (a.n_experts - a.top_k) * per_expert
+    idle = counts["experts"] // a.n_experts * (a.n_experts - a.top_k) if a.moe_layers else 0  # all MoE layers
+    return sum(counts.values()) - idle
 
 
 def ffn_rule(d: int, d_ff: int) -> str:
@@ -309,8 +308,7 @@ def weight_bytes(cfg: dict, a: Architecture, counts: dict[str, int]) -> tuple[di
 def _show(value) -> str:  # a value in a table cell: long lists and strings cut
     if isinstance(value, list) and len(value) > 6:
         return f"[{len(value):,} items: {', '.join(map(repr, value[:3]))}, ...]"
-    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 70 else text[:67] + "..."
+    return (repr(value) if isinstance(value, str) else json.dumps(value, ensure_ascii=False))[:70]
 
 
 @dataclass(frozen=True)
@@ -382,10 +380,8 @@ class ConfigCard:
     def ffn(self) -> str:
         """d_ff / d and the sizing rule each FFN follows (lesson 02)."""
         a = self.arch
-        parts = [f"dense d_ff = {a.d_ff:,} = {a.d_ff / a.d:.3f}·d: {ffn_rule(a.d, a.d_ff)}"] if a.d_ff else []
-        if a.n_experts:
-            parts.append(f"each expert d_ff = {a.d_expert:,} = {a.d_expert / a.d:.3f}·d: {ffn_rule(a.d, a.d_expert)}")
-        return "; ".join(parts)
+        return "; ".join(f"{what} d_ff = {n:,} = {n / a.d:.3f}·d: {ffn_rule(a.d, n)}" for what, n in
+                         (("dense", a.d_ff), ("each expert", a.d_expert)) if n)
 
     def field_table(self) -> str:
         rows = [f"{'field':38s} {'lesson':6s} {'value':34s} meaning"]
@@ -398,9 +394,13 @@ class ConfigCard:
         a, p = self.arch, self.params
         lines = [f"{self.name} ({a.family}): {self.total:,} parameters"
                  + (f", {self.active:,} active per token" if a.n_experts else "")
-                 + f"; head {'tied to the embedding' if a.tied else 'untied'}"]
-        lines.append("  by component: " + ", ".join(f"{k} {v:,}" for k, v in p.items() if v))
-        kind = "MLA latent + RoPE key" if a.mla else f"GQA {a.n_heads}/{a.n_kv_heads} heads of {a.head_dim}"
+                 + f"; head {'tied to the embedding' if a.tied else 'untied'}; QK-norm {'yes' if a.qk_norm else 'no'}",
+                 "  by component: " + ", ".join(f"{k} {v:,}" for k, v in p.items() if v)]
+        if a.n_experts:
+            lines.append(f"  MoE: {a.moe_layers} of {a.n_layers} layers, {a.n_experts} routed experts ({a.top_k} per "
+                         f"token) + {a.n_shared} shared, each {a.d_expert:,} wide")
+        kind = (f"MLA latent {a.mla['kv_lora_rank']} + RoPE key {a.mla['qk_rope_head_dim']}" if a.mla
+                else f"GQA {a.n_heads}/{a.n_kv_heads} heads of {a.head_dim}")
         beyond = self.config.get("max_position_embeddings", context) < context
         lines.append(f"  KV cache ({kind}): {self.kv_bytes_per_token():,} B/token; at {context:,} tokens "
                      f"{self.cache_bytes(context) / 2**30:,.2f} GiB" + (" (beyond its context)" if beyond else ""))
@@ -429,7 +429,8 @@ class ConfigCard:
 
 def _implications(card: ConfigCard) -> dict[str, str]:
     a, p, r = card.arch, card.params, card.rope
-    out = {"vocab_size": f"{p['embedding']:,} embedding parameters",
+    out = {"vocab_size": f"{p['embedding']:,} embedding parameters", "model_type": "QK-norm on queries and keys "
+           "(lesson 06)" if a.qk_norm else "",
            "num_hidden_layers": f"{card.total / a.n_layers / 1e6:,.0f}M parameters per layer on average",
            "tie_word_embeddings": f"{'saves' if a.tied else 'a separate head of'} {a.vocab * a.d:,} parameters",
            "head_dim": f"h·d_h = {a.n_heads * a.head_dim:,} (d = {a.d:,})"}
