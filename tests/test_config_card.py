@@ -223,3 +223,11 @@ def test_the_reader_widget_follows_the_preset_and_reports_errors(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     path.value = str(tmp_path / "bad.json")
     assert "config-card-error" in out.value and "is not JSON" in out.value
+
+
+def test_a_config_saved_by_transformers_5_reads_the_same():
+    """transformers >= 5 writes RoPE's base and scaling as one ``rope_parameters`` dict."""
+    old = load_config("Llama 3.1 8B")
+    new = {k: v for k, v in old.items() if k not in ("rope_theta", "rope_scaling")}
+    new["rope_parameters"] = {"rope_theta": old["rope_theta"], **old["rope_scaling"]}
+    assert config_card(new).rope == config_card(old).rope and config_card(new).unknown == []
