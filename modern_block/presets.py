@@ -1,7 +1,7 @@
 """Attention and cache facts of real models (from their published configs), cache sizes and weight sizes.
 
 Only what the course uses is recorded. A dense model's parameter count is computed from its config
-(a Llama-style block: attention, SwiGLU, two norms per layer); for mixture-of-experts models, whose
+(a Llama-style block: attention, SwiGLU, two norms per layer, four in Gemma 3); for mixture-of-experts models, whose
 experts the course does not record, ``n_params`` holds the published total (every expert must sit in
 memory, even though only a few run per token). ``sliding_window`` layers keep at most that many tokens
 (gpt-oss alternates 128-token windows with full attention; Gemma 3 has 5 local layers of 1,024
@@ -30,6 +30,7 @@ class ModelPreset:
     rope_base: float | None = None
     tied: bool | None = None
     qk_norm: bool = False
+    norms_per_layer: int = 2  # RMSNorms of width d in each layer (Gemma 3: 4, before and after each sublayer)
     attention: str = "gqa"  # "gqa" (covers MHA and MQA) or "mla"
     kv_latent_dim: int | None = None  # MLA: d_c
     rope_dim: int | None = None  # MLA: d_R, the decoupled RoPE key
@@ -47,7 +48,7 @@ class ModelPreset:
         if d is None or V is None or d_ff is None:
             raise ValueError(f"{self.name}: counting its parameters needs d_model, vocab_size and d_ff, or n_params")
         attention = d * self.n_heads * self.head_dim * 2 + d * self.n_kv_heads * self.head_dim * 2  # q, o; k, v
-        per_layer = attention + 3 * d * d_ff + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
+        per_layer = attention + 3 * d * d_ff + self.norms_per_layer * d + (2 * self.head_dim if self.qk_norm else 0)
         return V * d * (1 if self.tied else 2) + L * per_layer + d  # embeddings (and head), layers, final norm
 
     def weight_bytes(self, dtype: str = "bf16") -> int:
@@ -92,8 +93,8 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in [
     ModelPreset("gpt-oss-120b", n_layers=36, n_heads=64, n_kv_heads=8, head_dim=64, d_model=2880,
                 vocab_size=201088, tied=False, sliding_window=128, n_sliding_layers=18, n_params=116_800_000_000),
     ModelPreset("Gemma 3 27B", n_layers=62, n_heads=32, n_kv_heads=16, head_dim=128, d_model=5376, d_ff=21504,
-                vocab_size=262208, rope_base=1000000.0, tied=True, qk_norm=True, sliding_window=1024,
-                n_sliding_layers=52),
+                vocab_size=262208, rope_base=1000000.0, tied=True, qk_norm=True, norms_per_layer=4,
+                sliding_window=1024, n_sliding_layers=52),
     ModelPreset("DeepSeek-V3", n_layers=61, n_heads=128, n_kv_heads=128, head_dim=192, d_model=7168,
                 vocab_size=129280, tied=False, attention="mla", kv_latent_dim=512, rope_dim=64, q_lora_rank=1536,
                 v_head_dim=128, n_params=671_000_000_000),

@@ -231,3 +231,25 @@ def test_a_config_saved_by_transformers_5_reads_the_same():
     new = {k: v for k, v in old.items() if k not in ("rope_theta", "rope_scaling")}
     new["rope_parameters"] = {"rope_theta": old["rope_theta"], **old["rope_scaling"]}
     assert config_card(new).rope == config_card(old).rope and config_card(new).unknown == []
+
+
+SAME_MODEL = {"Llama 3 8B": "Llama 3.1 8B", "Llama 3 70B": "Llama 3.1 70B", "Mistral 7B": "Mistral 7B v0.3",
+              "Qwen3-0.6B": "Qwen3-0.6B", "Qwen3-235B-A22B": "Qwen3-235B-A22B", "gpt-oss-120b": "gpt-oss-120b",
+              "Gemma 3 27B": "Gemma 3 27B", "DeepSeek-V3": "DeepSeek-V3", "Kimi K2": "Kimi K2"}
+
+
+@pytest.mark.parametrize("preset", list(SAME_MODEL))
+def test_lesson_04s_presets_agree_with_the_published_configs(preset):
+    """presets.py's attention facts (lessons 04, 05, 07) are the configs' own; its MoE totals are published round
+    figures, within 1.5% of the exact count (Kimi K2's 1.04T against 1,026,408,209,408)."""
+    from modern_block.presets import PRESETS
+
+    p, card = PRESETS[preset], config_card(SAME_MODEL[preset])
+    a = card.arch
+    assert (p.n_layers, p.n_heads, p.head_dim, p.d_model, p.vocab_size, p.tied, p.qk_norm) == \
+        (a.n_layers, a.n_heads, a.head_dim if a.mla is None else p.head_dim, a.d, a.vocab, a.tied, a.qk_norm)
+    assert p.bytes_per_token() == card.kv_bytes_per_token() and p.cache_bytes(131072) == card.cache_bytes(131072)
+    if p.n_params is None:
+        assert p.parameters() == card.total and p.d_ff == a.d_ff
+    else:
+        assert p.n_params == pytest.approx(card.total, rel=0.015)
