@@ -178,7 +178,7 @@ def test_every_measured_number_is_printed(path):
         notebook = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         pytest.fail(f"{path.name}: not a readable notebook ({err})")
-    claims = unprinted_claims(notebook, path.name[:2])
+    claims = unprinted_claims(notebook, path.name.split("_")[0])  # "08", "08b"
     assert not claims, (
         f"{path.name}: {len(claims)} measured number(s) in the text that no output of the lesson prints "
         "(print them from a cell, or list a published constant in EXEMPT with its reason):\n"
@@ -222,7 +222,7 @@ def test_an_unprinted_claim_fails_and_a_printed_one_passes():
 
 def test_every_exemption_is_still_used():
     """An exemption whose number no lesson states any more is stale: remove it."""
-    stated = {path.name[:2]: {n for c in json.loads(path.read_text(encoding="utf-8")).get("cells", [])
+    stated = {path.name.split("_")[0]: {n for c in json.loads(path.read_text(encoding="utf-8")).get("cells", [])
                               if c.get("cell_type") == "markdown"
                               for n, _ in measured_numbers("".join(c.get("source", "")))}
               for path in LESSONS}
