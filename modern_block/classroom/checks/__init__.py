@@ -19,9 +19,9 @@ Both exceptions subclass ``AssertionError``; the grader (``modern_block.classroo
 Every check runs in well under a second on a CPU and leaves the global random state untouched.
 
 Layout: ``core`` (the shared machinery), ``reference`` (float64 formulas with a knob per mistake) and
-one module per lesson, ``lesson00`` ... ``lesson10`` and ``lesson08b``; ``verdict`` names a mistake only when it explains every
-failing case; ``in_notebook`` is the student's loop (no check stops Run All; ``summary()`` at the end). Under
-``graded(secret)`` (the grader's mode) the inputs are drawn from the secret and nothing is printed.
+one module per lesson, ``lesson00`` ... ``lesson10`` and ``lesson08b``; ``verdict`` names a mistake only when it
+explains every failing case; ``in_notebook`` is the student's loop (no check stops Run All; ``summary()`` at the
+end). Under ``graded(secret)`` (the grader's mode) the inputs are drawn from the secret and nothing is printed.
 """
 
 from .core import CheckFailed, NotAttempted, graded
