@@ -24,13 +24,15 @@ import modern_block as mb
 from modern_block.classroom import checks, exercises
 from modern_block.classroom.checks import CheckFailed, NotAttempted
 from modern_block.classroom.grading.notebook import CHECK_CALL, read_notebook, reference_from, sections
+from modern_block.training.statistics import holm
+from modern_block.training.statistics import verdict as verdict_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
 LESSONS = ["00_gpt2_block", "01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cache", "05_mla", "06_qk_norm",
-           "07_llama_block", "08_train_llama_vs_gpt2", "09_real_model", "09b_rope_scaling", "10_fast_decoding",
-           "11_read_any_config"]
+           "07_llama_block", "08_train_llama_vs_gpt2", "08b_ladder_and_ablations", "09_real_model", "09b_rope_scaling",
+           "10_fast_decoding", "11_read_any_config"]
 
 
 def named(message: str) -> list[str]:
@@ -356,6 +358,7 @@ RIGHT = [
     (checks.check_llama_param_count, llama_param_count_ok),
     (checks.check_lr_schedule, lr_at_ok), (checks.check_flops_per_token, flops_per_token_ok),
     (checks.check_fair_comparison, unfair_differences_ok), (checks.check_llama3_8b_train_flops, LLAMA3_8B_TRAIN_FLOPS),
+    (checks.check_verdict, verdict_text), (checks.check_holm, holm),
     (checks.check_llama3_rope_scaling, lambda dh, base, *rule: mb.llama3_frequencies(mb.rope_frequencies(dh, base),
                                                                                        *rule)),
     (checks.check_ntk_scaled_base, ntk_scaled_base_ok),
@@ -1053,6 +1056,45 @@ def test_check_llama3_8b_train_flops_diagnoses():
     checks.check_llama3_8b_train_flops(6 * 8e9 * 15e12)  # 8B rounded: within 3%
     rejects(checks.check_llama3_8b_train_flops, 2 * 8.03e9 * 15e12, "forward pass only")
     rejects(checks.check_llama3_8b_train_flops, 6 * 8.03e9 * 15e9, "15 trillion")
+
+
+# ---- lesson 08b: verdict words and Holm's adjustment --------------------------------------------------------
+
+
+def test_check_verdict_diagnoses():
+    def variant(**knobs):
+        def verdict(low, high):
+            if (high <= 0) if knobs.get("closed") else (high < 0):
+                return "lower"
+            if (low >= 0) if knobs.get("closed") else (low > 0):
+                return "higher"
+            if knobs.get("words"):
+                return "no difference at this scale"
+            h = (high - low) / 2 if knobs.get("half") else max(-low, high)
+            return f"inconclusive at this scale (the interval holds 0; it could hide an effect of up to ±{h:.4f})"
+
+        return verdict
+
+    checks.check_verdict(variant())
+    rejects(checks.check_verdict, variant(words=True), "is inconclusive")
+    rejects(checks.check_verdict, variant(half=True), "farther end")
+    rejects(checks.check_verdict, variant(closed=True), "touches 0")
+    rejects(checks.check_verdict, lambda low, high: {"lower": "higher", "higher": "lower"}.get(
+        verdict_text(low, high), verdict_text(low, high)), "swapped")
+
+
+def test_check_holm_diagnoses():
+    rejects(checks.check_holm, lambda ps: [min(1.0, len(ps) * p) for p in ps], "Bonferroni")
+    rejects(checks.check_holm, lambda ps: sorted(holm(ps)), "sorted order")
+
+    def no_running_max(ps):
+        order = sorted(range(len(ps)), key=lambda i: ps[i])
+        out = [0.0] * len(ps)
+        for k, i in enumerate(order):
+            out[i] = min(1.0, (len(ps) - k) * ps[i])
+        return out
+
+    rejects(checks.check_holm, no_running_max, "running maximum")
 
 
 # ---- lesson 09: RoPE scaling and a real model's cache ----------------------------------------------------

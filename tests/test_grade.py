@@ -40,6 +40,7 @@ from submissions import (
 )
 
 from modern_block.classroom import grade
+from modern_block.classroom.grading.files import Submission
 
 REFERENCE = ROOT / "exercises"
 TIMEOUT = 12  # seconds per cell and check in the class run; the endless notebooks cost this much each
@@ -551,7 +552,7 @@ def test_every_solution_passes_and_every_untouched_exercise_is_not_attempted():
     reports = grade.grade_all(subs, refs, grade.Options(timeout=120), jobs=2)
     solutions = [r for r in reports if r.notebook.startswith(str(ROOT / "solutions"))]
     untouched = [r for r in reports if r.notebook.startswith(str(REFERENCE))]
-    assert len(solutions) == len(untouched) == len(refs) == 13  # lessons 00-11 and 09b
+    assert len(solutions) == len(untouched) == len(refs) == 14  # lessons 00-11, 08b and 09b
     for r in solutions:
         assert r.all_passed and not r.cells and r.restarts == 0, grade.format_report(r)
     for r in untouched:
@@ -679,3 +680,13 @@ def test_a_typed_in_value_fails_in_the_grader_and_a_computed_one_passes(tmp_path
     status = {k: {e.number: (e.status, e.detail) for e in r.exercises}[5] for k, r in reports.items()}
     assert status["computed"][0] == "passed", status
     assert status["typed"][0] == "failed" and "typed in as a number" in status["typed"][1], status
+
+
+def test_a_renamed_notebook_is_matched_to_its_lesson_by_its_prefix_08_or_08b():
+    # no metadata and no check cells to go by: the file name's lesson prefix decides, and "08b_" is not "08_"
+    refs = grade.load_reference(ROOT / "exercises")
+    empty = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}).encode()
+    for name, lesson in (("08b_mine.ipynb", "08b_ladder_and_ablations.ipynb"),
+                         ("08_mine.ipynb", "08_train_llama_vs_gpt2.ipynb")):
+        ref, problem = grade._reference_for(Submission(name, name, "ada"), empty, refs)
+        assert problem is None and ref is refs[lesson], (name, problem)

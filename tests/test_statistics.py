@@ -16,8 +16,11 @@ from modern_block.training.statistics import (
     choose_rate,
     difference,
     format_seeds,
+    holm,
+    holm_verdicts,
     markdown_table,
     mean_interval,
+    p_value,
     paired_difference,
     select_and_report,
     selection_row,
@@ -300,3 +303,41 @@ def test_a_rate_tried_on_reported_seeds_only_is_not_a_candidate():
 def test_a_markdown_table_exactly():
     assert markdown_table([{"a": 1, "b": "x"}]) == "| a | b |\n|---|---|\n| 1 | x |"
     assert markdown_table([{"a": 1}, {"a": 2}]) == "| a |\n|---|\n| 1 |\n| 2 |"
+
+
+# ---- Holm's adjustment for a table of comparisons ---------------------------------------------------------
+
+
+def test_holm_against_a_hand_computed_case():
+    # p = (0.01, 0.04, 0.03, 0.005), m = 4. Sorted: 0.005·4 = 0.02; 0.01·3 = 0.03; 0.03·2 = 0.06; 0.04·1 = 0.04,
+    # carried up to 0.06 (the running maximum). Back in the input's order: 0.03, 0.06, 0.06, 0.02.
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02], abs=1e-15)
+    assert holm([0.3, 0.6]) == pytest.approx([0.6, 0.6])  # capped at 1 only when needed: 0.3·2, then max(0.6, 0.6)
+    assert holm([0.7, 0.8]) == [1.0, 1.0]  # 0.7·2 = 1.4 -> 1
+    assert holm([0.02]) == [0.02]  # one comparison: nothing to adjust
+
+
+def test_holm_rejects_bad_input():
+    for bad in ([], [1.5], [-0.1, 0.2]):
+        with pytest.raises(ValueError, match="p_values"):
+            holm(bad)
+    with pytest.raises(TypeError, match="p_values"):
+        holm("0.1")
+
+
+def test_p_value_agrees_with_the_interval_and_a_hand_computed_t():
+    # differences 0.1, 0.2, 0.3: mean 0.2, sd 0.1, se 0.1/sqrt(3), t = 2·sqrt(3) = 3.4641 on 2 df.
+    # For 2 df, P(|T| >= t) = 1 - t / sqrt(2 + t²) = 1 - 3.4641/3.7417 = 0.07418.
+    d = paired_difference([0.0, 0.0, 0.0], [0.1, 0.2, 0.3])
+    t = 2 * math.sqrt(3)
+    assert p_value(d) == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-9)
+    assert (p_value(d) < 0.05) == d.decided  # the interval holds 0 here: p > 0.05
+    strong = paired_difference([0.0] * 4, [0.30, 0.31, 0.29, 0.30])
+    assert p_value(strong) < 0.05 and strong.decided
+
+
+def test_holm_verdicts_name_the_direction_only_below_alpha():
+    lower = paired_difference([1.0] * 4, [0.70, 0.69, 0.71, 0.70])  # p tiny: survives any adjustment
+    weak = paired_difference([1.0] * 3, [0.90, 1.02, 0.85])  # decided? no: the interval holds 0
+    assert holm_verdicts([lower, weak]) == [LOWER, "inconclusive after Holm's adjustment"]
+    assert holm_verdicts([paired_difference([0.0] * 4, [0.30, 0.31, 0.29, 0.30])]) == [HIGHER]

@@ -238,6 +238,39 @@ def paired_difference(a, b, confidence: float = CONFIDENCE) -> PairedDifference:
     return PairedDifference(seeds, diffs, confidence)
 
 
+def p_value(d: PairedDifference) -> float:
+    """The two-sided p-value of a paired difference: P(|T| >= |mean| / se) for Student's t with n - 1 degrees of
+    freedom, the test whose 95% interval ``d`` reports (p < 0.05 exactly when the interval excludes 0)."""
+    if d.diverged:
+        raise ValueError("d must hold finite differences (a run diverged)")
+    i = d.interval
+    if i.sd == 0:
+        return 0.0 if i.mean != 0 else 1.0
+    return 1.0 - _central_probability(abs(i.mean) / i.se, i.df)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of m p-values, in their order: sort them ascending, multiply the k-th
+    smallest (k from 0) by m - k, carry the running maximum up, cap at 1. Rejecting where the adjusted p is
+    below alpha keeps the chance of any false "lower"/"higher" among the m at most alpha."""
+    ps = _finite_values("p_values", p_values)
+    if not ps or not all(0 <= p <= 1 for p in ps):
+        raise ValueError(f"p_values must be a non-empty sequence of probabilities in [0, 1], got {list(ps)}")
+    m, adjusted, running = len(ps), [0.0] * len(ps), 0.0
+    for k, i in enumerate(sorted(range(m), key=lambda j: ps[j])):
+        running = max(running, min(1.0, (m - k) * ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def holm_verdicts(diffs: Sequence[PairedDifference], alpha: float = 1 - CONFIDENCE) -> list[str]:
+    """The verdict of each difference after Holm's adjustment for all of them together: "lower" or "higher"
+    where its adjusted p-value is below ``alpha``, else "inconclusive after Holm's adjustment"."""
+    adjusted = holm([p_value(d) for d in diffs])
+    return [(LOWER if d.mean < 0 else HIGHER) if p < alpha else "inconclusive after Holm's adjustment"
+            for d, p in zip(diffs, adjusted, strict=True)]
+
+
 def band(curves: Sequence[Sequence[float]], confidence: float = CONFIDENCE) -> tuple[list, list, list]:
     """Per point of equally long curves (one per seed): the mean and the t interval's low and high ends,
     for a plot that draws the seed mean with a band."""
