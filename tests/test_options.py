@@ -25,7 +25,7 @@ from modern_block.training.options import (
                                                  "a": "number >= 0, got 'a'"}),
     (seed_arg, {"0": 0, str(MAX_SEED): MAX_SEED},
      {"-1": r"seed in \[0, 2\*\*63 - 1\], got -1", str(MAX_SEED + 1): "got",
-      "1.0": r"integer seed in \[0, 2\*\*63 - 1\], got '1.0'"}),
+      "1.0": r"seed in \[0, 2\*\*63 - 1\], got '1.0'"}),
 ])
 def test_argument_types_accept_the_rule_and_name_what_they_reject(kind, good, bad):
     for text, value in good.items():

@@ -196,7 +196,7 @@ def test_replace_keeps_validation():
     (["--arch", "llama", "--batch-size", "1e20"], "expected a positive integer, got '1e20'"),
     (["--arch", "llama", "--batch-size", str(10**20)], "batch_size must be a positive int of at most 2,147,483,647"),
     (["--arch", "llama", "--lr", "1e308"], "lr must be a positive finite number of at most 1000"),
-    (["--arch", "llama", "--seed", "1e20"], "expected an integer seed in [0, 2**63 - 1], got '1e20'"),
+    (["--arch", "llama", "--seed", "1e20"], "expected a seed in [0, 2**63 - 1], got '1e20'"),
     (["--arch", "llama", "--seed", str(10**20)], "expected a seed in [0, 2**63 - 1]"),
     (["--arch", "llama", "--eval-batches", "1e8"], "expected a positive integer, got '1e8'"),
     (["--arch", "llama", "--batch-size", "8", "--micro-batch-size", "3"], "micro_batch_size (3) must divide"),

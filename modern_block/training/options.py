@@ -29,7 +29,7 @@ def _argument_type(convert, ok, rule: str) -> Callable[[str], Any]:
 positive_int_arg = _argument_type(int, lambda v: v > 0, "a positive integer")
 positive_float_arg = _argument_type(float, lambda v: math.isfinite(v) and v > 0, "a positive finite number")
 nonneg_float_arg = _argument_type(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
-seed_arg = _argument_type(int, lambda v: 0 <= v <= MAX_SEED, "an integer seed in [0, 2**63 - 1]")
+seed_arg = _argument_type(int, lambda v: 0 <= v <= MAX_SEED, "a seed in [0, 2**63 - 1]")
 
 
 # option -> (TrainConfig field, argparse type, help)
