@@ -36,6 +36,39 @@ def test_a_checkpoint_round_trips_with_its_checksum(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [R.CHECKPOINT], "no temporary file left behind"
 
 
+def test_the_checksum_is_the_documented_walk_over_the_state():
+    """Spelled out by hand: dicts as "{" key-repr value ... "}", lists "[" ... "]", tuples "(" ... "]", tensors as
+    "T<dtype><shape>" and their bytes, anything else its repr. A checkpoint written today keeps verifying only if
+    this never changes; and it tells apart states that a looser walk would confuse."""
+    import hashlib
+
+    w = torch.tensor([[1.5, -2.0], [0.25, 8.0]])
+    state = {"step": 3, "w": w, "betas": (0.9, 0.99), "losses": [2.0, None], "ids": torch.arange(3, dtype=torch.uint8)}
+    by_hand = (b"{" + b"'step'" + b"3" + b"'w'" + b"Ttorch.float32(2, 2)" + w.numpy().tobytes()
+               + b"'betas'" + b"(" + b"0.9" + b"0.99" + b"]" + b"'losses'" + b"[" + b"2.0" + b"None" + b"]"
+               + b"'ids'" + b"Ttorch.uint8(3,)" + bytes([0, 1, 2]) + b"}")
+    assert CK.digest(state) == hashlib.sha256(by_hand).hexdigest()
+    assert CK.digest(w.T) == CK.digest(w.T.contiguous())  # the values, not the memory layout
+    assert len({CK.digest(x) for x in ({"step": 3}, {"step": "3"}, {"step": [3]}, {"step": (3,)}, {"s": 3}, [3], (3,),
+                                       {"step": torch.tensor([3])}, {"step": torch.tensor([[3]])},
+                                       {"step": torch.tensor([3], dtype=torch.int32)})}) == 10
+
+
+def test_a_checkpoint_comes_back_as_it_went_in_on_the_cpu(tmp_path):
+    """Tuples stay tuples, tensors come back as CPU copies with their values and dtypes, the step and the rest as
+    they were; what was verified is the checksum of exactly that."""
+    state = _state()
+    path = tmp_path / R.CHECKPOINT
+    CK.save_checkpoint(state, path)
+    back = CK.load_checkpoint(path)
+    assert back["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.99)
+    assert type(back["optimizer"]["param_groups"][0]["betas"]) is tuple
+    for key in ("step", "losses", "run_id", "metrics", "scaler", "rng_cuda", "chars", "corpus", "config"):
+        assert back[key] == state[key], key
+    assert all(torch.equal(back["model"][k], state["model"][k]) for k in state["model"])
+    assert "checksum" not in state, "the caller's state is not changed"
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda p: p.write_bytes(b""), r"is empty \(0 bytes\)"),
     (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "cannot be read: it is truncated, damaged"),
