@@ -206,6 +206,8 @@ def test_malformed_names_the_one_value_of_the_wrong_kind(key):
 def test_malformed_checks_the_step_the_format_and_every_processs_random_state():
     cpu = torch.get_rng_state()
     assert CK.malformed(_state(step=0) | {"metrics": [{"step": 0}]}) is None  # a checkpoint before the first step
+    for edge in ({"chars": "a"}, {"run_id": "a"}, {"rng_cuda": cpu}):  # one character, one letter, a GPU's state
+        assert CK.malformed(_state() | edge) is None, edge
     for step in (-1, "3", 3.0, True):
         assert CK.malformed(_state() | {"step": step}) == f"step {step!r}"
     for fmt in (2, 4, "3", True):
