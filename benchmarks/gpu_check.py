@@ -10,7 +10,7 @@ Part 1: the test suite's GPU-marked tests (autocast dtypes, torch.compile, fp16 
         Several runs share the GPU at once (``--jobs`` processes).
 Part 2: the one-change-at-a-time ladder from GPT-2 to Llama and the leave-one-out ablations from the Llama
         end, 3 seeds, with as many steps as fit the time left (recorded).
-Part 3: lessons 08 and 09 executed through nbval at GPU scale, the executed notebooks saved (to commit);
+Part 3: lessons 08, 09 and 09b executed through nbval at GPU scale, the executed notebooks saved (to commit);
         the two-GPU data-parallel test when there are two GPUs.
 
 Everything goes to OUT/<gpu>_torch-<version>_<date>/partN/: ``summary.json`` (each step: ok, failed,
@@ -61,7 +61,8 @@ NANOGPT_BEST_VAL = 1.4697  # nanoGPT's GPT-2 on shakespeare-char at this budget 
 PARTS = ("part1", "part2", "part3")
 TINY = dict(d=32, n_layers=2, n_heads=4, n_kv_heads=2, block_size=16, batch_size=4, max_steps=4, eval_interval=2,
             eval_batches=1, warmup_steps=1, dropout=0.0, log_interval=1, compile=False, device="cpu")
-LESSONS = ("notebooks/08_train_llama_vs_gpt2.ipynb", "notebooks/09_real_model.ipynb")
+LESSONS = ("notebooks/08_train_llama_vs_gpt2.ipynb", "notebooks/09_real_model.ipynb",
+           "notebooks/09b_rope_scaling.ipynb")
 
 
 # ---- the adapter: the one place that knows modern_block.training's experiments -----------------------------
@@ -468,7 +469,7 @@ def part2(part: Part) -> None:
 
 # ---- part 3 ------------------------------------------------------------------------------------------
 def lessons(part: Part) -> None:
-    """Lessons 08 and 09 through nbval, at GPU scale, each notebook saved with its new outputs."""
+    """Lessons 08, 09 and 09b through nbval, at GPU scale, each notebook saved with its new outputs."""
     args = part.args
     saved = part.folder / "notebooks"
     if args.dry_run:  # the lessons take minutes even on a CPU: run the same machinery on a two-cell notebook
@@ -503,7 +504,7 @@ def two_gpus(part: Part) -> None:
 
 
 def part3(part: Part) -> None:
-    part.step("lessons 08 and 09 through nbval, outputs saved", lessons, part)
+    part.step("lessons 08, 09 and 09b through nbval, outputs saved", lessons, part)
     part.step("two GPUs: torchrun with NCCL against one GPU", two_gpus, part)
 
 

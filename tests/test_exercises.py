@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
 LESSONS = ["00_gpt2_block", "01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cache", "05_mla", "06_qk_norm",
-           "07_llama_block", "08_train_llama_vs_gpt2", "09_real_model", "10_fast_decoding"]
+           "07_llama_block", "08_train_llama_vs_gpt2", "09_real_model", "09b_rope_scaling", "10_fast_decoding"]
 
 
 def named(message: str) -> list[str]:
@@ -1075,7 +1075,7 @@ def llama3_variant(mistake):
 
 
 def test_the_llama3_cases_populate_every_band():
-    from modern_block.classroom.checks.lesson09 import _LLAMA3_CASES
+    from modern_block.classroom.checks.lesson09b import _LLAMA3_CASES
 
     for _, dh, base, s, low, high, L0 in _LLAMA3_CASES:
         theta = mb.rope_frequencies(dh, base)

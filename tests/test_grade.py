@@ -551,7 +551,7 @@ def test_every_solution_passes_and_every_untouched_exercise_is_not_attempted():
     reports = grade.grade_all(subs, refs, grade.Options(timeout=120), jobs=2)
     solutions = [r for r in reports if r.notebook.startswith(str(ROOT / "solutions"))]
     untouched = [r for r in reports if r.notebook.startswith(str(REFERENCE))]
-    assert len(solutions) == len(untouched) == len(refs) == 11  # lessons 00-10
+    assert len(solutions) == len(untouched) == len(refs) == 12  # lessons 00-10 and 09b
     for r in solutions:
         assert r.all_passed and not r.cells and r.restarts == 0, grade.format_report(r)
     for r in untouched:

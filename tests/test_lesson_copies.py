@@ -46,7 +46,7 @@ def lesson_definition(lesson: str, name: str):
     ("03_rope", "my_apply_rope", checks.check_apply_rope),
     ("07_llama_block", "MyBlock", checks.check_block),
     ("07_llama_block", "MyLlamaLM", checks.check_llama_lm),
-    ("09_real_model", "my_llama3", checks.check_llama3_rope_scaling),
+    ("09b_rope_scaling", "my_llama3", checks.check_llama3_rope_scaling),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_the_lessons_worked_code_does_not_answer_the_exercise(lesson, name, check):
     with pytest.raises(CheckFailed):

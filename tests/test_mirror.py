@@ -38,6 +38,7 @@ TESTED_BY = {  # module -> the test files named after its topic (besides tests/t
     "modern_block.training.compare_cli": ["test_study.py"],
     "modern_block.classroom.checks.core": ["test_checks_graded.py", "test_exercises.py"],
     **{f"modern_block.classroom.checks.lesson{n:02d}": ["test_exercises.py"] for n in range(10)},
+    "modern_block.classroom.checks.lesson09b": ["test_exercises.py"],
     **{f"modern_block.classroom.grading.{name}": ["test_sandbox.py"] for name in (
         "bwrap", "cgroups", "files", "notebook", "package_copy", "remote", "report", "runner", "session", "wire")},
 }

@@ -19,9 +19,9 @@ Both exceptions subclass ``AssertionError``; the grader (``modern_block.classroo
 Every check runs in well under a second on a CPU and leaves the global random state untouched.
 
 Layout: ``core`` (the shared machinery), ``reference`` (float64 formulas with a knob per mistake) and
-one module per lesson, ``lesson00`` ... ``lesson10``; ``verdict`` names a mistake only when it explains every
-failing case; ``in_notebook`` is the student's loop (no check stops Run All; ``summary()`` at the end). Under
-``graded(secret)`` (the grader's mode) the inputs are drawn from the secret and nothing is printed.
+one module per lesson, ``lesson00`` ... ``lesson10`` and ``lesson09b``; ``verdict`` names a mistake only when it
+explains every failing case; ``in_notebook`` is the student's loop (no check stops Run All; ``summary()`` at the
+end). Under ``graded(secret)`` (the grader's mode) the inputs are drawn from the secret and nothing is printed.
 """
 
 from .core import CheckFailed, NotAttempted, graded
@@ -41,13 +41,8 @@ from .lesson05 import (
 from .lesson06 import check_qk_norm_attention, check_qk_norm_rope
 from .lesson07 import check_block, check_llama_lm, check_llama_param_count
 from .lesson08 import check_fair_comparison, check_flops_per_token, check_llama3_8b_train_flops, check_lr_schedule
-from .lesson09 import (
-    check_dequantize_q4_0,
-    check_llama3_rope_scaling,
-    check_ntk_scaled_base,
-    check_smollm2_cache_bytes,
-    check_unpermute_qk,
-)
+from .lesson09 import check_dequantize_q4_0, check_smollm2_cache_bytes, check_unpermute_qk
+from .lesson09b import check_llama3_rope_scaling, check_ntk_scaled_base
 from .lesson10 import check_bytes_per_token, check_floor_ms, check_quantize_row_int8
 
 __all__ = [
@@ -62,7 +57,7 @@ __all__ = [
     "check_qk_norm_rope", "check_qk_norm_attention",
     "check_block", "check_llama_lm", "check_llama_param_count",
     "check_lr_schedule", "check_flops_per_token", "check_fair_comparison", "check_llama3_8b_train_flops",
-    "check_llama3_rope_scaling", "check_ntk_scaled_base", "check_smollm2_cache_bytes",
-    "check_dequantize_q4_0", "check_unpermute_qk",
+    "check_smollm2_cache_bytes", "check_dequantize_q4_0", "check_unpermute_qk",
+    "check_llama3_rope_scaling", "check_ntk_scaled_base",
     "check_bytes_per_token", "check_floor_ms", "check_quantize_row_int8",
 ]
