@@ -150,8 +150,6 @@ def llama_param_count_ok(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie=False, q
 def test_param_formula(config, tie, qk_norm):
     model = mb.LlamaStyleLM(*config, max_len=4, tie=tie, qk_norm=qk_norm)
     assert llama_param_count_ok(*config, tie=tie, qk_norm=qk_norm) == model.num_parameters()
-    if config[0] == 1000 and not tie and qk_norm:
-        assert model.num_parameters() == 3_283_456
 
 
 @pytest.mark.parametrize("config", [(1000, 256, 4, 8, 2, 688), (500, 64, 3, 4, 1, 160)])
@@ -1009,8 +1007,8 @@ def test_the_value_checks_diagnose():
     assert LLAMA3_70B_D_FF == 28672 == mb.swiglu_hidden_dim(8192, 4096, 1.3)
     rejects(checks.check_llama3_70b_d_ff, 4 * 8192, "GPT-2's width")
     rejects(checks.check_llama3_70b_d_ff, mb.swiglu_hidden_dim(8192, 4096), "the multiplier 1.3 was left out")
-    assert KIMI_K2_CACHE_BYTES == 70_272 == mb.mla_cache_bytes_per_token(61, 512, 64)
-    rejects(checks.check_kimi_k2_cache_bytes, 70_272 // 2, "the head count does not enter")
+    assert KIMI_K2_CACHE_BYTES == mb.mla_cache_bytes_per_token(61, 512, 64)  # the figure: test_kv_cache
+    rejects(checks.check_kimi_k2_cache_bytes, KIMI_K2_CACHE_BYTES // 2, "the head count does not enter")
     rejects(checks.check_kimi_k2_cache_bytes, 61 * 64 * (192 + 128) * 2, "full multi-head attention")
 
 

@@ -135,3 +135,41 @@ def test_the_rules_catch_what_they_should(module, source, expected):
     private names across parts, and imports that are allowed."""
     found = violations(module, source, False, MODULES)
     assert len(found) == len(expected) and all(e in f for e, f in zip(expected, found, strict=True)), found
+
+
+def import_graph(modules) -> dict[str, set[str]]:
+    """module -> the package modules its top-level imports load (a lazy import inside a function, or one under
+    ``if TYPE_CHECKING``, loads nothing when the module is imported)."""
+    graph = {}
+    for module, path in modules.items():
+        body = [n for n in ast.parse(path.read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        top = ast.Module(body=body, type_ignores=[])
+        found = imports_in(ast.unparse(top), module, path.name == "__init__.py")
+        graph[module] = {m for target, names, _ in found for m, _ in imported_modules(target, names, modules)
+                         if m in modules and m != module}
+    return graph
+
+
+def a_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle (a -> b -> ... -> a), or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n]
+            if n not in state and (circle := visit(n)):
+                return circle
+        state[m] = 2
+        path.pop()
+        return None
+
+    return next((c for m in sorted(graph) if m not in state and (c := visit(m))), None)
+
+
+def test_the_structure_drawn_from_the_imports_has_no_circle():
+    assert a_circle(import_graph(MODULES)) is None
+    assert a_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,6 +35,39 @@ def test_a_checkpoint_round_trips_with_its_checksum(tmp_path):
     assert ckpt["checksum"] == torch.load(path, weights_only=True)["checksum"] == CK.digest(
         {k: v for k, v in ckpt.items() if k != "checksum"})
     assert [p.name for p in tmp_path.iterdir()] == [R.CHECKPOINT], "no temporary file left behind"
+
+
+def test_the_checksum_is_the_documented_walk_over_the_state():
+    """Spelled out by hand: dicts as "{" key-repr value ... "}", lists "[" ... "]", tuples "(" ... "]", tensors as
+    "T<dtype><shape>" and their bytes, anything else its repr. A checkpoint written today keeps verifying only if
+    this never changes; and it tells apart states that a looser walk would confuse."""
+    import hashlib
+
+    w = torch.tensor([[1.5, -2.0], [0.25, 8.0]])
+    state = {"step": 3, "w": w, "betas": (0.9, 0.99), "losses": [2.0, None], "ids": torch.arange(3, dtype=torch.uint8)}
+    by_hand = (b"{" + b"'step'" + b"3" + b"'w'" + b"Ttorch.float32(2, 2)" + w.numpy().tobytes()
+               + b"'betas'" + b"(" + b"0.9" + b"0.99" + b"]" + b"'losses'" + b"[" + b"2.0" + b"None" + b"]"
+               + b"'ids'" + b"Ttorch.uint8(3,)" + bytes([0, 1, 2]) + b"}")
+    assert CK.digest(state) == hashlib.sha256(by_hand).hexdigest()
+    assert CK.digest(w.T) == CK.digest(w.T.contiguous())  # the values, not the memory layout
+    assert len({CK.digest(x) for x in ({"step": 3}, {"step": "3"}, {"step": [3]}, {"step": (3,)}, {"s": 3}, [3], (3,),
+                                       {"step": torch.tensor([3])}, {"step": torch.tensor([[3]])},
+                                       {"step": torch.tensor([3], dtype=torch.int32)})}) == 10
+
+
+def test_a_checkpoint_comes_back_as_it_went_in_on_the_cpu(tmp_path):
+    """Tuples stay tuples, tensors come back as CPU copies with their values and dtypes, the step and the rest as
+    they were; what was verified is the checksum of exactly that."""
+    state = _state()
+    path = tmp_path / R.CHECKPOINT
+    CK.save_checkpoint(state, path)
+    back = CK.load_checkpoint(path)
+    assert back["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.99)
+    assert type(back["optimizer"]["param_groups"][0]["betas"]) is tuple
+    for key in ("step", "losses", "run_id", "metrics", "scaler", "rng_cuda", "chars", "corpus", "config"):
+        assert back[key] == state[key], key
+    assert all(torch.equal(back["model"][k], state["model"][k]) for k in state["model"])
+    assert "checksum" not in state, "the caller's state is not changed"
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -143,3 +177,85 @@ def test_out_must_be_a_writable_folder(tmp_path, monkeypatch):
         monkeypatch.setattr(R.tempfile, "mkstemp", denied)
     with pytest.raises(F.StorageError, match=r"cannot write in --out .*read_only \(Permission denied\)"):
         R.prepare(read_only)
+
+
+MALFORMED = {  # key -> wrong values, each alone in an otherwise good state: ``malformed`` names exactly that key
+    "losses": [["a", "b", "c"], (2.0, 1.0, 0.5), [2.0, 1.0], [2, 1, 0]],
+    "elapsed_s": [None, True, "1.5"],
+    "config": [[1], None],
+    "chars": ["", 7],
+    "corpus": [None, 3],
+    "model": [{"w": [1.0]}, [torch.zeros(2)]],
+    "optimizer": [[], None],
+    "scaler": [[], 5],
+    "rng_cpu": [torch.zeros(3), torch.zeros(2, 3, dtype=torch.uint8), None],
+    "rng_cuda": [torch.zeros(3), 5],
+    "sampler": [torch.zeros(3), None],
+    "run_id": ["", 5],
+    "metrics": ["x", [{"step": 4}], [{"step": -1}], [{"step": True}], [5], [{"val_loss": 1.0}]],
+}
+
+
+@pytest.mark.parametrize("key", list(MALFORMED))
+def test_malformed_names_the_one_value_of_the_wrong_kind(key):
+    assert CK.malformed(_state()) is None
+    for wrong in MALFORMED[key]:
+        assert CK.malformed(_state() | {key: wrong}) == f"{key} of the wrong kind", (key, wrong)
+
+
+def test_malformed_checks_the_step_the_format_and_every_processs_random_state():
+    cpu = torch.get_rng_state()
+    assert CK.malformed(_state(step=0) | {"metrics": [{"step": 0}]}) is None  # a checkpoint before the first step
+    for edge in ({"chars": "a"}, {"run_id": "a"}, {"rng_cuda": cpu}):  # one character, one letter, a GPU's state
+        assert CK.malformed(_state() | edge) is None, edge
+    for step in (-1, "3", 3.0, True):
+        assert CK.malformed(_state() | {"step": step}) == f"step {step!r}"
+    for fmt in (2, 4, "3", True):
+        assert CK.malformed(_state() | {"format": fmt}).startswith(f"format {fmt!r}: this trainer reads format 3")
+    two = {"world_size": 2, "rng_ranks": [{"cpu": cpu, "cuda": None}, {"cpu": cpu, "cuda": None}]}
+    assert CK.malformed(_state() | two) is None
+    assert CK.malformed(_state() | {"world_size": 2}) is None  # one process's state, rank 0's, for every rank
+    for ranks in (two["rng_ranks"][:1], [two["rng_ranks"][0], {"cpu": torch.zeros(3), "cuda": None}],
+                  [two["rng_ranks"][0], {"cuda": None}], two["rng_ranks"][0]):
+        assert CK.malformed(_state() | two | {"rng_ranks": ranks}) == "rng_ranks of the wrong kind", ranks
+    for size in (0, -1, True, 2.0):
+        assert CK.malformed(_state() | {"world_size": size}) == "world_size of the wrong kind", size
+    assert CK.malformed(_state() | {"chars": "", "corpus": None}) == "chars, corpus of the wrong kind"
+
+
+class _RunsCodeWhenUnpickled:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_loading_a_checkpoint_runs_no_code_and_says_why_a_file_is_refused(tmp_path, monkeypatch):
+    path, marker = tmp_path / R.CHECKPOINT, tmp_path / "the-code-ran"
+    torch.save({"step": 1, "x": _RunsCodeWhenUnpickled(marker)}, path)
+    with pytest.raises(CK.CheckpointError, match="cannot be read: it is truncated, damaged or not a checkpoint"):
+        CK.load_checkpoint(path)
+    assert not marker.exists(), "an object in the file ran code while it was loaded"
+    with pytest.raises(CK.CheckpointError, match=r"the checkpoint .*nowhere\.pt cannot be read \(No such file"):
+        CK.load_checkpoint(tmp_path / "nowhere.pt")
+    CK.save_checkpoint(_state(), path)
+    for error, shown in ((RuntimeError("x" * 300 + "\nsecond line"), "RuntimeError: " + "x" * 160 + ")"),
+                         (ValueError(""), "(ValueError: ValueError)")):
+        monkeypatch.setattr(CK.torch, "load", lambda *a, error=error, **k: (_ for _ in ()).throw(error))
+        with pytest.raises(CK.CheckpointError) as info:
+            CK.load_checkpoint(path)
+        assert shown in str(info.value) and "second line" not in str(info.value)
+
+
+def test_a_failed_checkpoint_write_says_why_and_how_much_room_is_left(tmp_path, monkeypatch):
+    path = tmp_path / R.CHECKPOINT
+    usage = type("Usage", (), {"free": 3 * 2**20})
+    monkeypatch.setattr(CK.shutil, "disk_usage", lambda folder: usage)
+    for error, why in ((RuntimeError("y" * 300 + "\nsecond line"), "(" + "y" * 200 + "; 3 MiB free on that disk)"),
+                       (OSError(errno.ENOSPC, "No space left on device"), "(No space left on device; 3 MiB free")):
+        monkeypatch.setattr(CK, "write_atomic", lambda p, write, error=error: (_ for _ in ()).throw(error))
+        with pytest.raises(CK.CheckpointError) as info:
+            CK.save_checkpoint(_state(), path)
+        assert why in str(info.value) and "second line" not in str(info.value)
+        assert str(info.value).endswith(". The file there before this write is unchanged")

@@ -1,5 +1,6 @@
 """The statistics lesson 08 decides by: t quantiles against published tables and an independent integration,
-paired intervals and their verdicts, and a rate chosen on selection seeds, reported on others."""
+paired intervals and their verdicts, and a rate chosen on selection seeds, reported on others (a study's
+``Results``)."""
 
 import math
 import random
@@ -14,7 +15,6 @@ from modern_block.training.statistics import (
     LOWER,
     band,
     choose_rate,
-    difference,
     format_seeds,
     holm,
     holm_verdicts,
@@ -22,11 +22,11 @@ from modern_block.training.statistics import (
     mean_interval,
     p_value,
     paired_difference,
-    select_and_report,
     selection_row,
     t_quantile,
     verdict,
 )
+from modern_block.training.study import Results, Study
 
 # Student's t, two-sided 95% (p = 0.975), as printed in the standard tables (3 decimals)
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -151,10 +151,25 @@ def _table():
     return rows
 
 
-def test_select_and_report_chooses_on_selection_seeds_and_reports_on_the_others():
+def select_and_report(rows, selection, reported, models=("gpt2", "llama"), rates=(1e-3, 2e-3, 4e-3)):
+    """The selections of a study that ran ``rows`` (its one rate rule, as ``compare`` applies it)."""
+    from modern_block.training.config import quick_config
+
+    study = Study("t", quick_config("gpt2"), tuple(models), tuple(rates), tuple(selection), tuple(reported))
+    runs = [{"model": r["model"], "lr": r["lr"], "seed": r["seed"], "role": "t", "final_val_loss": r["loss"]}
+            for r in rows if r["model"] in models]
+    return Results(study, runs)
+
+
+def difference(results, a, b):
+    return results.difference(a, b)
+
+
+def test_a_rate_is_chosen_on_selection_seeds_and_reported_on_the_others():
     rows = _table()
     before = [dict(r) for r in rows]
-    sel = select_and_report(rows, (0, 1), (2, 3, 4))
+    res = select_and_report(rows, (0, 1), (2, 3, 4))
+    sel = res.selections
     assert rows == before  # pure: the table is not changed
     g, ll = sel["gpt2"], sel["llama"]
     assert g.lr == 2e-3 and g.reported == {2: 2.06, 3: 2.07, 4: 2.05}  # not 4e-3, better on seeds 2-4
@@ -165,15 +180,15 @@ def test_select_and_report_chooses_on_selection_seeds_and_reports_on_the_others(
     assert g.interval.mean == pytest.approx(2.06) and g.interval.n == 3
     shuffled = rows[:]
     random.Random(0).shuffle(shuffled)
-    assert select_and_report(shuffled, (0, 1), (2, 3, 4)) == sel  # the order of the rows does not matter
-    d = difference(sel, "gpt2", "llama")
+    assert select_and_report(shuffled, (0, 1), (2, 3, 4)).selections == sel  # the order of the rows does not matter
+    d = difference(res, "gpt2", "llama")
     assert d.differences == pytest.approx((2.00 - 2.06, 2.01 - 2.07, 1.99 - 2.05)) and d.verdict == LOWER
-    assert list(select_and_report(rows, [0, 1], [2, 3, 4], models=["llama"])) == ["llama"]
+    assert list(select_and_report(rows, [0, 1], [2, 3, 4], models=["llama"]).selections) == ["llama"]
 
 
-def test_select_and_report_breaks_ties_towards_the_lower_rate():
-    rows = [{"model": "m", "lr": lr, "seed": s, "loss": 2.0} for lr in (2e-3, 1e-3) for s in (0, 1, 2)]
-    assert select_and_report(rows, [0], [1, 2])["m"].lr == 1e-3
+def test_a_tie_goes_to_the_lower_rate():
+    rows = [{"model": "gpt2", "lr": lr, "seed": s, "loss": 2.0} for lr in (2e-3, 1e-3) for s in (0, 1, 2)]
+    assert select_and_report(rows, [0], [1, 2], ["gpt2"], (2e-3, 1e-3)).selections["gpt2"].lr == 1e-3
 
 
 def test_choose_rate_lowest_mean_lower_rate_on_a_tie_and_never_a_non_finite_mean():
@@ -188,36 +203,25 @@ def test_choose_rate_lowest_mean_lower_rate_on_a_tie_and_never_a_non_finite_mean
         choose_rate({})
 
 
-@pytest.mark.parametrize(("change", "match"), [
-    (lambda rows: (rows, (0, 1), (1, 2)), "must be different seeds"),
-    (lambda rows: ([r for r in rows if not (r["model"] == "gpt2" and r["lr"] == 1e-3 and r["seed"] == 1)],
-                   (0, 1), (2, 3)), r"lr 0.001 lacks selection seeds \[1\]"),
-    (lambda rows: (rows, (0, 1), (2, 5)), r"chosen lr 0.002 lacks reported seeds \[5\]"),
-    (lambda rows: (rows + [rows[0]], (0, 1), (2, 3)), "two rows for model 'gpt2'"),
-    (lambda rows: ([{"model": "m", "lr": 1e-3, "seed": 0}], (0,), (1,)), "lacks"),
-    (lambda rows: (rows, (), (2,)), "selection_seeds must be a non-empty"),
-    (lambda rows: (rows, (0, 0), (2,)), "must be distinct"),
-    (lambda rows: (rows[:1] + [dict(rows[1], loss=math.nan)], (0, 1), (2,)), "must be a number or None"),
-])
-def test_select_and_report_rejects_incomplete_or_inconsistent_tables(change, match):
-    rows, selection, reported = change(_table())
-    with pytest.raises(ValueError, match=match):
-        select_and_report(rows, selection, reported)
-
-
-def test_select_and_report_names_a_model_it_does_not_have():
-    with pytest.raises(ValueError, match="no rows"):
-        select_and_report(_table(), (0, 1), (2, 3, 4), models=["mla"])
+def test_no_rate_before_every_selection_run_and_no_report_before_every_model_has_a_seed():
+    rows = [r for r in _table() if not (r["model"] == "gpt2" and r["lr"] == 1e-3 and r["seed"] == 1)]
+    res = select_and_report(rows, (0, 1), (2, 3, 4))
+    assert res.chosen_rates() == {"llama": 4e-3} and res.selections == {} and res.complete_seeds == []
+    res = select_and_report(_table(), (0, 1), (2, 3, 4, 5))
+    assert res.complete_seeds == [2, 3, 4] and res.selections["gpt2"].reported_seeds == (2, 3, 4)
+    with pytest.raises(ValueError, match="different seeds; both hold"):
+        select_and_report(_table(), (0, 1), (1, 2))
+    with pytest.raises(ValueError, match="must be models with reported runs"):
+        difference(res, "gpt2", "mla")
 
 
 def test_ladder_and_leave_one_out_differences():
     rows = [{"model": m, "lr": 1e-3, "seed": s, "loss": base + 0.01 * s}
-            for m, base in (("a", 2.0), ("b", 1.9), ("c", 1.9)) for s in range(4)]
-    sel = select_and_report(rows, [0], [1, 2, 3])
-    assert difference(sel, "a", "b").verdict == LOWER and not difference(sel, "b", "c").decided
-    assert round(difference(sel, "c", "a").mean, 6) == 0.1 and round(difference(sel, "c", "b").mean, 6) == 0.0
-    with pytest.raises(ValueError, match="not among the selections"):
-        difference(sel, "a", "z")
+            for m, base in (("gpt2", 2.0), ("rope", 1.9), ("llama", 1.9)) for s in range(4)]
+    sel = select_and_report(rows, [0], [1, 2, 3], ("gpt2", "rope", "llama"), (1e-3,))
+    assert difference(sel, "gpt2", "rope").verdict == LOWER and not difference(sel, "rope", "llama").decided
+    assert round(difference(sel, "llama", "gpt2").mean, 6) == 0.1
+    assert round(difference(sel, "llama", "rope").mean, 6) == 0.0
 
 
 def test_band_is_the_pointwise_mean_and_interval():
@@ -231,7 +235,7 @@ def test_band_is_the_pointwise_mean_and_interval():
 
 def test_formatting():
     assert format_seeds([3, 2, 4, 5]) == "2-5" and format_seeds([0, 2]) == "0, 2" and format_seeds([7]) == "7"
-    sel = select_and_report(_table(), (0, 1), (2, 3, 4))
+    sel = select_and_report(_table(), (0, 1), (2, 3, 4)).selections
     row = selection_row(sel["gpt2"], "GPT-2")
     assert row["model"] == "GPT-2" and row["chosen lr"] == "0.002" and row["reported seeds"] == "2-4"
     assert row["mean on selection seeds 0, 1"] == "0.001: 2.0100, 0.002: 1.9900, 0.004: 2.0200"
@@ -267,13 +271,7 @@ def test_every_refusal_names_its_argument_and_rule():
             (lambda: mean_interval([1.0, 2.0], confidence=1), ValueError, "confidence must be a float strictly"),
             (lambda: verdict(math.nan, 0.1), ValueError, "low and high must be numbers"),
             (lambda: choose_rate({}), ValueError, "means_by_rate must hold at least one rate"),
-            (lambda: markdown_table([]), ValueError, "rows must be a non-empty sequence of mappings"),
-            (lambda: select_and_report(_table(), (0, 1), ()), ValueError, "reported_seeds must be a non-empty"),
-            (lambda: select_and_report(_table(), (True,), (2,)), ValueError, "selection_seeds must be a non-empty"),
-            (lambda: select_and_report([{"model": "m", "lr": 1e-3, "seed": 0, "loss": True}], (0,), (1,)),
-             ValueError, "loss must be a number or None"),
-            (lambda: select_and_report([{"model": "m", "lr": 1e-3, "seed": 5, "loss": 2.0}], (0,), (1,)),
-             ValueError, "model 'm' has no runs on the selection seeds [0]")):
+            (lambda: markdown_table([]), ValueError, "rows must be a non-empty sequence of mappings")):
         with pytest.raises(kind, match=re.escape(message)):
             call()
 
@@ -291,13 +289,14 @@ def test_confidence_and_divergence_travel_through_every_result():
     mean, low, high = band([[3.0, 2.0], [3.2, 2.4], [3.1, 2.2]], confidence=0.5)
     _, low95, high95 = band([[3.0, 2.0], [3.2, 2.4], [3.1, 2.2]])
     assert all(h - lo < h95 - lo95 for lo, h, lo95, h95 in zip(low, high, low95, high95, strict=True))
-    sel = select_and_report(_table(), (0, 1), (2, 3, 4))
-    assert sel["gpt2"].model == "gpt2" and difference(sel, "gpt2", "llama", confidence=0.5).confidence == 0.5
+    sel = select_and_report(_table(), (0, 1), (2, 3, 4)).selections
+    assert sel["gpt2"].model == "gpt2"
+    assert paired_difference(sel["gpt2"].reported, sel["llama"].reported, confidence=0.5).confidence == 0.5
 
 
 def test_a_rate_tried_on_reported_seeds_only_is_not_a_candidate():
     rows = _table() + [{"model": "gpt2", "lr": 8e-3, "seed": 2, "loss": 1.0}]  # a stray run, reported seed only
-    assert select_and_report(rows, (0, 1), (2, 3, 4))["gpt2"].lr == 2e-3
+    assert select_and_report(rows, (0, 1), (2, 3, 4)).selections["gpt2"].lr == 2e-3
 
 
 def test_a_markdown_table_exactly():

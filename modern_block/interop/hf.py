@@ -41,7 +41,15 @@ from ..gpt2 import GPT2LM
 from ..llama import LlamaStyleLM
 from ..mla import MLAttention
 from ..rope import permute_qk_weight
-from .hf_config import _transformers, course_tied, deepseek_kwargs, gpt2_kwargs, hf_config, hf_family, llama_kwargs
+from .hf_config import (
+    course_tied,
+    deepseek_kwargs,
+    gpt2_kwargs,
+    hf_config,
+    hf_family,
+    llama_kwargs,
+    transformers_module,
+)
 from .hf_names import (  # noqa: F401 - the tables are part of this module's interface
     DEEPSEEK_V3_FUSED,
     DEEPSEEK_V3_MODULES,
@@ -158,7 +166,7 @@ def to_hf(model: DecoderLM, *, rope_interleave: bool = False, family: str | None
     writes a Llama-architecture model as Mistral (the same network under another name).
     ``rope_interleave=True`` writes an MLA model in DeepSeek's interleaved RoPE layout (the rotated
     rows are permuted; the logits do not change)."""
-    tf = _transformers()
+    tf = transformers_module()
     family, cfg = hf_config(model, rope_interleave, family)
     hf_model = getattr(tf, HF_CLASSES[family])(cfg)
     ref = model.head.weight

@@ -20,7 +20,7 @@ from ..rope import ROPE_SCALING_KEYS, ROPE_SCALING_TYPES, check_rope_scaling
 from .hf_names import HF_CLASSES, UNSUPPORTED
 
 
-def _transformers():
+def transformers_module():
     try:
         import transformers
     except ImportError as err:  # pragma: no cover - depends on the environment
@@ -192,7 +192,7 @@ def hf_config(model: nn.Module, rope_interleave: bool, family: str | None = None
         raise TypeError(f"model must be a LlamaStyleLM or GPT2LM, got {type(model).__name__}")
     if family is not None and family not in HF_CLASSES:
         raise ValueError(f"family must be one of {sorted(HF_CLASSES)} or None, got {family!r}")
-    tf = _transformers()
+    tf = transformers_module()
     common: dict[str, Any] = dict(vocab_size=model.V, max_position_embeddings=model.max_len,
                                   tie_word_embeddings=course_tied(model), bos_token_id=None, eos_token_id=None,
                                   pad_token_id=None)

@@ -1,12 +1,10 @@
 """``load_pretrained``: a checkpoint (a local folder, a Hub name, or a .gguf file) -> the course model, checked.
 
-Before anything is loaded the folder is read the way a careful person would: is it a folder, does it hold
-``config.json`` and weights, are the weight files whole (each safetensors header parses, its tensors lie
-inside the file and fill it), and are the tensors exactly those the config describes, each of the shape the
-config implies? A config with more or fewer layers than the weights, other head counts or sizes, a tensor
-missing or one too many: each is a ``CheckpointError`` naming the config field and both values, never a
-model with a randomly initialised layer. Then transformers loads it (its own report must come back empty)
-and ``from_hf`` converts it; NaN or infinite weights are refused.
+Before anything is loaded: is it a folder holding ``config.json`` and weights, and are the weight files whole
+(each safetensors header parses, its tensors lie inside the file and fill it)? Then transformers loads it, and its
+loading report must be empty: a tensor missing, one too many or of another shape than the config implies is a
+``CheckpointError`` naming the tensor, both shapes and the config fields that set them, never a model with a
+randomly initialised layer. ``from_hf`` converts it; NaN or infinite weights are refused.
 
 What cannot be checked: safetensors carries no checksum, so a flipped bit that leaves a finite number loads
 as it is; and a config that splits the same rows into other heads (18 heads of 32 instead of 9 of 64, with no
@@ -21,7 +19,8 @@ from pathlib import Path
 import torch
 
 from .gguf import load_gguf
-from .verify import CheckpointError, check_finite, compare_tensors
+from .hf_config import transformers_module
+from .verify import CheckpointError, check_finite
 
 HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer*",
              "special_tokens_map.json", "vocab.json", "merges.txt", "*.tiktoken"]
@@ -38,12 +37,6 @@ HF_SHAPE_RULES = [  # which config fields set each shape (for the error message)
     (r"c_attn|c_fc|c_proj", "n_embd, n_head and n_inner"),
     (r"norm|ln_", "hidden_size (or head_dim for QK-norm)"),
 ]
-
-
-def _transformers():
-    from .hf_config import _transformers as tf
-
-    return tf()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,8 +149,8 @@ def checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
 
 
 def check_folder(folder: Path):
-    """The folder's transformers config, after checking its weight files against it (``CheckpointError``)."""
-    tf = _transformers()
+    """The folder's transformers config, after checking that its weight files are whole (``CheckpointError``)."""
+    tf = transformers_module()
     if not (folder / "config.json").is_file():
         ggufs = sorted(p.name for p in folder.glob("*.gguf"))
         hint = f"; it holds {ggufs[0]}: load that file's path instead" if ggufs else ""
@@ -167,18 +160,18 @@ def check_folder(folder: Path):
     except (ValueError, KeyError, OSError) as err:
         raise CheckpointError(f"{folder}/config.json cannot be read as a model config ({type(err).__name__}: "
                               f"{str(err).splitlines()[0][:200]})") from None
-    found = checkpoint_shapes(folder)
-    with torch.device("meta"):  # the model the config describes, without memory, for its names and shapes
-        skeleton = tf.AutoModelForCausalLM.from_config(config)
-    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
-    ignored = [re.compile(p) for p in (getattr(skeleton, "_keys_to_ignore_on_load_unexpected", None) or [])]
-    found = {k: v for k, v in found.items() if not any(p.search(k) for p in ignored)}
-    tied = getattr(config, "tie_word_embeddings", False)
-    layers_field = "n_layer" if hasattr(config, "n_layer") else "num_hidden_layers"
-    compare_tensors(found, expected, source=str(folder), layer_pattern=r"\.(?:layers|h)\.(\d+)\.",
-                    layers_field=f"config.{layers_field}", n_layers=getattr(config, layers_field),
-                    shape_rules=HF_SHAPE_RULES, optional=("lm_head.weight",) if tied else ())
+    checkpoint_shapes(folder)  # whole, readable files (transformers' loading report checks names and shapes)
     return config
+
+
+def loading_problems(report: dict) -> str:
+    """transformers' loading report in words: each mismatched tensor with the config fields that set its shape."""
+    out = [f"{name} is {list(got)} in the file, {list(want)} by the config ({rule})"
+           for name, got, want in report.get("mismatched_keys", [])
+           for rule in [next((r for p, r in HF_SHAPE_RULES if re.search(p, name)), "the config's sizes")]]
+    out += [f"{kind.split('_')[0]} tensors {sorted(report[kind])[:4]}" for kind in ("missing_keys", "unexpected_keys")
+            if report.get(kind)]
+    return "; ".join(out + [str(e) for e in report.get("error_msgs", [])[:2]])
 
 
 def check_tokenizer_files(folder: Path) -> None:
@@ -216,17 +209,17 @@ def load_pretrained(name_or_path, *, dtype: torch.dtype = torch.float32, device=
         return load_gguf(name_or_path, tokenizer=tokenizer, dtype=dtype, device=device)
     from .hf import from_hf
 
-    tf = _transformers()
+    tf = transformers_module()
     folder = resolve_checkpoint(name_or_path)
     config = check_folder(folder)
     if tokenizer:
         check_tokenizer_files(folder)
     hf_model, report = tf.AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype,
-                                                               output_loading_info=True, **from_pretrained_kwargs)
-    problems = {k: sorted(v)[:4] for k, v in report.items() if k != "error_msgs" and v} | (
-        {"errors": report["error_msgs"][:2]} if report.get("error_msgs") else {})
-    if problems:  # check_folder should have caught these; transformers' own report must agree
-        raise CheckpointError(f"{folder}: transformers reports {problems}")
+                                                               output_loading_info=True, ignore_mismatched_sizes=True,
+                                                               **from_pretrained_kwargs)
+    problems = loading_problems(report)
+    if problems:
+        raise CheckpointError(f"{folder} does not match its config.json: {problems}")
     check_finite(hf_model.state_dict(), str(folder))  # named as in the file
     model = from_hf(hf_model)
     del hf_model

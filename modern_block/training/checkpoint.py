@@ -1,13 +1,9 @@
-"""The checkpoint: everything a run needs to continue exactly, in a file that proves it is whole.
-
-Tensors and plain containers only (``torch.load(weights_only=True)`` runs no code), a sha256 of all of it
-(a flipped bit is refused, not trained on), and the run's identity and evaluations (so a resume keeps only
-its own metrics). A bad checkpoint is a ``CheckpointError`` naming the file; a failed write keeps the old one.
-"""
+"""The checkpoint: everything a run needs to continue exactly, with a sha256 of all of it (a flipped bit is
+refused, not trained on) and the run's identity and evaluations. Tensors and plain containers only (loading runs
+no code); a bad file is a ``CheckpointError`` naming it; a failed write keeps the old one."""
 
 import hashlib
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -16,10 +12,9 @@ from ..interop.verify import CheckpointError
 from .config import TrainConfig
 from .files import reason, write_atomic
 
-CHECKPOINT_FORMAT = 3  # formats 1 (no checksum: read with a warning) and 2 (no run_id, no metrics) are still read
+CHECKPOINT_FORMAT = 3
 REQUIRED_KEYS = ("format", "config", "chars", "corpus", "step", "elapsed_s", "losses", "model", "optimizer",
-                 "scaler", "rng_cpu", "rng_cuda", "sampler")
-REQUIRED_SINCE = {3: ("run_id", "metrics")}
+                 "scaler", "rng_cpu", "rng_cuda", "sampler", "run_id", "metrics")
 ADVICE = "restore a good copy, or start the run again with --overwrite"
 
 
@@ -103,17 +98,15 @@ def load_checkpoint(path: Path) -> dict:
                               f"was edited; {ADVICE}")
     stored = ckpt.pop("checksum", None)
     computed = digest(ckpt)
-    if stored is None and ckpt["format"] != 1:
+    if stored is None:
         raise CheckpointError(f"the checkpoint {path} lacks its checksum; {ADVICE}")
-    if stored is not None and computed != stored:
+    if computed != stored:
         raise CheckpointError(f"the checkpoint {path} fails its checksum: its contents changed after it was "
                               f"written (a flipped bit on the disk or in a copy); {ADVICE}")
     wrong = malformed(ckpt)
     if wrong:
         raise CheckpointError(f"the checkpoint {path} is malformed ({wrong}): it was not written by this trainer, "
                               f"or was edited; {ADVICE}")
-    if stored is None:
-        print(f"note: {path} was written before checkpoints carried a checksum; it is not verified", file=sys.stderr)
     ckpt["checksum"] = computed  # what was verified: processes compare it to be sure they read the same file
     return ckpt
 
@@ -130,11 +123,8 @@ def _is_state(x) -> bool:
 def malformed(ckpt: dict) -> str | None:
     """What in a loaded checkpoint is not of the kind this trainer writes, or None."""
     fmt, step = ckpt["format"], ckpt["step"]
-    if not _is_int(fmt) or not 1 <= fmt <= CHECKPOINT_FORMAT:
-        return f"format {fmt!r}: this trainer reads formats 1 to {CHECKPOINT_FORMAT}"
-    missing = [k for since, keys in REQUIRED_SINCE.items() if fmt >= since for k in keys if k not in ckpt]
-    if missing:
-        return f"format {fmt} lacks {missing}"
+    if not _is_int(fmt) or fmt != CHECKPOINT_FORMAT:
+        return f"format {fmt!r}: this trainer reads format {CHECKPOINT_FORMAT}"
     if not _is_int(step) or step < 0:
         return f"step {step!r}"
     losses = ckpt["losses"]
@@ -154,9 +144,9 @@ def malformed(ckpt: dict) -> str | None:
             and all(isinstance(r, dict) and _is_state(r.get("cpu")) for r in ckpt["rng_ranks"])),
         "world_size": _is_int(ckpt.get("world_size", 1)) and ckpt.get("world_size", 1) >= 1,
         "sampler": _is_state(ckpt["sampler"]),
-        "run_id": fmt < 3 or (isinstance(ckpt["run_id"], str) and len(ckpt["run_id"]) > 0),
-        "metrics": fmt < 3 or (isinstance(ckpt["metrics"], list) and all(
-            isinstance(m, dict) and _is_int(m.get("step")) and 0 <= m["step"] <= step for m in ckpt["metrics"])),
+        "run_id": isinstance(ckpt["run_id"], str) and len(ckpt["run_id"]) > 0,
+        "metrics": isinstance(ckpt["metrics"], list) and all(
+            isinstance(m, dict) and _is_int(m.get("step")) and 0 <= m["step"] <= step for m in ckpt["metrics"]),
     }
     wrong = [name for name, ok in checks.items() if not ok]
     return f"{', '.join(wrong)} of the wrong kind" if wrong else None

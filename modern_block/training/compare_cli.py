@@ -4,10 +4,8 @@
     python -m modern_block compare --laptop --workers 2             # nanoGPT's CPU recipe, three models
     python -m modern_block compare --study ladder --workers 2       # the ladder and the leave-one-out models
 
-Every run has its folder in DIR (a checkpoint at every evaluation): stopped, the same command continues,
-reading finished runs back. Writes DIR/results.json, DIR/report.md and DIR/curves.png. Exit status: 0 done;
-2 a usage error; 1 a failure, in one line that says what is kept; 130 Ctrl-C, which stops every run after its
-current step and starts no queued one.
+Every run has its folder in DIR; stopped, the same command continues. Writes DIR/results.json, report.md and
+curves.png. Exit status: 0 done; 2 a usage error; 1 a failure, saying what is kept; 130 Ctrl-C.
 """
 
 import argparse

@@ -1,6 +1,5 @@
-"""A run's settings (``TrainConfig``, checked when built), the three scales (quick, laptop, gpu), the
-learning-rate schedule and the optimizer's groups. A bad setting is a ``ConfigError``: the one error the
-command lines report as a usage error."""
+"""A run's settings (``TrainConfig``, checked when built; a bad one is a ``ConfigError``), the three scales,
+the learning-rate schedule and the optimizer's groups."""
 
 import math
 import os
@@ -28,8 +27,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class TrainConfig:
-    """Model shape, optimisation and evaluation settings. Defaults: the GPU scale (nanoGPT's
-    shakespeare-char budget); ``quick_config`` is the CPU scale."""
+    """Model shape, optimisation and evaluation settings; the defaults are the GPU scale."""
 
     arch: str = "llama"  # "llama", "gpt2" or "ladder:<rung>"
     d: int = 384
@@ -95,19 +93,16 @@ class TrainConfig:
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens per optimizer step, over all processes."""
         return self.batch_size * self.block_size
 
 
 def gpu_config(arch: str = "llama", **overrides) -> TrainConfig:
-    """nanoGPT's shakespeare-char budget: 6 layers, 6 heads, 384 wide, block 256, batch 64,
-    5000 steps, dropout 0.2, lr 1e-3 -> 1e-4, warmup 100, beta2 0.99 (GPT-2 there: val loss 1.4697)."""
+    """nanoGPT's shakespeare-char budget (``TrainConfig``'s defaults; GPT-2 there: val loss 1.4697)."""
     return TrainConfig(arch=arch, **overrides)
 
 
 def quick_config(arch: str = "llama", **overrides) -> TrainConfig:
-    """The CPU scale of lesson 08 and ``compare --quick``: d 32, 2 layers, context 32, batch 16, 90 steps
-    (about a second per run on one core)."""
+    """The CPU scale of lesson 08 and ``compare --quick``: about a second per run on one core."""
     base: dict[str, Any] = dict(d=32, n_layers=2, n_heads=4, n_kv_heads=2, block_size=32, dropout=0.0, batch_size=16,
                 max_steps=90, lr=3e-3, min_lr=3e-4, warmup_steps=9, eval_interval=30, eval_batches=4,
                 log_interval=1, compile=False)
@@ -123,13 +118,11 @@ SCALES = ("quick", "laptop", "gpu")
 
 
 def laptop_config(arch: str = "llama", **overrides) -> TrainConfig:
-    """nanoGPT's CPU recipe (``LAPTOP``): 4 layers, 4 heads, 128 wide, block 64, batch 12, 2000 steps, lr 1e-3 ->
-    1e-4, warmup 100, no dropout; 5-6 minutes of one CPU core per run with the course's trainer."""
+    """nanoGPT's CPU recipe (``LAPTOP``): 5-6 minutes of one CPU core per run."""
     return TrainConfig(arch=arch, **(LAPTOP | overrides))
 
 
 def scale_config(scale: str, arch: str = "llama", **overrides) -> TrainConfig:
-    """The preset of one scale ("quick", "laptop" or "gpu") with ``overrides``."""
     makers = {"quick": quick_config, "laptop": laptop_config, "gpu": gpu_config}
     if scale not in makers:
         raise ConfigError(f"scale must be one of {list(SCALES)}, got {scale!r}")
@@ -141,14 +134,12 @@ def quick_forced() -> bool:
 
 
 def with_rate(cfg: TrainConfig, lr: float) -> TrainConfig:
-    """``cfg`` at peak rate ``lr``, its cosine ending at the same fraction of the peak (a tenth in every preset,
-    nanoGPT's convention): the one rule for a rate that a sweep or an option sets."""
+    """``cfg`` at peak rate ``lr``, its cosine ending at the same fraction of it (a tenth in every preset)."""
     return replace(cfg, lr=lr, min_lr=lr * (cfg.min_lr / cfg.lr))
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Learning rate of 0-based ``step``: linear warmup to ``lr`` over ``warmup_steps``, then a cosine
-    from ``lr`` down to ``min_lr`` at ``max_steps``."""
+    """Rate of 0-based ``step``: linear warmup to ``lr``, then a cosine down to ``min_lr`` at ``max_steps``."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
     if step >= cfg.max_steps:

@@ -5,7 +5,6 @@ import hashlib
 import os
 import sysconfig
 import tempfile
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,7 @@ from ..validate import positive_int
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-TINYSHAKESPEARE_CHARS = 1_115_394
-TINYSHAKESPEARE_BYTES = 1_115_394  # ASCII: one byte per character; a file of another size is not hashed
+TINYSHAKESPEARE_CHARS = 1_115_394  # and bytes (ASCII): a file of another size is not hashed
 TINYSHAKESPEARE_FILE = "tinyshakespeare.txt"
 DATA_ENV = "MODERN_BLOCK_DATA"
 FALLBACK_CHARS = 1_000_000  # about as much text as tinyshakespeare
@@ -40,17 +38,14 @@ class Corpus:
 
 
 def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/modern_block``, or ``~/.cache/modern_block`` when the variable is unset."""
+    """``$XDG_CACHE_HOME/modern_block``, else ``~/.cache/modern_block``."""
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root) / "modern_block"
 
 
 def download(url: str, dest, sha256: str, timeout: float = 30.0, size: int | None = None) -> Path:
-    """Fetch ``url`` into ``dest`` atomically and verify it: the bytes go to a temporary file in the
-    same folder, are checked against ``sha256`` (and ``size``, if given: a longer answer is cut off
-    there), and only then renamed onto ``dest`` (``os.replace`` is atomic on one file system). Raises
-    ``ChecksumError`` (nothing is written) on a mismatch and ``OSError``/``urllib.error.URLError``
-    when the source cannot be reached."""
+    """Fetch ``url`` into ``dest`` only if its bytes have ``sha256`` (and at most ``size`` of them), else a
+    ``ChecksumError`` and nothing written; an ``OSError`` when the source cannot be reached."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
@@ -77,16 +72,15 @@ def download(url: str, dest, sha256: str, timeout: float = 30.0, size: int | Non
 def _wrong(path: Path) -> str | None:
     """Why ``path`` is not tinyshakespeare (its size is checked before anything is hashed), or None."""
     size = path.stat().st_size
-    if size != TINYSHAKESPEARE_BYTES:
-        return f"it has {size:,} bytes, not the {TINYSHAKESPEARE_BYTES:,} of tinyshakespeare"
+    if size != TINYSHAKESPEARE_CHARS:
+        return f"it has {size:,} bytes, not the {TINYSHAKESPEARE_CHARS:,} of tinyshakespeare"
     if sha256_of(path) != TINYSHAKESPEARE_SHA256:
         return "it does not have the expected sha256"
     return None
 
 
 def stdlib_text(max_chars: int = FALLBACK_CHARS) -> tuple[str, str]:
-    """The standard library's top-level ``*.py`` files in sorted name order, concatenated until
-    ``max_chars`` is reached. Deterministic for one Python installation. Returns (text, description)."""
+    """(text, description): the standard library's top-level ``*.py`` files in name order, up to ``max_chars``."""
     positive_int("max_chars", max_chars)
     folder = Path(sysconfig.get_paths()["stdlib"])
     parts, total, used = [], 0, 0
@@ -106,12 +100,8 @@ def stdlib_text(max_chars: int = FALLBACK_CHARS) -> tuple[str, str]:
 
 def load_corpus(url: str = TINYSHAKESPEARE_URL, data_dir=None, cache=None, fallback: bool = True,
                 timeout: float = 30.0, verbose: bool = True) -> Corpus:
-    """tinyshakespeare from a local copy, the cache or ``url`` (see the module docstring).
-
-    ``data_dir`` defaults to ``$MODERN_BLOCK_DATA`` and ``cache`` to ``cache_dir()``. ``url`` may be
-    any address urllib reads (tests use ``file://`` and a local HTTP server). With ``fallback=False``
-    a failed download raises instead of switching to the standard library's source text.
-    """
+    """tinyshakespeare from ``data_dir`` (default ``$MODERN_BLOCK_DATA``), the ``cache`` or ``url``; when none
+    has it, the standard library's source, announced (``fallback=False``: the error instead)."""
     say = print if verbose else (lambda *a, **k: None)
     from_env = data_dir is None and bool(os.environ.get(DATA_ENV))
     data_dir = data_dir if data_dir is not None else os.environ.get(DATA_ENV)
@@ -134,9 +124,9 @@ def load_corpus(url: str = TINYSHAKESPEARE_URL, data_dir=None, cache=None, fallb
         cached.unlink()
     try:
         say(f"downloading tinyshakespeare from {url}")
-        download(url, cached, TINYSHAKESPEARE_SHA256, timeout, TINYSHAKESPEARE_BYTES)
+        download(url, cached, TINYSHAKESPEARE_SHA256, timeout, TINYSHAKESPEARE_CHARS)
         return Corpus(cached.read_text(encoding="utf-8"), "tinyshakespeare", url)
-    except (OSError, urllib.error.URLError, ChecksumError) as err:  # URLError is an OSError; listed for clarity
+    except (OSError, ChecksumError) as err:  # URLError is an OSError
         if not fallback:
             raise
         text, description = stdlib_text()
@@ -193,8 +183,7 @@ class CharTokenizer:
 
 
 def train_val_split(ids: torch.Tensor, val_fraction: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
-    """First (1 - val_fraction) of the tokens for training, the rest for validation (no shuffling:
-    the same split every time, and no validation window overlaps a training one)."""
+    """The first (1 - val_fraction) of the tokens for training, the rest for validation: no window in both."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     n_train = int(len(ids) * (1.0 - val_fraction))
@@ -219,16 +208,9 @@ def load_text(corpus: Corpus | None = None, verbose: bool = True) -> Text:
 
 
 class BatchSampler:
-    """Random windows of ``block_size + 1`` tokens: x = window[:-1], y = window[1:].
-
-    Offsets come from the sampler's own CPU ``torch.Generator``, so the sequence of batches depends
-    on ``seed`` alone (not on the device, nor on other random draws); ``state()``/``set_state()``
-    save and restore it for an exact resume.
-
-    Data parallelism: with ``world_size`` processes, each draws the offsets of the whole batch of
-    ``batch_size`` (the same draws everywhere) and keeps slice ``rank`` of them, ``batch_size /
-    world_size`` windows. Together the processes see exactly the windows one process would.
-    """
+    """Random windows of ``block_size + 1`` tokens (x = window[:-1], y = window[1:]) from the sampler's own seeded
+    generator, so the batches depend on ``seed`` alone; ``state()`` resumes them. Each of ``world_size``
+    processes draws the whole batch and keeps its slice ``rank``: together they see what one process would."""
 
     def __init__(self, data: torch.Tensor, block_size: int, batch_size: int, seed: int = 0, device=None,
                  rank: int = 0, world_size: int = 1):
@@ -267,8 +249,7 @@ class BatchSampler:
 
 def fixed_batches(data: torch.Tensor, block_size: int, batch_size: int, n_batches: int, seed: int = 0,
                   device=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``n_batches`` batches drawn once with their own seed: evaluating on the same windows every
-    time makes losses comparable across steps, seeds and architectures."""
+    """``n_batches`` batches drawn once with their own seed: the same windows for every step, seed and model."""
     positive_int("n_batches", n_batches)
     sampler = BatchSampler(data, block_size, batch_size, seed, device)
     return [next(sampler) for _ in range(n_batches)]

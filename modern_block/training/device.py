@@ -10,8 +10,7 @@ import torch
 
 from .config import ConfigError
 
-# Peak dense (no sparsity) bf16 tensor-core FLOP/s from NVIDIA's data sheets; fp16 for the T4 and
-# V100, which have no bf16. Matched against torch.cuda.get_device_name() in this order (first wins).
+# Peak dense bf16 FLOP/s (fp16 for the T4 and V100) from NVIDIA's data sheets, matched in order (first wins).
 PEAK_FLOPS: tuple[tuple[str, str, float], ...] = (
     (r"H200 NVL", "H200 NVL", 835e12),
     (r"H200", "H200 SXM", 989e12),
@@ -94,8 +93,7 @@ def choose_device(device: str | None = None) -> DeviceSetup:
 
 
 def memory_bytes(setup: DeviceSetup) -> int | None:
-    """Memory of the device that trains: the GPU's, or the machine's RAM for the CPU; None if the
-    system does not say. The trainer checks sizes against it before allocating anything."""
+    """Memory of the device that trains (the GPU's, or the machine's RAM); None if the system does not say."""
     if setup.device.type == "cuda":
         return torch.cuda.get_device_properties(setup.device).total_memory
     try:

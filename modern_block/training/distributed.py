@@ -1,6 +1,5 @@
-"""Data parallelism under torchrun: which process this is (``Ranks``, from torchrun's environment) and the few
-exchanges the trainer's processes make. Without torchrun there is one process and every exchange returns its
-input."""
+"""Data parallelism under torchrun: which process this is (``Ranks``) and the few exchanges the trainer makes;
+without torchrun every exchange returns its input."""
 
 import atexit
 import inspect
@@ -68,8 +67,7 @@ def device_type_for(device: str | None) -> str:
 
 
 def setup(device_type: str) -> Ranks:
-    """Join torchrun's process group (once per process; later calls reuse it) and, on GPUs, make
-    ``cuda:LOCAL_RANK`` this process's device. Returns this process's ``Ranks``."""
+    """Join torchrun's process group (once per process) and, on GPUs, use ``cuda:LOCAL_RANK``; this ``Ranks``."""
     ranks = ranks_from_env()
     if not ranks.distributed:
         return ranks
@@ -93,9 +91,7 @@ def _leave() -> None:
 
 
 def is_comm_failure(err: BaseException) -> bool:
-    """Whether ``err`` is a failed exchange with other processes (a peer died or hung up):
-    torch's own ``DistError`` types, and gloo's and NCCL's errors, which arrive as plain
-    RuntimeErrors naming the library."""
+    """Whether ``err`` is a failed exchange with a peer: torch's ``DistError``s, or gloo's and NCCL's RuntimeErrors."""
     if isinstance(err, RankFailedError) or (hasattr(dist, "DistError") and isinstance(err, dist.DistError)):
         return True
     text = str(err).lower()
@@ -132,8 +128,7 @@ def all_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def gather_objects(obj) -> list:
-    """``[obj of rank 0, obj of rank 1, ...]`` on every process (``[obj]`` in one process). For
-    small Python objects (random states, error messages), pickled on the way."""
+    """``[obj of rank 0, obj of rank 1, ...]`` on every process, for small picklable objects."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [obj]
     out = [None] * dist.get_world_size()
@@ -151,10 +146,8 @@ def broadcast_object(obj, src: int = 0):
 
 
 def agree_or_raise(error: BaseException | None, info=None) -> list:
-    """Called by every process after a step that may fail on some of them only (checking the
-    output folder, reading the checkpoint): if any process failed, every process raises the first
-    failure, so none of them waits forever for the others. Otherwise returns every process's
-    ``info`` (for the processes to compare what they found)."""
+    """After a step that may fail on some processes only: every process raises the first failure (none waits
+    forever), else returns every process's ``info``."""
     gathered = gather_objects((error, info))
     me = dist.get_rank() if len(gathered) > 1 else 0
     for rank, (err, _) in enumerate(gathered):
@@ -166,16 +159,13 @@ def agree_or_raise(error: BaseException | None, info=None) -> list:
 
 
 class Processes:
-    """The processes of one run, as this process sees them: its ``Ranks``, its device, the wrapper that
-    keeps the copies of the model in step, and the few exchanges the trainer makes. In one process
-    every exchange returns its input."""
+    """The processes of one run as this one sees them: its ``Ranks``, its device, the model's wrapper, exchanges."""
 
     def __init__(self, ranks: Ranks):
         self.ranks = ranks
 
     @classmethod
     def join(cls, device: str | None) -> "Processes":
-        """Join torchrun's process group, if there is one (see ``setup``), for a run on ``device``."""
         return cls(setup(device_type_for(device)))
 
     @property

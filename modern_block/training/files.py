@@ -46,11 +46,8 @@ def remove_temporaries(folder: Path, names) -> tuple[int, int]:
     return len(found), size
 
 
-# ---- writing files atomically ------------------------------------------------------------------------
 class _WriteErrors:
-    """A file that remembers the first OSError its writes raised. ``torch.save`` turns a failed
-    write (a full disk) into "unexpected pos ..." or "basic_ios::clear: iostream error"; this keeps
-    the real cause to report."""
+    """A file that keeps the first OSError its writes raised (``torch.save`` reports a full disk otherwise)."""
 
     def __init__(self, file):
         self.file, self.error = file, None
@@ -66,14 +63,25 @@ class _WriteErrors:
         return getattr(self.file, name)
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (another thread may create files)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
 def _open_for_writing(fd: int):
+    os.fchmod(fd, 0o666 & ~_umask())  # an ordinary new file's mode: mkstemp makes 0600
     return os.fdopen(fd, "wb")
 
 
 def write_atomic(path: Path, write) -> None:
-    """``write(file)`` into a uniquely named temporary file beside ``path``, then rename it onto
-    ``path``. On any failure the temporary file is removed and ``path`` is left as it was; a
-    failed write raises the ``OSError`` that caused it (ENOSPC: disk full)."""
+    """``write(file)`` into a temporary file beside ``path``, then rename it onto ``path``; on any failure the
+    temporary file goes, ``path`` is as it was and the ``OSError`` that caused it is raised."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=TEMPORARY)
     try:
         with _open_for_writing(fd) as raw:

@@ -86,9 +86,8 @@ def gpt2_parameters(shape: ModelShape, V: int) -> int:
 
 
 def matched_d_ff(rung: Rung | str, shape: ModelShape, V: int, multiple_of: int = FFN_MULTIPLE) -> int:
-    """FFN hidden size giving the model the total closest to GPT-2's (see the module docstring);
-    4d for the GPT-2 baseline itself, which sets the budget, and for nanoGPT's bias-free GPT-2 (``gpt2_nobias``,
-    GPT-2 as nanoGPT builds it: 0.3% below the budget at the laptop scale)."""
+    """FFN hidden size giving the model the total closest to GPT-2's; 4d for GPT-2 itself and for nanoGPT's
+    bias-free GPT-2 (``gpt2_nobias``: 0.3% below the budget at the laptop scale)."""
     rung = get_rung(rung) if isinstance(rung, str) else rung
     if rung == LADDER[0] or rung.name == "gpt2_nobias":
         return 4 * shape.d

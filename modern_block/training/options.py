@@ -13,44 +13,23 @@ from .config import MAX_SEED, QUICK_ENV, SCALES, TrainConfig, quick_forced, scal
 from .device import choose_device
 
 
-def positive_int_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _argument_type(convert, ok, rule: str) -> Callable[[str], Any]:
+    """An argparse type: ``convert(text)`` that must satisfy ``ok``, else "expected RULE, got TEXT"."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {rule}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {rule}, got {text}")
+        return value
+    return parse
 
 
-def positive_float_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text}")
-    return value
-
-
-def seed_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2**63 - 1], got {value}")
-    return value
-
-
-def nonneg_float_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return value
+positive_int_arg = _argument_type(int, lambda v: v > 0, "a positive integer")
+positive_float_arg = _argument_type(float, lambda v: math.isfinite(v) and v > 0, "a positive finite number")
+nonneg_float_arg = _argument_type(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+seed_arg = _argument_type(int, lambda v: 0 <= v <= MAX_SEED, "a seed in [0, 2**63 - 1]")
 
 
 # option -> (TrainConfig field, argparse type, help)

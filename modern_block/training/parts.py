@@ -1,10 +1,5 @@
-"""What one process of a run trains with: the device, the text and its batches, the model, the optimizer.
-
-``build_parts(cfg, procs, corpus)`` makes them in a fixed order (the sampler and the evaluation
-batches draw from their own seeded generators, the model's initialisation from torch's, seeded
-just before), so the same settings give the same numbers; ``RunParts.state()`` and ``restore()`` are
-their share of a checkpoint. Sizes that cannot fit the device are refused before anything is allocated.
-"""
+"""What one process of a run trains with (device, batches, model, optimizer), built in a fixed seeded order so
+the same settings give the same numbers; sizes that cannot fit the device are refused before any allocation."""
 
 from dataclasses import asdict, dataclass
 
@@ -44,15 +39,13 @@ class RunParts:
         return model_flops_per_token(self.model, cfg.n_layers, cfg.n_heads, cfg.d // cfg.n_heads, cfg.block_size)
 
     def state(self) -> dict:
-        """This share of a checkpoint: the settings, the text's characters, the model, optimizer, scaler, sampler."""
         return {"config": asdict(self.cfg), "chars": self.tokenizer.chars, "corpus": self.corpus_name,
                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 "sampler": self.sampler.state()}
 
     def restore(self, ckpt: dict, path) -> None:
-        """Load the checkpoint's model, optimizer, scaler and sampler states; a ``CheckpointError`` naming
-        ``path`` when they do not fit."""
+        """Load the checkpoint's states; a ``CheckpointError`` naming ``path`` when they do not fit."""
         try:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
@@ -66,8 +59,7 @@ class RunParts:
 
 def build_parts(cfg: TrainConfig, procs: Processes, corpus: Corpus | None = None, verbose: bool = True,
                 resumed: dict | None = None) -> RunParts:
-    """The parts of ``cfg``'s run in this process; ``resumed``: the checkpoint of the run being resumed,
-    whose characters the text must have."""
+    """The parts of ``cfg``'s run in this process; ``resumed``: the checkpoint whose characters the text must have."""
     world, rank = procs.ranks.world_size, procs.ranks.rank
     if cfg.batch_size % world:
         raise ConfigError(f"batch_size ({cfg.batch_size}) is the global batch and must be divisible by the "
@@ -109,9 +101,8 @@ def build_parts(cfg: TrainConfig, procs: Processes, corpus: Corpus | None = None
 
 
 def check_memory(cfg: TrainConfig, setup: DeviceSetup, world: int, micro: int, vocab_size: int) -> None:
-    """Refuse, before allocating anything, sizes that cannot fit: the fixed evaluation batches
-    (held on the device) and one micro-batch's fp32 logits with their softmax and gradient
-    (a lower bound on what a step needs)."""
+    """Refuse sizes whose evaluation batches and one micro-batch's fp32 logits, softmax and gradient (a lower
+    bound on a step) cannot fit."""
     total = memory_bytes(setup)
     if total is None:
         return

@@ -1,6 +1,5 @@
-"""The one report of a study (``training.study.Results``): DIR/results.json, DIR/report.md (written from
-results.json alone, so a committed report can be checked against its data) and DIR/curves.png; and the
-figures lesson 08 draws. Every file is written atomically; a refused write is a ``StorageError``."""
+"""The one report of a study: DIR/results.json, DIR/report.md (from results.json alone, so a committed report
+can be checked against its data) and DIR/curves.png; and the figures lesson 08 draws."""
 
 import io
 import json
@@ -60,8 +59,7 @@ def _difference_row(d: PairedDifference, a: str, b: str) -> dict[str, str]:
 
 
 def _anchor_sentence(results: Results) -> str:
-    """The anchor model at its published rate (every seed run there: that rate was not chosen on them): is the
-    published loss where one more run of ours would fall?"""
+    """The anchor at its published rate: is the published loss where one more run of ours would fall?"""
     anchor = results.study.anchor
     assert anchor is not None
     got = {r["seed"]: final_loss(r) for r in results.runs if (r["model"], r["lr"]) == (anchor.model, anchor.lr)}
@@ -93,8 +91,7 @@ def _throughput(results: Results) -> list[str]:
 
 
 def write_results(results: Results, out_dir) -> Path:
-    """DIR/results.json, DIR/report.md (from the JSON, as a reader would rebuild it) and DIR/curves.png;
-    returns the report's path."""
+    """Write DIR/results.json, DIR/report.md and DIR/curves.png; returns the report's path."""
     out = Path(out_dir)
     with refused_writes(f"create the report's folder {shown(out)}"):
         out.mkdir(parents=True, exist_ok=True)
@@ -127,8 +124,7 @@ def _finish(fig, path):
 
 
 def plot_sweep(selections: dict, path=None, title: str = "mean final val loss against the peak learning rate"):
-    """Each model's mean final loss on the selection seeds at each rate, its chosen rate circled; diverged
-    rates left out."""
+    """Each model's mean final loss on the selection seeds per rate, its chosen rate circled."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -174,8 +170,7 @@ def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validatio
 
 def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title: str = "differences, 95% intervals",
                      xlabel: str = "difference in val loss (nats/char); < 0: lower loss"):
-    """Paired differences as points with their 95% intervals against a line at zero: an interval that
-    crosses it is inconclusive."""
+    """Paired differences with their intervals against a line at zero."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))

@@ -1,7 +1,6 @@
-"""A run's folder, kept so that a run is never lost: metrics.jsonl (appended), ckpt.pt (``training.checkpoint``),
-summary.json (the run's record) and .lock (the operating system's lock: one training per folder). A folder
-holding a run is not started over unless asked; every file is replaced atomically; a resume keeps exactly
-the checkpoint's evaluations; a refused run removes what it created; a refused write is a ``StorageError``."""
+"""A run's folder: metrics.jsonl, ckpt.pt, summary.json and .lock (one training per folder). A run there is
+never started over unless asked, files are replaced atomically, a resume keeps exactly the checkpoint's
+evaluations, and a refused run removes what it created."""
 
 import contextlib
 import json
@@ -30,9 +29,8 @@ def _silent(*args, **kwargs) -> None:
 
 
 class RunFolder:
-    """The files of one run in ``path``; ``path=None``: a run that keeps no files. Only the ``writer``
-    (the one process of a run that writes, rank 0) writes; every process may read the checkpoint.
-    ``checkpoints=False``: metrics and summary only (``compare``'s runs)."""
+    """The files of one run in ``path`` (None: none); only the ``writer`` (rank 0) writes; ``checkpoints=False``:
+    metrics and summary only."""
 
     def __init__(self, path=None, writer: bool = True, checkpoints: bool = True):
         self.path = Path(path) if path is not None else None
@@ -42,7 +40,6 @@ class RunFolder:
         self._created: list[Path] = []  # folders this run made: removed again if it is refused
 
     def _file(self, name: str) -> Path:
-        """A file of the run; asked for only where the run keeps files (``path`` is set)."""
         if self.path is None:
             raise RunFolderError(f"this run keeps no files, so it has no {name}")
         return self.path / name
@@ -56,9 +53,8 @@ class RunFolder:
         return self._file(METRICS)
 
     def claim(self, resume: bool, overwrite: bool, say=_silent) -> dict | None:
-        """Check and lock the folder and remove stale temporary files (the writer); return the checkpoint
-        to resume from (every process), or None for a new run. An earlier run is refused unless
-        ``resume`` or ``overwrite``."""
+        """Check and lock the folder and remove stale temporary files; return the checkpoint to resume from, or
+        None for a new run. An earlier run is refused unless ``resume`` or ``overwrite``."""
         if self.path is None:
             return None
         if resume and overwrite:
@@ -86,36 +82,30 @@ class RunFolder:
         return None
 
     def start(self) -> None:
-        """A new run: an earlier run's files go (every check has passed by now), an empty metrics file."""
-        if self.writer and self.path is not None:  # (a writer always has a path)
+        """A new run, every check passed: an earlier run's files go, an empty metrics file."""
+        if self.writer and self.path is not None:
             with refused_writes(f"start the run in {shown(self.path)}"):
                 clear(self.path)
                 self.metrics.write_text("")
 
-    def resumed_metrics(self, step: int, saved: list[dict] | None, run_id: str | None, say=_silent) -> list[dict]:
-        """On resume (the writer): the evaluations of the checkpoint at ``step``. ``saved``: the ones it
-        carries (older checkpoints carry none: the file's, up to ``step``, are kept). ``metrics.jsonl`` is
-        rewritten to hold exactly them: later lines (written after the checkpoint) will be written again.
-        A ``summary.json`` of another run than ``run_id`` is removed."""
+    def resumed_metrics(self, step: int, saved: list[dict], run_id: str, say=_silent) -> list[dict]:
+        """On resume (the writer): ``metrics.jsonl`` rewritten to hold exactly the ``saved`` evaluations of the
+        checkpoint at ``step`` (later lines will be written again); a ``summary.json`` of another run goes."""
         if not self.writer:
             return []
         with refused_writes(f"read {shown(self.metrics)}"):
             on_disk = [m for m in read_metrics(self.metrics, say=say) if m["step"] <= step]
-        rows = on_disk if saved is None else saved
-        if saved is None:
-            say(f"note: {self.checkpoint} was written before checkpoints carried their evaluations: the ones in "
-                f"{METRICS} up to step {step} are kept unchecked")
-        elif on_disk != saved:
+        if on_disk != saved:
             say(f"note: {self.metrics} did not hold the checkpoint's evaluations ({_differences(on_disk, saved)}); "
                 f"it now holds the {len(saved)} the checkpoint carries")
         with refused_writes(f"rewrite {shown(self.metrics)}"):
-            write_text_atomic(self.metrics, "".join(json.dumps(m) + "\n" for m in rows))
+            write_text_atomic(self.metrics, "".join(json.dumps(m) + "\n" for m in saved))
             self._drop_other_summary(run_id, say)
-        return rows
+        return saved
 
-    def _drop_other_summary(self, run_id: str | None, say) -> None:
+    def _drop_other_summary(self, run_id: str, say) -> None:
         path = self._file(SUMMARY)
-        if run_id is None or not path.exists():
+        if not path.exists():
             return
         try:
             theirs = json.loads(path.read_text()).get("run_id")
@@ -141,14 +131,12 @@ class RunFolder:
             save_checkpoint(state, self.checkpoint)
 
     def release(self) -> None:
-        """Release the folder's lock."""
         if self._lock is not None:
             self._lock.release()
             self._lock = None
 
     def abandon(self) -> None:
-        """A run refused before it started: remove the lock file and the folders it created (when they
-        hold nothing else), then release the lock. Best effort: a file system that refuses is left as it is."""
+        """A run refused before it started: remove the lock file and the empty folders it created (best effort)."""
         if self._lock is not None and self._lock.created:
             with contextlib.suppress(OSError):
                 self._lock.path.unlink()  # while holding the lock: see RunLock
@@ -173,7 +161,6 @@ def _differences(on_disk: list[dict], saved: list[dict]) -> str:
     return "; ".join(parts)
 
 
-# ---- the folder --------------------------------------------------------------------------------------
 def missing_folders(folder: Path) -> list[Path]:
     """The folders that creating ``folder`` would make, outermost first."""
     try:
@@ -183,8 +170,8 @@ def missing_folders(folder: Path) -> list[Path]:
 
 
 def prepare(folder: Path) -> None:
-    """Create ``folder`` if needed and check that files can be written in it, with errors that say which:
-    a ``RunFolderError`` when the path names a file, a ``StorageError`` when the file system refuses."""
+    """Create ``folder`` and check that files can be written in it: a ``RunFolderError`` when the path names a
+    file, a ``StorageError`` when the file system refuses."""
     try:
         if folder.exists() and not folder.is_dir():
             raise RunFolderError(f"--out {shown(folder)} is a file, not a folder: choose a folder for the run")
@@ -221,9 +208,8 @@ def clear(folder: Path) -> None:
 
 
 class RunLock:
-    """An exclusive lock on ``folder/.lock`` for as long as this object holds it. ``created``: this lock
-    made the file (a refused run removes it again, while still holding the lock; a process that had
-    opened the removed file notices, because the path no longer names the file it locked, and tries again)."""
+    """An exclusive lock on ``folder/.lock``. ``created``: this lock made the file, which a refused run removes
+    while holding it (a process that opened the removed file sees the path name another file, and tries again)."""
 
     def __init__(self, folder: Path):
         self.path = folder / LOCK
@@ -285,10 +271,8 @@ else:
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-# ---- the metrics log ---------------------------------------------------------------------------------
 def read_metrics(path: Path, say=print) -> list[dict]:
-    """The rows of ``metrics.jsonl``. A line that is not a JSON object with a "step" (a torn last
-    line, when a process died while appending it) is dropped, and ``say`` tells which."""
+    """The rows of ``metrics.jsonl``; a line that is not a JSON object with a "step" (torn) is dropped, said."""
     if not path.exists():
         return []
     rows, dropped = [], []

@@ -1,5 +1,4 @@
-"""Ctrl-C and SIGTERM: the first Ctrl-C stops the run after the step in progress (under torchrun, at the step
-where the processes agree), a second aborts; SIGTERM under torchrun is a ``RankFailedError``."""
+"""Ctrl-C stops a run after the step in progress (a second aborts); SIGTERM under torchrun is a ``RankFailedError``."""
 
 import signal
 import sys
@@ -9,8 +8,7 @@ from .distributed import RankFailedError
 
 
 class StopSignals:
-    """While active: the first Ctrl-C sets ``requested``; ``many`` (torchrun): SIGTERM raises and a second
-    Ctrl-C does not abort. ``what_happens`` finishes the sentence "Ctrl-C: stopping after this step"."""
+    """While active the first Ctrl-C sets ``requested``; ``many`` (torchrun): SIGTERM raises, a second Ctrl-C waits."""
 
     def __init__(self, many: bool = False, what_happens: str = "", say: bool = True):
         self.requested = False

@@ -1,10 +1,6 @@
-"""How the course decides between two models: the paired t interval of their loss difference over seeds,
-its verdict, and a learning rate chosen on some seeds and reported on others.
-
-Paired: two models trained with the same seed see the same batches, so the differences d_i = b_i - a_i carry
-less noise than the two means; the interval is d̄ ± t_{(1+c)/2, n-1} · s_d / sqrt(n). Separate seeds: the
-rate that did best on the seeds that chose it is flattered there (the luckiest of several draws).
-"""
+"""How the course decides between two models: the paired t interval d̄ ± t_{(1+c)/2, n-1} · s_d / sqrt(n) of
+their loss differences d_i = b_i - a_i over seeds (one seed, the same batches: less noise than two means), its
+verdict, and the rate rule (chosen on some seeds, reported on others, where the choice flatters it less)."""
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,7 +11,6 @@ LOWER, HIGHER, INCONCLUSIVE = "lower", "higher", "inconclusive at this scale"
 MAX_DF = 10_000  # the exact CDF sums df/2 terms (fast up to here); far more than any count of seeds
 
 
-# ---- Student's t distribution ---------------------------------------------------------------------------
 def _check_df(df) -> int:
     if isinstance(df, bool) or not isinstance(df, int) or not 1 <= df <= MAX_DF:
         raise ValueError(f"df must be an int in [1, {MAX_DF:,}], got {df!r}")
@@ -65,7 +60,6 @@ def t_quantile(p: float, df: int) -> float:
     return t if p > 0.5 else -t
 
 
-# ---- intervals and verdicts -------------------------------------------------------------------------------
 def _finite_values(name: str, values) -> list[float]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise TypeError(f"{name} must be a sequence of numbers, got {type(values).__name__}")
@@ -132,8 +126,7 @@ class Interval:
 
 
 def mean_interval(values, confidence: float = CONFIDENCE) -> Interval:
-    """The mean of ``values`` (at least 2) with its t interval. A non-finite value (a diverged run) makes
-    the mean inf and the interval undefined (``format`` says "diverged")."""
+    """The mean of ``values`` (at least 2) with its t interval; a non-finite value (a diverged run) makes it inf."""
     xs = _finite_values("values", values)
     _check_confidence(confidence)
     if len(xs) < 2:
@@ -214,9 +207,8 @@ class PairedDifference:
 
 
 def paired_difference(a, b, confidence: float = CONFIDENCE) -> PairedDifference:
-    """b minus a over paired seeds. ``a`` and ``b``: mappings seed -> loss with the same seeds (paired by
-    seed), or sequences of equal length (paired by position). At least 2 pairs; a loss of None counts as a
-    diverged run (inf)."""
+    """b minus a over at least 2 paired seeds: mappings seed -> loss with the same seeds, or sequences of one
+    length (paired by position); a loss of None is a diverged run."""
     _check_confidence(confidence)
     if isinstance(a, Mapping) != isinstance(b, Mapping):
         raise TypeError("a and b must both be mappings seed -> loss, or both sequences")
@@ -272,8 +264,7 @@ def holm_verdicts(diffs: Sequence[PairedDifference], alpha: float = 1 - CONFIDEN
 
 
 def band(curves: Sequence[Sequence[float]], confidence: float = CONFIDENCE) -> tuple[list, list, list]:
-    """Per point of equally long curves (one per seed): the mean and the t interval's low and high ends,
-    for a plot that draws the seed mean with a band."""
+    """Per point of equally long curves (one per seed): the mean and the t interval's ends, for a plotted band."""
     curves = [_finite_values("curves[i]", c) for c in curves]
     if len(curves) < 2 or len({len(c) for c in curves}) != 1 or not curves[0]:
         raise ValueError(f"curves must be at least 2 non-empty sequences of one length, got lengths "
@@ -282,7 +273,6 @@ def band(curves: Sequence[Sequence[float]], confidence: float = CONFIDENCE) -> t
     return [i.mean for i in intervals], [i.low for i in intervals], [i.high for i in intervals]
 
 
-# ---- choosing a rate on some seeds, reporting on others -----------------------------------------------------
 @dataclass(frozen=True)
 class Selection:
     """One model: the rate chosen on the selection seeds and its losses on the reported seeds."""
@@ -317,11 +307,9 @@ class Selection:
         return mean_interval([self.reported[s] for s in self.reported_seeds])
 
 
-
 def choose_rate(means_by_rate: Mapping[float, float]) -> float:
-    """The rate to report: the one with the lowest mean loss over the selection seeds. A tie goes to the lower
-    rate (the safer step, and a choice that does not depend on the order the rates were tried in). A non-finite
-    mean (inf: a run diverged; nan) is never chosen unless every mean is, and then the lowest rate is."""
+    """The rate with the lowest mean loss over the selection seeds; a tie goes to the lower (safer) rate, and a
+    non-finite mean (a run diverged) is never chosen unless every mean is, and then the lowest rate is."""
     if not means_by_rate:
         raise ValueError("means_by_rate must hold at least one rate and its mean loss")
     finite = {lr: mean for lr, mean in means_by_rate.items() if math.isfinite(mean)}
@@ -330,81 +318,6 @@ def choose_rate(means_by_rate: Mapping[float, float]) -> float:
     return min(finite, key=lambda lr: (finite[lr], lr))
 
 
-def _loss(row: Mapping, key: str) -> float:
-    value = row[key]
-    if value is None:
-        return math.inf  # a run that diverged
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"{key} must be a number or None (diverged), got {value!r} in {dict(row)}")
-    return float(value)
-
-
-def _check_seeds(name: str, seeds) -> tuple[int, ...]:
-    seeds = tuple(seeds)
-    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise ValueError(f"{name} must be a non-empty sequence of int seeds, got {list(seeds)}")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"{name} must be distinct, got {list(seeds)}")
-    return seeds
-
-
-def select_and_report(rows: Iterable[Mapping], selection_seeds, reported_seeds, models=None,
-                      loss_key: str = "loss") -> dict[str, Selection]:
-    """For each model in a results table, the rate with the lowest mean loss over ``selection_seeds``
-    (``choose_rate``: ties go to the lower rate) and the losses at that rate on ``reported_seeds``, which must
-    be other seeds.
-
-    ``rows``: mappings with "model", "lr", "seed" and ``loss_key`` (None or inf: the run diverged). Every rate a
-    model was tried at needs every selection seed; the reported seeds are needed at the chosen rate only (runs at
-    other rates on those seeds are ignored). ``models`` picks and orders the models (default: as they appear)."""
-    selection_seeds = _check_seeds("selection_seeds", selection_seeds)
-    reported_seeds = _check_seeds("reported_seeds", reported_seeds)
-    shared = set(selection_seeds) & set(reported_seeds)
-    if shared:
-        raise ValueError(f"selection_seeds and reported_seeds must be different seeds; both hold {sorted(shared)}")
-    table: dict[str, dict[float, dict[int, float]]] = {}
-    for row in rows:
-        missing = {"model", "lr", "seed", loss_key} - set(row)
-        if missing:
-            raise ValueError(f"each row needs model, lr, seed and {loss_key}; {dict(row)} lacks {sorted(missing)}")
-        runs = table.setdefault(row["model"], {}).setdefault(float(row["lr"]), {})
-        if row["seed"] in runs:
-            raise ValueError(f"two rows for model {row['model']!r}, lr {row['lr']:g}, seed {row['seed']}")
-        runs[row["seed"]] = _loss(row, loss_key)
-    models = list(table) if models is None else list(models)
-    unknown = [m for m in models if m not in table]
-    if unknown:
-        raise ValueError(f"models {unknown} have no rows (the table holds {list(table)})")
-    out = {}
-    for model in models:
-        by_rate = {lr: runs for lr, runs in table[model].items() if set(runs) & set(selection_seeds)}
-        if not by_rate:
-            raise ValueError(f"model {model!r} has no runs on the selection seeds {list(selection_seeds)}")
-        for lr, runs in by_rate.items():
-            lacking = [s for s in selection_seeds if s not in runs]
-            if lacking:
-                raise ValueError(f"model {model!r} at lr {lr:g} lacks selection seeds {lacking}")
-        losses = {lr: {s: runs[s] for s in selection_seeds} for lr, runs in sorted(by_rate.items())}
-        means = {lr: math.fsum(runs.values()) / len(runs) for lr, runs in losses.items()}
-        chosen = choose_rate(means)
-        at_chosen = table[model][chosen]
-        lacking = [s for s in reported_seeds if s not in at_chosen]
-        if lacking:
-            raise ValueError(f"model {model!r} at its chosen lr {chosen:g} lacks reported seeds {lacking}")
-        out[model] = Selection(model, chosen, selection_seeds, losses, {s: at_chosen[s] for s in reported_seeds})
-    return out
-
-
-def difference(selections: Mapping[str, Selection], a: str, b: str,
-               confidence: float = CONFIDENCE) -> PairedDifference:
-    """b minus a on their reported seeds, each model at its own chosen rate."""
-    for name in (a, b):
-        if name not in selections:
-            raise ValueError(f"model {name!r} is not among the selections {list(selections)}")
-    return paired_difference(selections[a].reported, selections[b].reported, confidence)
-
-
-# ---- formatting -------------------------------------------------------------------------------------------
 def format_seeds(seeds: Sequence[int]) -> str:
     """"0-3" for a run of consecutive seeds, else "0, 2, 5"."""
     seeds = sorted(seeds)
@@ -414,8 +327,7 @@ def format_seeds(seeds: Sequence[int]) -> str:
 
 
 def selection_row(sel: Selection, label: str | None = None, digits: int = 4) -> dict[str, str]:
-    """One model's line of a results table, as text: chosen rate, the selection means, the reported mean with
-    its interval, and the seeds of each role."""
+    """One model's row of a results table: chosen rate, selection means, reported mean ± interval, seeds."""
     means = ", ".join(f"{lr:g}: " + (f"{m:.{digits}f}" if math.isfinite(m) else "diverged")
                       for lr, m in sorted(sel.selection_means.items()))
     return {"model": label or sel.model,

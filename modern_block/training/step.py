@@ -1,7 +1,5 @@
-"""One training step and one evaluation, as functions of their inputs (no files, no printing, no timing),
-and ``Forward``: the model as the steps call it (compiled or not, data-parallel or not, falling back to eager
-mode once if the compiler fails). Losses stay on the device: reading one back would wait for it.
-"""
+"""One training step and one evaluation as functions of their inputs (losses stay on the device), and
+``Forward``: the model as they call it, compiled or not, data-parallel or not."""
 
 import contextlib
 import warnings
@@ -59,8 +57,8 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler, g
 
 def train_step(model: nn.Module, batch, optimizer: torch.optim.Optimizer, scaler, lr: float, micro: int,
                grad_clip: float, autocast=contextlib.nullcontext) -> torch.Tensor:
-    """One optimizer step on ``batch`` (x, y: [B, T]) at learning rate ``lr``, ``micro`` sequences per
-    forward/backward, the gradient norm clipped to ``grad_clip`` (0: no clipping); returns its mean loss."""
+    """One optimizer step on ``batch`` (x, y: [B, T]) at rate ``lr``, ``micro`` sequences per pass, the gradient
+    norm clipped to ``grad_clip`` (0: none); returns the mean loss."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     loss = forward_backward(model, batch, scaler, micro, autocast)
@@ -78,10 +76,8 @@ def eval_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int,
 
 
 class Forward:
-    """The model as the steps call it: ``train`` (inside DistributedDataParallel when ``wrap`` is given)
-    and ``eval``, both compiled when ``compiled``. ``call(fn, on_fallback)`` runs fn(); if the compiled
-    model fails (no compiler, unsupported platform), it warns, calls ``on_fallback``, switches to eager
-    and runs fn() again: errors that eager mode also raises are raised from there."""
+    """The model as the steps call it: ``train`` (data-parallel after ``distribute``) and ``eval``, compiled when
+    ``compiled``. ``call(fn, on_fallback)``: if the compiled model fails, warn, fall back to eager, run fn() again."""
 
     def __init__(self, model: nn.Module, compiled: bool):
         self.model, self.compiled, self._wrap = model, compiled, None

@@ -1,14 +1,11 @@
-"""One study design for every comparison: models trained on one budget, each at the rate chosen on some seeds
-and reported on others, compared by the paired t interval (``training.statistics``).
-
-``Study`` is a configuration (``STUDIES``: quick, laptop, gpu, ladder, ablations); ``run_study`` trains it,
-every run in its own folder (resumable; a finished run is read back) through one worker pool, and returns
-``Results``; ``training.report`` writes them.
-"""
+"""One study design for every comparison: models on one budget, each at the rate chosen on some seeds and
+reported on others, compared by the paired t interval. ``STUDIES`` holds its configurations; ``run_study``
+trains one (every run in its own resumable folder) and returns ``Results``."""
 
 import math
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -18,7 +15,7 @@ import torch
 from .config import TrainConfig, gpu_config, laptop_config, quick_config, with_rate
 from .data import Corpus, load_corpus
 from .rungs import ABLATION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
-from .statistics import PairedDifference, Selection, choose_rate, difference, select_and_report
+from .statistics import PairedDifference, Selection, choose_rate, paired_difference
 from .trainer import TrainResult
 from .workers import read_record, run_dir, train_many
 
@@ -41,9 +38,9 @@ class Anchor:
 
 @dataclass(frozen=True)
 class Study:
-    """Which models, on which budget (``base``: its arch, rate and seed are set per run), at which peak rates,
-    chosen on ``selection_seeds`` and reported on ``reported_seeds``; ``pairs`` (a, b): the differences b - a to
-    report; ``recorded_steps``: how many first steps of each run results.json keeps (None: all)."""
+    """Models on the budget ``base`` at the peak rates chosen on ``selection_seeds``, reported on
+    ``reported_seeds``; ``pairs`` (a, b): the differences b - a to report; ``recorded_steps``: the steps of each
+    run results.json keeps (None: all)."""
 
     name: str
     base: TrainConfig
@@ -72,12 +69,10 @@ class Study:
             self.config(self.models[0], lr, self.selection_seeds[0])  # a rate TrainConfig refuses fails here
 
     def config(self, model: str, lr: float, seed: int) -> TrainConfig:
-        """One run's settings: the budget with this model, peak rate and seed."""
         return with_rate(replace(self.base, arch=f"ladder:{model}", seed=seed), lr)
 
     def with_options(self, models=None, rates=None, selection_seeds=None, reported_seeds=None,
                      **settings) -> "Study":
-        """The study with some of its models, other rates or seeds, or budget settings changed."""
         models = tuple(models or self.models)
         return replace(self, base=replace(self.base, **settings), models=models,
                        rates=tuple(rates or self.rates), selection_seeds=tuple(selection_seeds or self.selection_seeds),
@@ -114,8 +109,8 @@ def final_loss(record: dict) -> float:
 
 @dataclass
 class Results:
-    """A study's runs (``runs``: one record each, ``TrainResult.summary``'s names plus model, lr, seed and role)
-    and what they show. ``trained`` holds the runs trained in this process, models included."""
+    """A study's runs (``TrainResult.summary``'s records with model, lr, seed and role) and what they show;
+    ``trained``: the ``TrainResult``s of the runs trained in this process."""
 
     study: Study
     runs: list[dict] = field(default_factory=list)
@@ -135,19 +130,25 @@ class Results:
     def record(self, model: str, lr: float, seed: int) -> dict | None:
         return next((r for r in self.runs if (r["model"], r["lr"], r["seed"]) == (model, lr, seed)), None)
 
+    def _losses(self, model: str, lr: float, seeds) -> dict[int, float] | None:
+        """Seed -> final loss of the model's runs at ``lr`` (inf: diverged); None until all of them are in."""
+        runs = {s: self.record(model, lr, s) for s in seeds}
+        return {s: final_loss(r) for s, r in runs.items() if r is not None} if all(runs.values()) else None
+
+    def _selection(self, model: str, seeds=()) -> Selection | None:
+        """The model's rate, the lowest mean final loss on the selection seeds (None until all its selection runs
+        are in), with its losses at that rate on ``seeds``."""
+        s = self.study
+        losses = {lr: self._losses(model, lr, s.selection_seeds) for lr in s.rates}
+        if not all(v is not None for v in losses.values()):
+            return None
+        chosen = choose_rate({lr: math.fsum(v.values()) / len(v) for lr, v in losses.items() if v is not None})
+        return Selection(model, chosen, s.selection_seeds, losses, self._losses(model, chosen, seeds) or {})
+
     def chosen_rates(self) -> dict[str, float]:
-        """Each model's rate, the lowest mean final loss on the selection seeds (models whose selection runs
-        are not all there are left out)."""
-        out = {}
-        for m in self.study.models:
-            runs = [[self.record(m, lr, s) or {} for s in self.study.selection_seeds] for lr in self.study.rates]
-            if all(rs for r in runs for rs in r):
-                means = [math.fsum(final_loss(r) for r in rs) / len(rs) for rs in runs]
-                out[m] = choose_rate(dict(zip(self.study.rates, means, strict=True)))
-        return out
+        return {m: sel.lr for m in self.study.models if (sel := self._selection(m)) is not None}
 
     def planned(self, role: str) -> list[tuple[str, float, int]]:
-        """(model, lr, seed) of every run of a role that can be planned so far."""
         s = self.study
         if role == "selection":
             return [(m, lr, seed) for m in s.models for lr in s.rates for seed in s.selection_seeds]
@@ -176,18 +177,16 @@ class Results:
     def selections(self) -> dict[str, Selection]:
         """Each model's ``Selection`` on the reported seeds every model has finished ({} before the first)."""
         seeds = self.complete_seeds
-        if not seeds:
-            return {}
-        rows = [{"model": r["model"], "lr": r["lr"], "seed": r["seed"], "loss": final_loss(r)} for r in self.runs
-                if r["role"] != "anchor" and (r["seed"] in self.study.selection_seeds or r["seed"] in seeds)]
-        return select_and_report(rows, self.study.selection_seeds, seeds, self.study.models)
+        return {m: sel for m in self.study.models if seeds and (sel := self._selection(m, seeds)) is not None}
 
     def difference(self, a: str, b: str) -> PairedDifference:
         """b minus a on the reported seeds, each at its chosen rate, paired by seed."""
-        return difference(self.selections, a, b)
+        sel = self.selections
+        if a not in sel or b not in sel:
+            raise ValueError(f"a and b must be models with reported runs {list(sel)}, got {a!r} and {b!r}")
+        return paired_difference(sel[a].reported, sel[b].reported)
 
     def reported(self, model: str) -> list:
-        """The model's runs at its chosen rate on the reported seeds: ``TrainResult``s when trained here."""
         lr = self.chosen_rates()[model]
         return [self.trained.get((model, lr, s)) or self.record(model, lr, s) for s in self.complete_seeds]
 
@@ -216,49 +215,88 @@ class Results:
         return cls(study, list(data["runs"]), data["command"], data["corpus"], data["machine"], data["wall_s"])
 
 
-@dataclass
-class _Progress:
-    """One line per finished run of a phase: "[3/8] selection llama lr 0.008 seed 1: final val loss 2.4768"."""
+def time_left(elapsed: float, trained: int, left: int) -> float | None:
+    """Seconds until ``left`` more runs end, at the pace of the ``trained`` runs so far (None before the first)."""
+    return elapsed / trained * left if trained else None
 
-    say: Callable[[str], None]
-    role: str
-    total: int
-    start: float
-    done: int = 0
 
-    def __call__(self, cfg: TrainConfig, result) -> None:
-        self.done += 1
+class Progress:
+    """One bar over every run of a study: tqdm's on a terminal, else one line per finished run
+    ("[3/28] selection llama lr 0.008 seed 1: final val loss 2.4768 (12 s, ~95 s left)")."""
+
+    def __init__(self, total: int, say: Callable[[str], None], bar: bool):
+        self.total, self.done, self.trained, self.say = total, 0, 0, say
+        self.start = time.perf_counter()
+        self.bar = None
+        if bar:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc="runs", dynamic_ncols=True, bar_format="{l_bar}{bar}| {n}/{total} "
+                            "[{elapsed}{postfix}]")
+
+    def expect(self, total: int) -> None:
+        self.total = total
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.refresh()
+
+    def read_back(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def __call__(self, role: str, cfg: TrainConfig, result) -> None:
+        self.done, self.trained = self.done + 1, self.trained + 1
+        elapsed = time.perf_counter() - self.start
+        left = time_left(elapsed, self.trained, self.total - self.done)
         value = final_loss(result if isinstance(result, dict) else result.summary())
         loss = "diverged" if math.isinf(value) else f"final val loss {value:.4f}"
-        self.say(f"[{self.done}/{self.total}] {self.role:9} {cfg.arch.removeprefix('ladder:')} lr {cfg.lr:g} "
-                 f"seed {cfg.seed}: {loss} ({time.perf_counter() - self.start:,.0f} s since start)")
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"~{left:,.0f} s left; last: {role} {cfg.arch.removeprefix('ladder:')} {loss}",
+                                     refresh=False)
+            self.bar.update(1)
+            return
+        self.say(f"[{self.done}/{self.total}] {role:9} {cfg.arch.removeprefix('ladder:')} lr {cfg.lr:g} seed "
+                 f"{cfg.seed}: {loss} ({elapsed:,.0f} s, ~{left:,.0f} s left)")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=1, cache: dict | None = None,
-              command: str = "", say=print, train: bool = True) -> Results:
+              command: str = "", say=print, train: bool = True, bar: bool | None = None) -> Results:
     """Train ``study``: every model at every rate on the selection seeds, then each at its chosen rate on the
-    reported seeds (and the anchor). With ``out_dir`` each run has its folder there: a finished run is read
-    back and an interrupted one resumes, so a stopped study continues where it stopped; ``train=False`` only
-    reads back what is finished. ``workers``: as ``train_many``; ``cache``: runs shared between studies."""
-    start = time.perf_counter()
+    reported seeds (and the anchor). With ``out_dir`` each run has its folder there: a finished run is read back,
+    an interrupted one resumes; ``train=False`` only reads back. ``workers``: as ``train_many``; ``cache``: runs
+    shared between studies; ``bar``: one progress bar (default: when stderr is a terminal), else a line per run."""
     corpus = corpus if corpus is not None else load_corpus(verbose=False)
     results = Results(study, command=command, corpus=corpus.name)
-    for role in ROLES:
-        todo = []
-        for run in results.planned(role):
-            folder = run_dir(out_dir, study.config(*run))
-            record = read_record(folder, study.config(*run)) if folder is not None else None
-            if record is not None:
-                results.add(*run, role, record)
-            else:
-                todo.append(run)
-        if len(todo) < len(results.planned(role)):
-            say(f"{role}: {len(results.planned(role)) - len(todo)} run(s) already finished in {out_dir}: read back")
-        if not (train and todo):
-            continue
-        on_done = _Progress(say, role, len(todo), start)
-        got = train_many([study.config(*run) for run in todo], corpus, workers, out_dir, cache, on_done=on_done)
-        for run, result in zip(todo, got, strict=True):
-            results.add(*run, role, result)
-    results.wall_s = time.perf_counter() - start
+    seeds = len(study.reported_seeds)
+    progress = Progress(len(results.planned("selection")) + seeds * (len(study.models) + bool(study.anchor)), say,
+                        sys.stderr.isatty() if bar is None else bar)
+    try:
+        for i, role in enumerate(ROLES):
+            if i > 0:
+                progress.expect(progress.done + sum(len(results.planned(r)) for r in ROLES[i:]))
+            todo = []
+            for run in results.planned(role):
+                folder = run_dir(out_dir, study.config(*run))
+                record = read_record(folder, study.config(*run)) if folder is not None else None
+                if record is not None:
+                    results.add(*run, role, record)
+                else:
+                    todo.append(run)
+            if len(todo) < len(results.planned(role)):
+                progress.read_back(len(results.planned(role)) - len(todo))
+                say(f"{role}: {len(results.planned(role)) - len(todo)} run(s) already finished in {out_dir}: read back")
+            if not (train and todo):
+                continue
+            got = train_many([study.config(*run) for run in todo], corpus, workers, out_dir, cache, progress=False,
+                             on_done=lambda cfg, result, role=role: progress(role, cfg, result))
+            for run, result in zip(todo, got, strict=True):
+                results.add(*run, role, result)
+    finally:
+        progress.close()
+    results.wall_s = time.perf_counter() - progress.start
     return results

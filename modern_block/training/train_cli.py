@@ -1,11 +1,5 @@
-"""``python -m modern_block train``: train one model on characters, and continue it with ``--resume``.
-
-    python -m modern_block train --arch llama --quick --out runs/llama [--resume]
-    torchrun --nproc_per_node 2 -m modern_block train --arch llama --out runs/llama
-
-Exit status: 0 done; 2 a usage error (a ``ConfigError``); 1 the run failed, in one line that says what is kept;
-130 interrupted.
-"""
+"""``python -m modern_block train --arch llama --quick --out runs/llama [--resume]`` (or under torchrun): one run.
+Exit status: 0 done; 2 a usage error; 1 the run failed, saying what is kept; 130 interrupted."""
 
 import argparse
 import shlex

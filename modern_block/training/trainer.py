@@ -1,7 +1,5 @@
-"""The training loop: ``train(cfg, out_dir)`` trains one model on characters and resumes exactly where a run
-stopped (a checkpoint every evaluation holds every state, random ones included). A non-finite loss, Ctrl-C, a
-refused write or a failed peer stops the run saying what is kept; under torchrun every process trains its share
-of the global batch (``training.distributed``)."""
+"""The training loop: ``train(cfg, out_dir)`` trains one model on characters and resumes exactly where it stopped.
+A non-finite loss, Ctrl-C, a refused write or a failed peer stops the run saying what is kept."""
 
 import contextlib
 import math
@@ -69,8 +67,7 @@ class TrainResult:
         return self.metrics[-1]["val_loss"]
 
     def summary(self) -> dict:
-        """The run's record (``DIR/summary.json``; ``training.study`` reads it back): one set of names for a
-        run's result everywhere, ``diverged`` None here and the message for a run stopped by a non-finite loss."""
+        """The run's record, ``DIR/summary.json`` (``diverged``: the message of a run stopped by a non-finite loss)."""
         return {"arch": self.config.arch, "config": asdict(self.config), "corpus": self.corpus, "diverged": None,
                 "n_params": self.n_params, "flops_per_token": self.flops_per_token,
                 "best_val_loss": self.best_val_loss, "final_val_loss": self.final_val_loss,
@@ -109,10 +106,8 @@ class Clock:
 
 
 class Trainer:
-    """One training run; see the module docstring. ``run()`` trains to ``max_steps`` (or ``until``).
-
-    ``out_dir`` holding an earlier run is refused unless ``resume`` (continue it) or ``overwrite``
-    (start it over); while the trainer exists it holds the folder's lock (``close()`` releases it)."""
+    """One run in ``out_dir``, whose lock it holds until ``close()``; an earlier run there is refused unless
+    ``resume`` (continue it) or ``overwrite`` (start it over)."""
 
     def __init__(self, cfg: TrainConfig, out_dir=None, resume: bool = False, corpus: Corpus | None = None,
                  checkpoints: bool = True, progress: bool | None = None, verbose: bool = True,
@@ -142,20 +137,17 @@ class Trainer:
             self.folder.abandon()  # refused: the folders and the lock file this run made go again
             raise
 
-    # ---- setting up --------------------------------------------------------------------------
     def _build(self, cfg: TrainConfig, ckpt: dict | None, corpus: Corpus | None, verbose: bool) -> None:
-        """Everything local to this process (``training.parts``), and the state to resume from."""
         cfg = resumed_config(cfg, saved_config(ckpt, self.folder.checkpoint)) if ckpt is not None else cfg
         self.parts = build_parts(cfg, self.procs, corpus, verbose and self.procs.is_main, ckpt)
         self.run_id = uuid.uuid4().hex  # which run the files belong to (a resumed run keeps its own)
         self.cfg, self.model, self.setup, self.forward = cfg, self.parts.model, self.parts.setup, self.parts.forward
         self.n_params, self.flops_per_token = count_parameters(self.model), self.parts.flops_per_token
-        # MFU is per device: the run's tokens/s against the peak of all its devices together
         self.peak_flops = self.setup.peak[1] * self.procs.ranks.world_size if self.setup.peak else None
         self.step, self.elapsed = 0, 0.0
-        self.metrics: list[dict] = []  # the evaluations so far
-        self.losses: list[float] = []  # the training loss of every step
-        self.rates: list[tuple[float, bool]] = []  # tokens/s of each evaluation interval, (rate, first of a session)
+        self.metrics: list[dict] = []
+        self.losses: list[float] = []  # of every step
+        self.rates: list[tuple[float, bool]] = []  # (tokens/s, first of a session) of each evaluation interval
         self._pending: list[torch.Tensor] = []  # losses not yet read back from the device
         self._last_saved: int | None = None
         self._mid_step = False
@@ -171,12 +163,11 @@ class Trainer:
                 "rng_ranks": rng if self.procs.many else None, "run_id": self.run_id, "metrics": list(self.metrics)}
 
     def _restore(self, ckpt: dict) -> None:
-        """This process's state from the checkpoint (each process reads the same file)."""
         self.parts.restore(ckpt, self.folder.checkpoint)
         self.step, self.elapsed = ckpt["step"], ckpt["elapsed_s"]
         self.losses = list(ckpt["losses"])
         self.rates = [(rate, bool(first)) for rate, first in ckpt.get("rates", [])]
-        self.run_id = ckpt.get("run_id", self.run_id)
+        self.run_id = ckpt["run_id"]
         self._last_saved = self.step
         saved_world, ranks = ckpt.get("world_size", 1), self.procs.ranks
         states = ckpt.get("rng_ranks") or [{"cpu": ckpt["rng_cpu"], "cuda": ckpt["rng_cuda"]}]
@@ -196,30 +187,26 @@ class Trainer:
                       "the original run would have")
 
     def _join(self, ckpt: dict | None) -> None:
-        """What the processes do together once each is set up: wrap the model for data parallelism
-        (which copies rank 0's weights to all) and share rank 0's metrics log."""
+        """Wrap the model for data parallelism (rank 0's weights to all) and share rank 0's metrics log."""
         if self.procs.many:
             self.forward.distribute(lambda module: self.procs.wrap(module, self.setup.device))
         if ckpt is None:
             self.folder.start()  # every check passed: now an earlier run's files may go
             return
-        rows = self.folder.resumed_metrics(self.step, ckpt.get("metrics"), ckpt.get("run_id"), say=self._say)
+        rows = self.folder.resumed_metrics(self.step, ckpt["metrics"], ckpt["run_id"], say=self._say)
         self.metrics = distributed.broadcast_object(rows)
         self._say(f"resumed from {self.folder.checkpoint} at step {self.step}")
 
     def close(self) -> None:
-        """Release the folder's lock (``train()`` does this when the run ends, however it ends)."""
         if getattr(self, "folder", None) is not None:
             self.folder.release()
 
     def __del__(self):
         self.close()
 
-    # ---- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:
-        """Write ``DIR/ckpt.pt`` (rank 0; see ``training.checkpoint``), after checking that every
-        parameter is finite: a bad state never replaces the last good checkpoint. Every process
-        takes part: the checkpoint holds each one's random state."""
+        """Write ``DIR/ckpt.pt`` (rank 0, with every process's random state) if every parameter is finite:
+        a bad state never replaces the last good checkpoint."""
         if not self.folder.keeps_checkpoints:
             return None
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
@@ -246,9 +233,7 @@ class Trainer:
             return "No checkpoint had been written yet."
         return f"The last good checkpoint (step {self._last_saved}) is kept in {self.folder.checkpoint}."
 
-    # ---- one step, the losses, evaluation ----------------------------------------------------
     def _train_step(self, first: bool) -> None:
-        """One step (``training.step.train_step``) on this process's share of the next global batch."""
         self._mid_step = True  # from here until the step is counted, the state is half-updated
         batch = next(self.parts.sampler)  # x, y: [B / processes, T] each
 
@@ -264,9 +249,8 @@ class Trainer:
         self.parts.optimizer.zero_grad(set_to_none=True)
 
     def _read_losses(self, stop_requested: bool = False) -> bool:
-        """Bring pending losses to the host (one synchronisation) and stop on a non-finite one.
-        With several processes, the losses are averaged over them and the processes agree whether
-        any of them was asked to stop (Ctrl-C); returns that agreement."""
+        """Bring pending losses to the host (averaged over the processes) and stop on a non-finite one; returns
+        whether any process was asked to stop (Ctrl-C)."""
         if not self._pending:
             return stop_requested
         means, stop_requested = self.procs.mean_and_any(torch.stack(self._pending), stop_requested)
@@ -283,8 +267,7 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean loss over the fixed train and val batches, in eval mode (no dropout). With several
-        processes each evaluates its share of the batches, and the losses are gathered in order."""
+        """Mean loss over the fixed train and val batches in eval mode, each process evaluating its share."""
         self.model.eval()
         try:
             out = {}
@@ -313,7 +296,6 @@ class Trainer:
         self._say(f"step {self.step:>5}: train {row['train_loss']:.4f}, val {row['val_loss']:.4f}{rate}{util_text}")
         return row
 
-    # ---- the loop ----------------------------------------------------------------------------
     def _say(self, text: str) -> None:
         if self.verbose:
             from tqdm.auto import tqdm
@@ -335,7 +317,7 @@ class Trainer:
 
     def _sync(self, requested: bool, stop: int, bar) -> bool:
         """At a reading point (``log_interval``, an evaluation, the last step) read the losses back; returns
-        whether the processes agreed there to stop (Ctrl-C in any of them)."""
+        whether the processes agreed there to stop."""
         if not (self._eval_due() or self.step % self.cfg.log_interval == 0 or self.step == stop):
             return False
         agreed = self._read_losses(requested)
@@ -350,10 +332,12 @@ class Trainer:
         clock.restart_lap()
 
     def run(self, until: int | None = None, on_step=None) -> TrainResult:
-        """Train up to ``until`` (default ``max_steps``) steps in all. ``on_step(trainer)`` is called
-        after every step (tests use it to interrupt or corrupt a run)."""
+        """Train up to ``until`` (default ``max_steps``) steps in all; ``on_step(trainer)`` after every step."""
         stop = self.cfg.max_steps if until is None else min(until, self.cfg.max_steps)
-        self._announce()
+        if self.step >= self.cfg.max_steps:
+            self._say(f"the run in {self.folder.path} is already finished (step {self.step} of {self.cfg.max_steps}); "
+                      "nothing to train")
+        self._say(self.describe())
         clock, first_step = Clock(self.elapsed, self.setup.device), self.step
         what_happens = " and saving a checkpoint" if self.folder.keeps_checkpoints else ""
         signals = StopSignals(self.procs.many, what_happens, say=self.procs.is_main)
@@ -377,12 +361,6 @@ class Trainer:
                 self.save_checkpoint()  # paused at ``until``
         return self.result()
 
-    def _announce(self) -> None:
-        if self.step >= self.cfg.max_steps:
-            self._say(f"the run in {self.folder.path} is already finished (step {self.step} of {self.cfg.max_steps}); "
-                      "nothing to train")
-        self._say(self.describe())
-
     def _progress_bar(self):
         from tqdm.auto import tqdm
 
@@ -391,8 +369,7 @@ class Trainer:
 
     @contextlib.contextmanager
     def _interruptions(self, clock: Clock):
-        """Ctrl-C after a whole step: save a checkpoint and say how to go on; inside a step (the state is
-        half-updated): keep the last checkpoint. A failed exchange with another process: a ``RankFailedError``."""
+        """Ctrl-C after a whole step saves a checkpoint, inside one keeps the last; a failed peer: RankFailedError."""
         try:
             yield
         except KeyboardInterrupt:
@@ -414,9 +391,8 @@ class Trainer:
             raise
 
     def result(self) -> TrainResult:
-        """The run's ``TrainResult``; rank 0 writes it to ``DIR/summary.json``. Throughput: the
-        median over evaluation intervals, of every session of the run, leaving out the first of
-        each session (compilation, warm-up) when there are others."""
+        """The run's ``TrainResult`` (rank 0 writes ``DIR/summary.json``). Throughput: the median over evaluation
+        intervals of every session, without each session's first (compilation, warm-up) when there are others."""
         steady = [r for r, first in self.rates if not first] or [r for r, _ in self.rates]
         tps = statistics.median(steady) if steady else None
         util = mfu(self.flops_per_token, tps, self.peak_flops) if tps else None
@@ -436,8 +412,7 @@ class Trainer:
 def train(cfg: TrainConfig, out_dir=None, resume: bool = False, corpus: Corpus | None = None,
           checkpoints: bool = True, progress: bool | None = None, verbose: bool = True, until: int | None = None,
           on_step=None, overwrite: bool = False) -> TrainResult:
-    """Build a ``Trainer`` and run it; see the module docstring. The folder's lock is released
-    however the run ends."""
+    """Build a ``Trainer`` and run it; the folder's lock is released however the run ends."""
     trainer = Trainer(cfg, out_dir, resume, corpus, checkpoints, progress, verbose, overwrite)
     try:
         return trainer.run(until, on_step)

@@ -1,10 +1,5 @@
-"""Many trainings, here or in worker processes (one thread each): ``train_many(configs, corpus, workers)``.
-
-A run with a folder keeps a checkpoint at every evaluation and resumes from it; a finished one is read back
-(its ``summary.json``), not trained again. A run whose loss becomes non-finite comes back as ``Diverged``.
-Workers die with their parent, ignore Ctrl-C (the parent asks them to stop after their current step) and
-start no queued run once stopped.
-"""
+"""Many trainings, here or in worker processes of one thread each: ``train_many(configs, corpus, workers)``. A run
+with a folder resumes there, or is read back when finished; workers die with their parent and stop on its word."""
 
 import atexit
 import contextlib
@@ -18,7 +13,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +33,17 @@ class Diverged:
 
     config: TrainConfig
     message: str
-    metrics: list = field(default_factory=list)
-    losses: list = field(default_factory=list)
     best_val_loss: float = math.inf
     final_val_loss: float = math.inf
 
     def summary(self) -> dict:
-        """The run's record, in the names of ``TrainResult.summary``."""
         return {"arch": self.config.arch, "config": asdict(self.config), "diverged": self.message, "finished": True,
                 "final_val_loss": None, "best_val_loss": None, "metrics": [], "train_losses": [],
                 "torch": torch.__version__}
 
 
 def run_key(cfg: TrainConfig, corpus: Corpus) -> tuple:
-    """What determines a run: the text and the configuration, with a ladder model named by its switches
-    (two names for one model share their runs)."""
+    """What determines a run: the text and the settings, a model named by its switches (one model, one run)."""
     settings = asdict(cfg)
     if cfg.arch.startswith("ladder:"):
         settings["arch"] = get_rung(cfg.arch.removeprefix("ladder:")).switches
@@ -104,9 +95,8 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def die_with_parent(parent: int) -> None:
-    """End this process when ``parent`` ends, however it ends: the kernel sends SIGKILL (Linux), and a
-    thread checks every 0.2 s that ``parent`` is still this process's parent (everywhere; and for a
-    parent that died before the first line of this function)."""
+    """End this process when ``parent`` ends: the kernel's SIGKILL (Linux), and a thread that checks every 0.2 s
+    that ``parent`` is still the parent (everywhere, and for a parent that died before this line)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -152,9 +142,7 @@ def _worker_train(cfg: TrainConfig, folder):
 
 
 class WorkerPool:
-    """``n`` worker processes (spawned, one thread each) that hold ``corpus`` and train runs for
-    ``train_many``; one pool can serve many calls, so the workers start once. Close it (or use
-    ``with``) when done."""
+    """``n`` spawned worker processes holding ``corpus``, for many ``train_many`` calls; close it when done."""
 
     def __init__(self, corpus: Corpus, n: int):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -166,8 +154,7 @@ class WorkerPool:
                                          initargs=(corpus.text, corpus.name, corpus.source, os.getpid(), self._stop))
 
     def submit(self, cfg: TrainConfig, folder):
-        """Queue one run. A worker starts here when one is missing, with Ctrl-C blocked until it has set
-        itself to ignore it (a blocked signal stays blocked through the new interpreter's start)."""
+        """Queue one run; a worker started here has Ctrl-C blocked until it ignores it."""
         if not hasattr(signal, "pthread_sigmask"):
             return self._pool.submit(_worker_train, cfg, folder)
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -177,14 +164,12 @@ class WorkerPool:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def stop(self, futures) -> None:
-        """Have every worker stop after its current step and every queued run return unstarted; wait for
-        ``futures`` to settle, then take runs again."""
+        """Every worker stops after its current step, every queued run returns unstarted; then take runs again."""
         self._stop.set()
         wait(futures)  # a second Ctrl-C ends the wait, and the pool stays stopped
         self._stop.clear()
 
     def close(self) -> None:
-        """Stop the workers (runs not yet started are dropped)."""
         self._pool.shutdown(cancel_futures=True)
 
     def __enter__(self):
@@ -197,10 +182,9 @@ class WorkerPool:
 
 def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers=1, out_dir=None,
                cache: dict | None = None, progress=None, verbose: bool = False, on_done=None) -> list:
-    """A ``TrainResult``, ``Diverged`` or finished run's record per configuration, in order, each run in its
-    folder under ``out_dir`` (or none). ``workers``: 1 trains here, n > 1 in a ``WorkerPool`` made for this
-    call, or a given ``WorkerPool``. Runs in ``cache`` are not trained again; ``on_done(cfg, result)`` is
-    called as each run ends. Each run is seeded, so the results do not depend on ``workers``."""
+    """A ``TrainResult``, ``Diverged`` or finished run's record per configuration, in order, each run in its folder
+    under ``out_dir`` (or none). ``workers``: 1 trains here, n > 1 in a pool made for this call, or a given
+    ``WorkerPool``; runs in ``cache`` are not trained again; ``on_done(cfg, result)`` as each run ends."""
     if isinstance(workers, WorkerPool):
         corpus = corpus if corpus is not None else workers.corpus
         if (corpus.name, corpus.text) != (workers.corpus.name, workers.corpus.text):

@@ -22,9 +22,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import tempfile
 import unicodedata
 from dataclasses import dataclass
+from pathlib import Path
 
 from .notebook import MAX_NOTEBOOK_BYTES
 from .report import one_line
@@ -298,38 +298,13 @@ def refuse_target(path: str, option: str) -> None:
         raise OutputError(f"{option}: the folder of {path} does not exist")
 
 
-def _umask() -> int:
-    """The process's umask, read without changing it where Linux shows it (another thread may create files)."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        mask = os.umask(0o022)
-        os.umask(mask)
-        return mask
-
-
 def write_atomic(path: str, text: str, option: str) -> None:
-    """Write ``text`` (UTF-8) to a temporary file beside ``path``, then rename it over ``path``, with the mode
-    an ordinary new file gets (0644 under the usual umask 022). Raises OutputError (the target unchanged, the
-    temporary file removed)."""
+    """``text`` written whole to ``path`` (``training.files.write_text_atomic``, imported here only: the grader
+    needs no training code otherwise), never through a link; an OutputError names ``option`` and leaves it as it was."""
+    from ...training.files import write_text_atomic
+
     refuse_target(path, option)
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".grade-", suffix=".tmp", dir=folder)
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
+        write_text_atomic(Path(path), text)
     except OSError as err:
         raise OutputError(f"{option} {path}: {err.strerror or err}") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
