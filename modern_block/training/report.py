@@ -8,7 +8,8 @@ from pathlib import Path
 
 from .files import refused_writes, shown, write_atomic, write_text_atomic
 from .rungs import get_rung
-from .statistics import CONFIDENCE, PairedDifference, band, format_seeds, markdown_table, mean_interval, selection_row
+from .statistics import (CONFIDENCE, PairedDifference, band, format_seeds, holm_verdicts, markdown_table, mean_interval,
+                         selection_row)
 from .study import Results, final_loss
 
 COLORS = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray")
@@ -44,9 +45,14 @@ def report_text(results: Results) -> str:
         lines += [markdown_table([selection_row(sel[m], label(m)) for m in s.models]), ""]
     pairs = [(a, b_) for a, b_ in s.pairs if a in sel and b_ in sel]
     if pairs and len(results.complete_seeds) > 1:
-        lines += [f"## Paired differences ({len(pairs)} comparisons, each at {CONFIDENCE:.0%}, none adjusted for "
-                  "the others)", "", markdown_table([_difference_row(results.difference(a, b_), a, b_)
-                                                     for a, b_ in pairs]), ""]
+        diffs = [results.difference(a, b_) for a, b_ in pairs]
+        rows = [_difference_row(d, a, b_) for d, (a, b_) in zip(diffs, pairs, strict=True)]
+        title = f"## Paired differences ({len(pairs)} comparison{'s' * (len(pairs) > 1)}, each at {CONFIDENCE:.0%}"
+        if len(pairs) > 1 and not any(d.diverged for d in diffs):  # the chance of any false verdict among them
+            title += f"; the last column adjusts the verdicts for all {len(pairs)} together, by Holm's method"
+            for row, holm in zip(rows, holm_verdicts(diffs), strict=True):
+                row["after Holm"] = holm
+        lines += [title + ")", "", markdown_table(rows), ""]
     if s.anchor is not None:
         lines += [_anchor_sentence(results), ""]
     lines += _throughput(results)
