@@ -227,7 +227,7 @@ def test_readme_quotes_the_committed_lesson_08_run():
     quoted = re.findall(r"[−-]?\d+\.\d+|\d{1,3}(?:,\d{3})+", paragraph)
     assert len(quoted) >= 8, quoted
     for number in quoted:
-        assert number.replace("−", "-").lstrip("+") in outputs, f"README quotes {number}, which lessons 08 and 08b do not show"
+        assert number.replace("−", "-").lstrip("+") in outputs, f"README quotes {number}, not shown by lessons 08/08b"
     num = r"([+−-]\d+\.\d+)"
     claims = re.findall(num + r" \[" + num + ", " + num + r"\]: (lower|higher|inconclusive)", paragraph)
     assert len(claims) >= 2, "the caption gives its verdicts with their intervals"

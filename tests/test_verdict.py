@@ -87,7 +87,8 @@ REPLAYABLE = {"check_gpt2_block_params", "check_causal_attention", "check_gpt2_a
               "check_absorbed_scores", "check_mla_absorption", "check_qk_norm_rope", "check_llama_param_count",
               "check_flops_per_token", "check_llama3_rope_scaling", "check_ntk_scaled_base",
               "check_unpermute_qk", "check_fair_comparison", "check_dequantize_q4_0", "check_bytes_per_token",
-              "check_floor_ms", "check_kv_bytes_per_token", "check_smallest_multiple_of", "check_active_parameters"}
+              "check_floor_ms", "check_kv_bytes_per_token", "check_smallest_multiple_of", "check_active_parameters",
+              "check_verdict"}
 
 
 @pytest.mark.parametrize("check, impl", FUNCTIONS, ids=[c.__name__ for c, _ in FUNCTIONS])

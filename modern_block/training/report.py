@@ -8,8 +8,16 @@ from pathlib import Path
 
 from .files import refused_writes, shown, write_atomic, write_text_atomic
 from .rungs import get_rung
-from .statistics import (CONFIDENCE, PairedDifference, band, format_seeds, holm_verdicts, markdown_table, mean_interval,
-                         selection_row)
+from .statistics import (
+    CONFIDENCE,
+    PairedDifference,
+    band,
+    format_seeds,
+    holm_verdicts,
+    markdown_table,
+    mean_interval,
+    selection_row,
+)
 from .study import Results, final_loss
 
 COLORS = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray")
