@@ -173,11 +173,12 @@ def test_a_class_of_40_grades_in_parallel_into_the_gradebook(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_right_answers_never_fail_over_twenty_gradings_of_every_lesson(tmp_path, capsys):
+def test_right_answers_never_fail_over_ten_gradings_of_every_lesson(tmp_path, capsys):
     """Issue 25: lesson 04's exercise 3 failed about one run in five (a cache keyed by id() met a reused id).
-    Twenty students hand in every lesson's solution, graded as one class: every exercise of every row passes."""
+    Ten students hand in every lesson's solution, graded as one class: every exercise of every row passes (a
+    one-in-five failure would show in a lesson's ten rows with probability 0.89)."""
     lessons = sorted((ROOT / "solutions").glob("*.ipynb"))
-    for k in range(20):
+    for k in range(10):
         for path in lessons:
             write(tmp_path, f"student{k:02d}", path.stem, path.read_bytes())
     started = time.monotonic()
@@ -186,6 +187,6 @@ def test_right_answers_never_fail_over_twenty_gradings_of_every_lesson(tmp_path,
     seconds = time.monotonic() - started
     false = [(r.student, r.notebook, r.error or [(e.number, e.detail) for e in r.exercises if e.status != "passed"])
              for r in reports if not r.all_passed or r.cells]
-    assert len(reports) == 20 * len(lessons) == 280 and false == []  # 14 lessons: 00-11, 08b, 09b
+    assert len(reports) == 10 * len(lessons) == 140 and false == []  # 14 lessons: 00-11, 08b, 09b
     with capsys.disabled():
-        print(f"\n[twenty gradings of every lesson] {len(reports)} notebooks, no false failure, {seconds:.0f} s")
+        print(f"\n[ten gradings of every lesson] {len(reports)} notebooks, no false failure, {seconds:.0f} s")
