@@ -9,7 +9,16 @@ from pathlib import Path
 
 from .files import refused_writes, shown, write_atomic, write_text_atomic
 from .rungs import get_rung
-from .statistics import CONFIDENCE, PairedDifference, band, format_seeds, markdown_table, mean_interval, selection_row
+from .statistics import (
+    CONFIDENCE,
+    PairedDifference,
+    band,
+    format_seeds,
+    markdown_table,
+    mean_interval,
+    paired_difference,
+    selection_row,
+)
 from .study import Results, final_loss
 
 COLORS = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray")
@@ -50,6 +59,8 @@ def report_text(results: Results) -> str:
                                                      for a, b_ in pairs]), ""]
     if s.anchor is not None:
         lines += [_anchor_sentence(results), ""]
+    lines += [_stress_sentence(results, model, factor) for model, factor in s.stress if model in chosen]
+    lines += [""] if s.stress and chosen else []
     lines += _throughput(results)
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -77,6 +88,26 @@ def _anchor_sentence(results: Results) -> str:
             f"{anchor.source} reports {anchor.published} from one run, so it is held against where one more run "
             f"falls: {CONFIDENCE:.0%} prediction interval {low:.4f}-{high:.4f}, and {anchor.published} is "
             + ("inside it: within the seed spread." if inside else "outside it: beyond the seed spread."))
+
+
+def _stress_sentence(results: Results, model: str, factor: float) -> str:
+    """The model at ``factor`` times its chosen rate on the reported seeds: how many runs diverged (an outcome,
+    not a failure), and when none did, the paired difference against its chosen rate."""
+    lr, seeds = results.chosen_rates()[model], results.study.reported_seeds
+    hot = {s: results.record(model, lr * factor, s) for s in seeds}
+    done = {s: final_loss(r) for s, r in hot.items() if r is not None}
+    text = f"{model} at {factor:g}x its chosen rate ({lr * factor:g}) on seeds {format_seeds(seeds)}: "
+    if not done:
+        return text + "not run yet."
+    diverged = sorted(s for s, v in done.items() if math.isinf(v))
+    text += f"{len(diverged)} of {len(done)} finished runs diverged" + (
+        f" (seeds {format_seeds(diverged)})" if diverged else "") + "; "
+    base = {s: final_loss(r) for s in done if (r := results.record(model, lr, s)) is not None}
+    if diverged or len(base) < 2:
+        finite = [v for v in done.values() if math.isfinite(v)]
+        return text + ("final losses " + ", ".join(f"{v:.4f}" for v in finite) + "." if finite else "none finished.")
+    pair = paired_difference(base, {s: done[s] for s in base})
+    return text + f"minus its chosen rate, paired by seed: {pair.format()}, {pair.verdict}."
 
 
 def _throughput(results: Results) -> list[str]:
