@@ -47,21 +47,27 @@ def cache_quality_table(rows: list[dict], reference: str = "mha") -> list[dict[s
 
 def plot_cache_quality(rows: list[dict], path=None, title: str = "validation loss against KV-cache bytes per token"):
     """Each attention as a point: its reported mean validation loss with the 95% interval (t-based, over the
-    reported seeds) against its cache bytes per token, on a log axis; diverged models are left out."""
+    reported seeds) against its cache bytes per token, on a log axis, points of one cache size spread apart a
+    little; a dashed line at the reference's mean; diverged models are left out."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    seen: dict[int, int] = {}
     for k, r in enumerate(rows):
         interval = r["selection"].interval
         if not math.isfinite(interval.mean):
             continue
         color = COLORS[k % len(COLORS)]
-        ax.errorbar([r["cache_bytes"]], [interval.mean], yerr=[[interval.mean - interval.low],
-                    [interval.high - interval.mean]], fmt="o", color=color, capsize=4, label=r["model"])
-        ax.annotate(r["model"], (r["cache_bytes"], interval.mean), textcoords="offset points", xytext=(6, 4),
-                    fontsize=8, color=color)
+        nth = seen[r["cache_bytes"]] = seen.get(r["cache_bytes"], -1) + 1
+        x = r["cache_bytes"] * 2 ** (0.08 * nth)  # beside the points of the same size, not on them
+        ax.errorbar([x], [interval.mean], yerr=[[interval.mean - interval.low], [interval.high - interval.mean]],
+                    fmt="o", color=color, capsize=4)
+        ax.annotate(r["model"], (x, interval.mean), textcoords="offset points", xytext=(5, 3), fontsize=8, color=color)
+        if r["difference"] is None:
+            ax.axhline(interval.mean, color=color, linestyle="--", linewidth=0.8)
     ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(seen), [f"{b:,}" for b in sorted(seen)])
+    ax.minorticks_off()
     ax.set(xlabel="KV-cache bytes per token (bf16, all layers)", ylabel="final val loss (nats/char)", title=title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
     return _finish(fig, path)
