@@ -138,6 +138,7 @@ def test_stress_runs_train_at_a_multiple_of_the_chosen_rate_and_divergence_is_an
     assert f"mha at 100000x its chosen rate ({chosen['mha'] * 1e5:g}) on seeds 1, 2: 2 of 2 finished runs " \
            "diverged (seeds 1, 2); none finished." in text
     assert "mqa at 2x its chosen rate" in text and "minus its chosen rate, paired by seed" in text
+    assert "4 heads (K/V heads or latent: each model's own)" in text, "not the budget's n_kv_heads, which none uses"
     again = run_study(study, tmp_path, CORPUS, train=False, say=lambda text: None)
     assert again.complete and len(again.runs) == len(res.runs), "read back, nothing trained"
     assert Results.from_json(res.to_json()).study == study

@@ -37,8 +37,8 @@ def report_text(results: Results) -> str:
              f"`{results.command}`: {len(results.runs)} runs on {results.corpus}, torch {mach.get('torch')}, "
              f"{mach.get('cpus')} CPUs ({mach.get('processor') or mach.get('machine')}), one thread per run, "
              f"{results.wall_s:,.0f} s of wall time in the last session.", "",
-             f"Budget: d = {b.d}, {b.n_layers} layers, {b.n_heads} heads ({b.n_kv_heads} K/V heads where a model "
-             f"shares them), context {b.block_size}, batch {b.batch_size}, {b.max_steps} steps, warmup "
+             f"Budget: d = {b.d}, {b.n_layers} layers, {b.n_heads} heads ({_kv_heads(s)}), context {b.block_size}, "
+             f"batch {b.batch_size}, {b.max_steps} steps, warmup "
              f"{b.warmup_steps} then a cosine to a tenth of the peak, AdamW betas ({b.beta1}, {b.beta2}), weight decay "
              f"{b.weight_decay}, "
              f"clip {b.grad_clip}, dropout {b.dropout}. Loss: the final validation loss on {b.eval_batches} fixed "
@@ -63,6 +63,13 @@ def report_text(results: Results) -> str:
     lines += [""] if s.stress and chosen else []
     lines += _throughput(results)
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _kv_heads(study) -> str:
+    """The K/V heads of the study's models, in words: the budget's, or each model's own (the attention study)."""
+    if any(get_rung(m).n_kv_heads or get_rung(m).kv_latent for m in study.models):
+        return "K/V heads or latent: each model's own"
+    return f"{study.base.n_kv_heads} K/V heads where a model shares them"
 
 
 def _difference_row(d: PairedDifference, a: str, b: str) -> dict[str, str]:
