@@ -80,7 +80,7 @@ def test_a_study_is_checked_when_built():
 
 
 def test_the_course_studies_are_configurations_of_one_design():
-    assert set(STUDIES) == {"quick", "laptop", "gpu", "ladder", "ablations"}
+    assert set(STUDIES) == {"quick", "laptop", "gpu", "ladder", "ablations", "attention"}
     assert STUDIES["quick"].base == STUDIES["ladder"].base, "one quick budget"
     assert STUDIES["laptop"].anchor.lr == 1e-3 and STUDIES["laptop"].anchor.published == 1.88
     for study in STUDIES.values():

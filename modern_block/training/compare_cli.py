@@ -3,6 +3,7 @@
     python -m modern_block compare --quick                          # GPT-2 against Llama, lesson 08's budget
     python -m modern_block compare --laptop --workers 2             # nanoGPT's CPU recipe, three models
     python -m modern_block compare --study ladder --workers 2       # the ladder and the leave-one-out models
+    python -m modern_block compare --study attention --workers 2    # MHA, GQA, MQA, MLA, QK-norm (laptop scale)
 
 Every run has its folder in DIR; stopped, the same command continues. Writes DIR/results.json, report.md and
 curves.png. Exit status: 0 done; 2 a usage error; 1 a failure, saying what is kept; 130 Ctrl-C.
@@ -29,10 +30,11 @@ from .options import (
 )
 from .report import report_text, write_results
 from .run_folder import RunFolderError
-from .rungs import MODEL_NAMES
+from .rungs import ARCH_NAMES
 from .study import STUDIES, Study, run_study
 
-SCALE_OF = {"quick": "quick", "ladder": "quick", "ablations": "quick", "laptop": "laptop", "gpu": "gpu"}
+SCALE_OF = {"quick": "quick", "ladder": "quick", "ablations": "quick", "laptop": "laptop", "gpu": "gpu",
+            "attention": "laptop"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "replaces its budget")
     parser.add_argument("--ladder", action="store_true", help="--study ladder")
     parser.add_argument("--out", default=None, help="output folder (default runs/<study>)")
-    parser.add_argument("--models", nargs="+", default=None, choices=MODEL_NAMES, metavar="MODEL",
+    parser.add_argument("--models", nargs="+", default=None, choices=ARCH_NAMES, metavar="MODEL",
                         help="train these of the study's models only")
     parser.add_argument("--rates", type=positive_float_arg, nargs="+", default=None, metavar="LR",
                         help="peak learning rates each model's rate is chosen from (default: the study's)")

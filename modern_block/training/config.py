@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .rungs import MODEL_NAMES, ModelShape
+from .rungs import ARCH_NAMES, ModelShape
 
 QUICK_ENV = "MODERN_BLOCK_QUICK"
 EVAL_SEED = 1234  # the fixed evaluation windows do not depend on the run's seed
@@ -64,9 +64,9 @@ class TrainConfig:
             raise ConfigError(f"micro_batch_size ({self.micro_batch_size}) must divide batch_size ({self.batch_size})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"seed must be an int in [0, 2**63 - 1], got {self.seed!r}")
-        if self.arch not in ARCHS and self.arch.removeprefix("ladder:") not in MODEL_NAMES:
+        if self.arch not in ARCHS and self.arch.removeprefix("ladder:") not in ARCH_NAMES:
             raise ConfigError(f"arch must be one of {list(ARCHS)} or 'ladder:<rung>' with a rung in "
-                             f"{list(MODEL_NAMES)}, got {self.arch!r}")
+                             f"{list(ARCH_NAMES)}, got {self.arch!r}")
         if not (math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
             raise ConfigError(f"lr must be a positive finite number of at most {MAX_LR:g} (AdamW moves every weight "
                              f"by about lr per step; nanoGPT uses 1e-3; beyond this AdamW's float32 arithmetic "

@@ -11,12 +11,14 @@ import torch.nn as nn
 from ..decoder import DecoderLM
 from ..ffn import SwiGLU
 from ..gpt2 import GPT2LM, GeluMLP, GPT2Block
+from ..kv_cache import kv_cache_bytes_per_token, mla_cache_bytes_per_token
 from ..llama import Block, LlamaStyleLM
+from ..mla import MLAConfig
 from ..params import count_parameters
 from ..rmsnorm import RMSNorm
 from ..rope import RotaryEmbedding
 from ..validate import positive_ints
-from .rungs import LADDER, LLAMA_END, MODEL_NAMES, ModelShape, Rung, get_rung
+from .rungs import ARCH_NAMES, LADDER, LLAMA_END, MODEL_NAMES, ModelShape, Rung, get_rung
 
 FFN_MULTIPLE = 8  # FFN hidden sizes are rounded to a multiple of this
 GPT2_NORM_EPS, LLAMA_NORM_EPS = 1e-5, 1e-6
@@ -62,15 +64,37 @@ def ladder_lm(rung: Rung | str, V: int, d: int, n_layers: int, n_heads: int, n_k
         blocks = [GPT2Block(d, n_heads, d_ff, bias=rung.bias, dropout=dropout, norm=norm, mlp=ffn)
                   for _ in range(n_layers)]
         rope = None
-    else:  # Llama's block: GQAttention, which rotates q and k (by angle 0 without RoPE)
-        kv = n_kv_heads if rung.gqa else n_heads
+    else:  # Llama's block: GQAttention, which rotates q and k (by angle 0 without RoPE), or MLA
+        kv = (rung.n_kv_heads or n_kv_heads) if rung.gqa else n_heads
+        mla = mla_config(rung, d, n_heads)
         block = PostNormBlock if rung.post_norm else Block
         blocks = [block(d, n_heads, kv, d_ff, qk_norm=rung.qk_norm, norm_eps=LLAMA_NORM_EPS, dropout=dropout,
-                        norm=norm, ffn=ffn) for _ in range(n_layers)]
-        dh = d // n_heads
+                        norm=norm, ffn=ffn, mla=mla) for _ in range(n_layers)]
+        dh = mla.rope_dim if mla else d // n_heads  # the rotated part of a head
         rope = RotaryEmbedding(dh, max_len, rope_base) if rung.positions == "rope" else NoRotation(dh)
     return DecoderLM(nn.Embedding(V, d), blocks, norm(d), max_len=max_len, tie=rung.tie, dropout=dropout,
                      wpe=nn.Embedding(max_len, d) if rung.positions == "learned" else None, rope=rope)
+
+
+def mla_config(rung: Rung, d: int, n_heads: int) -> MLAConfig | None:
+    """The MLA sizes of an ``attention="mla"`` rung (None for the others): DeepSeek-V2's proportions at head
+    size d_h = d / n_heads, a no-RoPE and a value part of d_h and a shared RoPE key of d_h / 2, no query latent."""
+    if rung.attention != "mla":
+        return None
+    dh = d // n_heads
+    return MLAConfig(kv_latent_dim=rung.kv_latent or 0, rope_dim=dh // 2, nope_dim=dh, v_head_dim=dh,
+                     norm_eps=LLAMA_NORM_EPS)
+
+
+def cache_bytes_per_token(rung: Rung | str, shape: ModelShape, bytes_per_elem: int = 2) -> int:
+    """Bytes one token adds to the rung's inference cache over all layers (bf16 by default): K and V of its
+    K/V heads, or MLA's latent and RoPE key."""
+    rung = get_rung(rung) if isinstance(rung, str) else rung
+    mla = mla_config(rung, shape.d, shape.n_heads)
+    if mla is not None:
+        return mla_cache_bytes_per_token(shape.n_layers, mla.kv_latent_dim, mla.rope_dim, bytes_per_elem)
+    kv = (rung.n_kv_heads or shape.n_kv_heads) if rung.gqa else shape.n_heads
+    return kv_cache_bytes_per_token(shape.n_layers, kv, shape.d // shape.n_heads, bytes_per_elem)
 
 
 def _count_on_meta(build) -> int:
@@ -123,7 +147,7 @@ def build_model(arch: str, shape: ModelShape, V: int) -> nn.Module:
                             dropout=shape.dropout)
     if arch.startswith("ladder:"):
         return ladder_model(arch.split(":", 1)[1], shape, V)
-    raise ValueError(f"arch must be 'gpt2', 'llama' or 'ladder:<rung>' with a rung in {list(MODEL_NAMES)}, "
+    raise ValueError(f"arch must be 'gpt2', 'llama' or 'ladder:<rung>' with a rung in {list(ARCH_NAMES)}, "
                      f"got {arch!r}")
 
 

@@ -16,6 +16,7 @@ from .statistics import (
     holm_verdicts,
     markdown_table,
     mean_interval,
+    paired_difference,
     selection_row,
 )
 from .study import Results, final_loss
@@ -36,8 +37,8 @@ def report_text(results: Results) -> str:
              f"`{results.command}`: {len(results.runs)} runs on {results.corpus}, torch {mach.get('torch')}, "
              f"{mach.get('cpus')} CPUs ({mach.get('processor') or mach.get('machine')}), one thread per run, "
              f"{results.wall_s:,.0f} s of wall time in the last session.", "",
-             f"Budget: d = {b.d}, {b.n_layers} layers, {b.n_heads} heads ({b.n_kv_heads} K/V heads where a model "
-             f"shares them), context {b.block_size}, batch {b.batch_size}, {b.max_steps} steps, warmup "
+             f"Budget: d = {b.d}, {b.n_layers} layers, {b.n_heads} heads ({_kv_heads(s)}), context {b.block_size}, "
+             f"batch {b.batch_size}, {b.max_steps} steps, warmup "
              f"{b.warmup_steps} then a cosine to a tenth of the peak, AdamW betas ({b.beta1}, {b.beta2}), weight decay "
              f"{b.weight_decay}, "
              f"clip {b.grad_clip}, dropout {b.dropout}. Loss: the final validation loss on {b.eval_batches} fixed "
@@ -63,8 +64,17 @@ def report_text(results: Results) -> str:
         lines += [title + ")", "", markdown_table(rows), ""]
     if s.anchor is not None:
         lines += [_anchor_sentence(results), ""]
+    lines += [_stress_sentence(results, model, factor) for model, factor in s.stress if model in chosen]
+    lines += [""] if s.stress and chosen else []
     lines += _throughput(results)
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _kv_heads(study) -> str:
+    """The K/V heads of the study's models, in words: the budget's, or each model's own (the attention study)."""
+    if any(get_rung(m).n_kv_heads or get_rung(m).kv_latent for m in study.models):
+        return "K/V heads or latent: each model's own"
+    return f"{study.base.n_kv_heads} K/V heads where a model shares them"
 
 
 def _difference_row(d: PairedDifference, a: str, b: str) -> dict[str, str]:
@@ -89,6 +99,26 @@ def _anchor_sentence(results: Results) -> str:
             f"{anchor.source} reports {anchor.published} from one run, so it is held against where one more run "
             f"falls: {CONFIDENCE:.0%} prediction interval {low:.4f}-{high:.4f}, and {anchor.published} is "
             + ("inside it: within the seed spread." if inside else "outside it: beyond the seed spread."))
+
+
+def _stress_sentence(results: Results, model: str, factor: float) -> str:
+    """The model at ``factor`` times its chosen rate on the reported seeds: how many runs diverged (an outcome,
+    not a failure), and when none did, the paired difference against its chosen rate."""
+    lr, seeds = results.chosen_rates()[model], results.study.reported_seeds
+    hot = {s: results.record(model, lr * factor, s) for s in seeds}
+    done = {s: final_loss(r) for s, r in hot.items() if r is not None}
+    text = f"{model} at {factor:g}x its chosen rate ({lr * factor:g}) on seeds {format_seeds(seeds)}: "
+    if not done:
+        return text + "not run yet."
+    diverged = sorted(s for s, v in done.items() if math.isinf(v))
+    text += f"{len(diverged)} of {len(done)} finished runs diverged" + (
+        f" (seeds {format_seeds(diverged)})" if diverged else "") + "; "
+    base = {s: final_loss(r) for s in done if (r := results.record(model, lr, s)) is not None}
+    if diverged or len(base) < 2:
+        finite = [v for v in done.values() if math.isfinite(v)]
+        return text + ("final losses " + ", ".join(f"{v:.4f}" for v in finite) + "." if finite else "none finished.")
+    pair = paired_difference(base, {s: done[s] for s in base})
+    return text + f"minus its chosen rate, paired by seed: {pair.format()}, {pair.verdict}."
 
 
 def _throughput(results: Results) -> list[str]:

@@ -14,7 +14,7 @@ import torch
 
 from .config import TrainConfig, gpu_config, laptop_config, quick_config, with_rate
 from .data import Corpus, load_corpus
-from .rungs import ABLATION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
+from .rungs import ABLATION_NAMES, ATTENTION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
 from .statistics import PairedDifference, Selection, choose_rate, paired_difference
 from .trainer import TrainResult
 from .workers import read_record, run_dir, train_many
@@ -22,8 +22,9 @@ from .workers import read_record, run_dir, train_many
 QUICK_RATES = (4e-3, 8e-3, 1.6e-2, 3.2e-2)  # tiny models, short runs: high rates
 LAPTOP_RATES = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)  # nanoGPT's 1e-3, halved once and doubled three times
 GPU_RATES = (5e-4, 1e-3, 2e-3)  # around nanoGPT's 1e-3 for its shakespeare-char budget
+ATTENTION_RATES = (2.5e-4, 5e-4, 1e-3, 2e-3)  # the laptop Llama's best was 5e-4-1e-3: a rate on each side
 MAIN = ("gpt2_untied", LLAMA_END)  # the two blocks, both heads untied, at GPT-2's parameter count
-ROLES = ("selection", "reported", "anchor")
+ROLES = ("selection", "reported", "anchor", "stress")  # the first two choose and report rates; the others do not
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class Anchor:
 class Study:
     """Models on the budget ``base`` at the peak rates chosen on ``selection_seeds``, reported on
     ``reported_seeds``; ``pairs`` (a, b): the differences b - a to report; ``recorded_steps``: the steps of each
-    run results.json keeps (None: all)."""
+    run results.json keeps (None: all); ``stress`` (model, factor): that model also at factor times its chosen
+    rate on the reported seeds, where diverging is an outcome to report (a stability test)."""
 
     name: str
     base: TrainConfig
@@ -51,6 +53,7 @@ class Study:
     pairs: tuple[tuple[str, str], ...] = ()
     anchor: Anchor | None = None
     recorded_steps: int | None = None
+    stress: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         for model in self.models:
@@ -65,6 +68,12 @@ class Study:
         unknown = {m for pair in self.pairs for m in pair} - set(self.models)
         if unknown:
             raise ValueError(f"pairs name models the study does not train: {sorted(unknown)}")
+        for model, factor in self.stress:
+            if model not in self.models:
+                raise ValueError(f"stress names {model!r}, which the study does not train")
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
+                    math.isfinite(factor) and factor > 0 and factor != 1):
+                raise ValueError(f"stress factors must be positive finite numbers other than 1, got {factor!r}")
         for lr in self.rates:
             self.config(self.models[0], lr, self.selection_seeds[0])  # a rate TrainConfig refuses fails here
 
@@ -78,7 +87,8 @@ class Study:
                        rates=tuple(rates or self.rates), selection_seeds=tuple(selection_seeds or self.selection_seeds),
                        reported_seeds=tuple(reported_seeds or self.reported_seeds),
                        pairs=tuple(p for p in self.pairs if set(p) <= set(models)),
-                       anchor=self.anchor if self.anchor and self.anchor.model in models else None)
+                       anchor=self.anchor if self.anchor and self.anchor.model in models else None,
+                       stress=tuple(x for x in self.stress if x[0] in models))
 
 
 LADDER_STEPS = tuple(zip(LADDER_NAMES, LADDER_NAMES[1:], strict=False))  # each rung minus the one before
@@ -93,7 +103,17 @@ STUDIES = {
                     (0, 1), (2, 3, 4, 5, 6, 7), LADDER_STEPS + LEFT_OUT, recorded_steps=20),
     "ablations": Study("ablations", quick_config("gpt2"), (LLAMA_END, *ABLATION_NAMES), QUICK_RATES, (0, 1),
                        (2, 3, 4, 5, 6, 7), LEFT_OUT),
+    "attention": Study("attention", laptop_config("gpt2", n_heads=8), ATTENTION_NAMES, ATTENTION_RATES, (0,), (1, 2, 3),
+                       tuple(("mha", m) for m in ATTENTION_NAMES[1:]), stress=(("mha_qk_norm", 4.0), ("mha", 4.0))),
 }
+
+
+def middle_out(rates) -> list[float]:
+    """The rates from the middle of the sweep outwards (lower first on a tie): the order to try them in, so
+    that a stopped sweep has every model at the likeliest rates."""
+    ordered = sorted(rates)
+    centre = (len(ordered) - 1) / 2
+    return [ordered[i] for i in sorted(range(len(ordered)), key=lambda i: (abs(i - centre), i))]
 
 
 def machine() -> dict:
@@ -150,10 +170,13 @@ class Results:
 
     def planned(self, role: str) -> list[tuple[str, float, int]]:
         s = self.study
-        if role == "selection":
-            return [(m, lr, seed) for m in s.models for lr in s.rates for seed in s.selection_seeds]
+        if role == "selection":  # every model at one rate, then the next, from the middle of the sweep outwards
+            return [(m, lr, seed) for lr in middle_out(s.rates) for seed in s.selection_seeds for m in s.models]
         if role == "reported":
             return [(m, lr, seed) for seed in s.reported_seeds for m, lr in self.chosen_rates().items()]
+        if role == "stress":
+            rates = self.chosen_rates()
+            return [(m, rates[m] * factor, seed) for m, factor in s.stress if m in rates for seed in s.reported_seeds]
         chosen = self.chosen_rates().get(s.anchor.model) if s.anchor else None
         if s.anchor is None or chosen is None or chosen == s.anchor.lr:
             return []
@@ -163,7 +186,7 @@ class Results:
     def complete(self) -> bool:
         chosen = self.chosen_rates()
         return len(chosen) == len(self.study.models) and all(
-            self.record(*run) is not None for role in ("reported", "anchor") for run in self.planned(role))
+            self.record(*run) is not None for role in ROLES[1:] for run in self.planned(role))
 
     @property
     def complete_seeds(self) -> list[int]:
@@ -202,7 +225,8 @@ class Results:
         return {"study": s.name, "command": self.command, "settings": asdict(s.base), "models": list(s.models),
                 "rates": list(s.rates), "selection_seeds": list(s.selection_seeds),
                 "reported_seeds": list(s.reported_seeds), "pairs": [list(p) for p in s.pairs],
-                "anchor": asdict(s.anchor) if s.anchor else None, "recorded_steps": keep, "torch": torch.__version__,
+                "anchor": asdict(s.anchor) if s.anchor else None, "recorded_steps": keep,
+                "stress": [list(x) for x in s.stress], "torch": torch.__version__,
                 "corpus": self.corpus, "machine": self.machine, "wall_s": self.wall_s, "complete": self.complete,
                 "runs": [kept(r) for r in self.runs]}
 
@@ -211,7 +235,7 @@ class Results:
         study = Study(data["study"], TrainConfig(**data["settings"]), tuple(data["models"]), tuple(data["rates"]),
                       tuple(data["selection_seeds"]), tuple(data["reported_seeds"]),
                       tuple(tuple(p) for p in data["pairs"]), Anchor(**data["anchor"]) if data["anchor"] else None,
-                      data["recorded_steps"])
+                      data["recorded_steps"], tuple(tuple(x) for x in data.get("stress", ())))
         return cls(study, list(data["runs"]), data["command"], data["corpus"], data["machine"], data["wall_s"])
 
 
