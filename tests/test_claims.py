@@ -219,18 +219,7 @@ def lesson_of(path: Path) -> str:
     return LESSON_NAME.match(path.name).group(1)
 
 
-# Notebooks whose typed numbers are being printed by their authors in the same round as this rule: expected to fail,
-# strictly (a notebook that passes must leave this list). Empty it when they land.
-PENDING = {"notebooks/10_fast_decoding.ipynb"}
-
-
-def _case(path: Path):
-    name = f"{path.parent.name}/{path.name}"
-    pending = pytest.mark.xfail(strict=True, reason="its author prints its typed numbers in the same round")
-    return pytest.param(path, id=name, marks=[pending] if name in PENDING else [])
-
-
-@pytest.mark.parametrize("path", [_case(p) for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_typed_number_is_printed(path):
     try:
         notebook = json.loads(path.read_text(encoding="utf-8"))
