@@ -49,9 +49,9 @@ mutation: install
 	$(BIN)/mutmut results
 
 # llama.cpp beside the fast layer (benchmarks/llama_cpp_bench.py; not CI): the registry's llama-cpp-python compiled
-# from its source distribution (never a prebuilt wheel) into the git-ignored folder $(LLAMA_DIR), which the benchmark
-# puts on its path; about 15-20 minutes on 2 cores. bench-llama-cpp then decodes the GGUF with both, in one run.
-LLAMA_DIR ?= .llama-cpp
+# from its source distribution (never a prebuilt wheel) into $(LLAMA_DIR), outside the checkout (a third-party build,
+# not part of the course's package), which the benchmark puts on its path; about 15-20 minutes on 2 cores. bench-llama-cpp then decodes the GGUF with both, in one run.
+LLAMA_DIR ?= $(HOME)/.cache/modern-block/llama-cpp
 LLAMA_CPP ?= llama-cpp-python
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 # ggml's AMX kernels (compiled in by -march=native where the CPU reports AMX) crashed in ggml_backend_amx_mul_mat

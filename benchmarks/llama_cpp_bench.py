@@ -14,7 +14,7 @@ its greedy tokens equal fast_fp32's on lesson 09's prompts (else the first diver
 and bits per character on lesson 09's validation windows (all of them, pooled, with the spread over windows).
 
     make bench-llama-cpp                                            # builds llama.cpp first (15-20 min on 2 cores)
-    MODERN_BLOCK_LLAMA_CPP=.llama-cpp python benchmarks/llama_cpp_bench.py [--rounds 5] [--threads 1 2] [--no-bpc]
+    python benchmarks/llama_cpp_bench.py [--rounds 5] [--threads 1 2] [--no-bpc] [--llama-dir DIR]
 """
 
 import argparse
@@ -44,13 +44,14 @@ from modern_block.interop import load_gguf, smollm2_path, to_hf  # noqa: E402
 FORMATS = ("fp32", "bf16", "int8")
 QUESTIONS = ["What is the capital of France?", "Give me three tips to sleep better.", "What is 7 times 8?"]  # lesson 09
 CHECK_NEW = 32  # greedy tokens compared per prompt
+LLAMA_DIR = Path.home() / ".cache" / "modern-block" / "llama-cpp"  # make llama-cpp builds it here, outside the checkout
 WINDOW = 512  # lesson 09's bits-per-character windows (tokens, the first a <|endoftext|>)
 
 
 def llama_cpp_module(folder: str | None):
     """``llama_cpp`` from the folder ``make llama-cpp`` built it into (appended to the path: never in front of
     this environment's own packages)."""
-    folder = folder or os.environ.get("MODERN_BLOCK_LLAMA_CPP") or str(ROOT / ".llama-cpp")
+    folder = folder or os.environ.get("MODERN_BLOCK_LLAMA_CPP") or str(LLAMA_DIR)
     if not Path(folder, "llama_cpp").is_dir():
         raise SystemExit(f"no llama_cpp in {folder}: run `make llama-cpp` first (builds it from source)")
     sys.path.append(folder)
@@ -137,7 +138,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--no-bpc", action="store_true", help="skip bits per character (all validation windows)")
-    parser.add_argument("--llama-dir", default=None, help="the folder make llama-cpp built into (.llama-cpp)")
+    parser.add_argument("--llama-dir", default=None, help=f"the folder make llama-cpp built into ({LLAMA_DIR})")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results_formats_cpu.json"))
     parser.add_argument("--bpc-only", type=Path, default=None,
                         help="only bits per character, written to this file (run beside a timing run)")
