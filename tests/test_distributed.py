@@ -168,12 +168,9 @@ def _main_printing_to(argv: list[str], folder: Path) -> int:
         return train_cli.main(argv)
 
 
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds torchrun's workers through /proc (Linux)")
-def test_torchrun_stops_every_process_when_one_dies_and_the_printed_command_resumes_exactly(tmp_path):
-    cfg = config.quick_config("gpt2", max_steps=30, eval_interval=2, batch_size=4, block_size=16, eval_batches=2,
-                         dropout=0.0, micro_batch_size=2)  # what FLAGS ask for, in one process and two micro-batches
-    reference = T.train(cfg, progress=False, verbose=False)
-    out = tmp_path / "run"
+def _kill_rank_1_after_the_first_checkpoint(out: Path, tmp_path: Path) -> tuple[str, list[str]]:
+    """Train under torchrun into ``out``, kill rank 1 once the first checkpoint is written; (all output, rank 0's
+    "error: rank 0: ..." lines)."""
     launch = _torchrun(["--nproc_per_node", "2", "-m", "modern_block", "train", *FLAGS, "--out", str(out)], tmp_path)
     deadline = time.monotonic() + 300
     while not (out / CHECKPOINT).exists():  # the first checkpoint (step 2) is written ...
@@ -182,7 +179,21 @@ def test_torchrun_stops_every_process_when_one_dies_and_the_printed_command_resu
     os.kill(_worker_pid(launch.pid, 1), signal.SIGKILL)  # ... then rank 1 dies, as the OOM killer would do it
     output = launch.communicate(timeout=300)[0]
     assert launch.returncode != 0, output
-    message = [line for line in output.splitlines() if line.startswith("error: rank 0: ")]
+    return output, [line for line in output.splitlines() if line.startswith("error: rank 0: ")]
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds torchrun's workers through /proc (Linux)")
+def test_torchrun_stops_every_process_when_one_dies_and_the_printed_command_resumes_exactly(tmp_path):
+    cfg = config.quick_config("gpt2", max_steps=30, eval_interval=2, batch_size=4, block_size=16, eval_batches=2,
+                         dropout=0.0, micro_batch_size=2)  # what FLAGS ask for, in one process and two micro-batches
+    reference = T.train(cfg, progress=False, verbose=False)
+    for attempt in range(2):
+        out = tmp_path / f"run{attempt}"
+        output, message = _kill_rank_1_after_the_first_checkpoint(out, tmp_path)
+        if message or "Unable to shutdown process" not in output:
+            break
+        # on a heavily loaded machine rank 0 can sit in a C call past torchrun's 30 s grace: say so, try once more
+        print(f"attempt {attempt}: torchrun had to SIGKILL rank 0 before it printed its error:\n{output}")
     assert len(message) == 1, output
     print(message[0])
     assert re.match(r"error: rank 0: (another process of this run stopped or cannot be reached \(.*\)|stopped by "

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from check_helpers import rejects
 from test_lesson10 import bytes_per_token_ok, floor_ms_ok, quantize_row_int8_ok
 from test_lesson11 import active_parameters_ok, kv_bytes_per_token_ok, smallest_multiple_of_ok
 
@@ -33,24 +34,6 @@ EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
 LESSONS = ["00_gpt2_block", "01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cache", "05_mla", "06_qk_norm",
            "07_llama_block", "08_train_llama_vs_gpt2", "08b_ladder_and_ablations", "09_real_model", "09b_rope_scaling",
            "10_fast_decoding", "11_read_any_config"]
-
-
-def named(message: str) -> list[str]:
-    """The mistakes a check's message names (``Likely mistake: A`` and ``or: B`` lines)."""
-    match = re.search(r"\nLikely mistake: (.*?)\n\((?:Your output|These mistakes)", message, re.S)
-    return match.group(1).split("\nor: ") if match else []
-
-
-def rejects(check, impl, *diagnosis: str) -> str:
-    """Run ``check`` on a wrong ``impl``; assert it fails with every expected piece of the diagnosis, and that
-    a message naming a mistake names exactly one."""
-    with pytest.raises(CheckFailed) as info:
-        check(impl)
-    message = str(info.value)
-    for piece in diagnosis:
-        assert piece in message, f"expected {piece!r} in the diagnosis, got:\n{message}"
-    assert len(named(message)) <= 1, f"more than one mistake named:\n{message}"
-    return message
 
 
 # ---- the right implementations (the package's own, or thin wrappers) pass -----------------------------

@@ -3,20 +3,12 @@ and each known mistake gets its diagnosis. The right implementations are shared 
 
 import pytest
 import torch
+from check_helpers import rejects
 
 from modern_block.classroom import checks
-from modern_block.classroom.checks import CheckFailed, NotAttempted
+from modern_block.classroom.checks import NotAttempted
 from modern_block.classroom.checks.lesson10 import SMOLLM2, _bytes
 from modern_block.fast.weights import Int8Linear, dequantize_int8, quantize_int8
-
-
-def rejects(check, impl, *diagnosis: str) -> str:
-    with pytest.raises(CheckFailed) as info:
-        check(impl)
-    message = str(info.value)
-    for piece in diagnosis:
-        assert piece in message, f"expected {piece!r} in the diagnosis, got:\n{message}"
-    return message
 
 
 def bytes_per_token_ok(shapes, fmt, *, mistake=None):

@@ -2,20 +2,12 @@
 and each typical mistake gets its diagnosis. The right implementations are shared with test_exercises.py's RIGHT."""
 
 import pytest
+from check_helpers import rejects
 
 from modern_block.classroom import checks
-from modern_block.classroom.checks import CheckFailed, NotAttempted
+from modern_block.classroom.checks import NotAttempted
 from modern_block.classroom.checks.lesson11 import MOE_CASES, TOTALS
 from modern_block.interop.config_card import config_card, load_config
-
-
-def rejects(check, impl, *diagnosis: str) -> str:
-    with pytest.raises(CheckFailed) as info:
-        check(impl)
-    message = str(info.value)
-    for piece in diagnosis:
-        assert piece in message, f"expected {piece!r} in the diagnosis, got:\n{message}"
-    return message
 
 
 def kv_bytes_per_token_ok(cfg, *, mistake=None):
