@@ -22,7 +22,7 @@ from .workers import read_record, run_dir, train_many
 QUICK_RATES = (4e-3, 8e-3, 1.6e-2, 3.2e-2)  # tiny models, short runs: high rates
 LAPTOP_RATES = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)  # nanoGPT's 1e-3, halved once and doubled three times
 GPU_RATES = (5e-4, 1e-3, 2e-3)  # around nanoGPT's 1e-3 for its shakespeare-char budget
-ATTENTION_RATES = (2.5e-4, 5e-4, 1e-3, 2e-3)  # the laptop Llama's best was 5e-4-1e-3: a rate on each side
+ATTENTION_RATES = (2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3)  # a rate on each side of every model's best
 MAIN = ("gpt2_untied", LLAMA_END)  # the two blocks, both heads untied, at GPT-2's parameter count
 ROLES = ("selection", "reported", "anchor", "stress")  # the first two choose and report rates; the others do not
 
