@@ -184,7 +184,7 @@ def lr_at_ok(step, lr, min_lr, warmup_steps, max_steps):
 
 
 def flops_per_token_ok(n_matmul_params, n_layers, n_heads, head_dim, seq_len):
-    from modern_block.training.flops import flops_per_token
+    from modern_block.training.device import flops_per_token
 
     return flops_per_token(n_matmul_params, n_layers, n_heads, head_dim, seq_len)
 

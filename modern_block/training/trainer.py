@@ -20,9 +20,9 @@ from . import distributed
 from .checkpoint import CHECKPOINT_FORMAT, CheckpointError, saved_config
 from .config import TrainConfig, lr_at, resumed_config
 from .data import CharTokenizer, Corpus
-from .distributed import Processes, RankFailedError
+from .device import mfu
+from .distributed import RankFailedError
 from .files import StorageError
-from .flops import mfu
 from .parts import build_parts
 from .run_folder import RunFolder, RunFolderError
 from .signals import StopSignals
@@ -112,10 +112,10 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, out_dir=None, resume: bool = False, corpus: Corpus | None = None,
                  checkpoints: bool = True, progress: bool | None = None, verbose: bool = True,
                  overwrite: bool = False):
-        self.procs = Processes.join(cfg.device)
-        self.folder = RunFolder(out_dir, writer=self.procs.is_main, checkpoints=checkpoints)
-        self.verbose = verbose and self.procs.is_main
-        self.progress = (sys.stderr.isatty() if progress is None else progress) and self.procs.is_main
+        self.ranks = distributed.join(cfg.device)
+        self.folder = RunFolder(out_dir, writer=self.ranks.is_main, checkpoints=checkpoints)
+        self.verbose = verbose and self.ranks.is_main
+        self.progress = (sys.stderr.isatty() if progress is None else progress) and self.ranks.is_main
         try:
             error, ckpt = None, None
             try:  # what may fail on one process only: every process learns of it before any waits on another
@@ -139,11 +139,11 @@ class Trainer:
 
     def _build(self, cfg: TrainConfig, ckpt: dict | None, corpus: Corpus | None, verbose: bool) -> None:
         cfg = resumed_config(cfg, saved_config(ckpt, self.folder.checkpoint)) if ckpt is not None else cfg
-        self.parts = build_parts(cfg, self.procs, corpus, verbose and self.procs.is_main, ckpt)
+        self.parts = build_parts(cfg, self.ranks, corpus, verbose and self.ranks.is_main, ckpt)
         self.run_id = uuid.uuid4().hex  # which run the files belong to (a resumed run keeps its own)
         self.cfg, self.model, self.setup, self.forward = cfg, self.parts.model, self.parts.setup, self.parts.forward
         self.n_params, self.flops_per_token = count_parameters(self.model), self.parts.flops_per_token
-        self.peak_flops = self.setup.peak[1] * self.procs.ranks.world_size if self.setup.peak else None
+        self.peak_flops = self.setup.peak[1] * self.ranks.world_size if self.setup.peak else None
         self.step, self.elapsed = 0, 0.0
         self.metrics: list[dict] = []
         self.losses: list[float] = []  # of every step
@@ -159,8 +159,9 @@ class Trainer:
         """What the checkpoint holds (rank 0 writes it): ``rng`` is every process's random state."""
         return {"format": CHECKPOINT_FORMAT, **self.parts.state(), "step": self.step, "elapsed_s": self.elapsed,
                 "losses": list(self.losses), "rates": [list(r) for r in self.rates],
-                "rng_cpu": rng[0]["cpu"], "rng_cuda": rng[0]["cuda"], "world_size": self.procs.ranks.world_size,
-                "rng_ranks": rng if self.procs.many else None, "run_id": self.run_id, "metrics": list(self.metrics)}
+                "rng_cpu": rng[0]["cpu"], "rng_cuda": rng[0]["cuda"], "world_size": self.ranks.world_size,
+                "rng_ranks": rng if self.ranks.distributed else None, "run_id": self.run_id,
+                "metrics": list(self.metrics)}
 
     def _restore(self, ckpt: dict) -> None:
         self.parts.restore(ckpt, self.folder.checkpoint)
@@ -169,7 +170,7 @@ class Trainer:
         self.rates = [(rate, bool(first)) for rate, first in ckpt.get("rates", [])]
         self.run_id = ckpt["run_id"]
         self._last_saved = self.step
-        saved_world, ranks = ckpt.get("world_size", 1), self.procs.ranks
+        saved_world, ranks = ckpt.get("world_size", 1), self.ranks
         states = ckpt.get("rng_ranks") or [{"cpu": ckpt["rng_cpu"], "cuda": ckpt["rng_cuda"]}]
         try:
             if saved_world == ranks.world_size or ranks.is_main:
@@ -188,8 +189,8 @@ class Trainer:
 
     def _join(self, ckpt: dict | None) -> None:
         """Wrap the model for data parallelism (rank 0's weights to all) and share rank 0's metrics log."""
-        if self.procs.many:
-            self.forward.distribute(lambda module: self.procs.wrap(module, self.setup.device))
+        if self.ranks.distributed:
+            self.forward.distribute(lambda module: self.ranks.wrap(module, self.setup.device))
         if ckpt is None:
             self.folder.start()  # every check passed: now an earlier run's files may go
             return
@@ -216,7 +217,7 @@ class Trainer:
         rng = distributed.gather_objects(
             {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None})
         error = None
-        if self.procs.is_main:
+        if self.ranks.is_main:
             try:
                 self.folder.save_checkpoint(self._state(rng))
                 self._last_saved = self.step  # on disk now, even if another process fails below
@@ -253,7 +254,7 @@ class Trainer:
         whether any process was asked to stop (Ctrl-C)."""
         if not self._pending:
             return stop_requested
-        means, stop_requested = self.procs.mean_and_any(torch.stack(self._pending), stop_requested)
+        means, stop_requested = self.ranks.mean_and_any(torch.stack(self._pending), stop_requested)
         values = means.tolist()
         first = self.step - len(values)  # 0-based step of values[0]
         self._pending.clear()
@@ -284,7 +285,7 @@ class Trainer:
 
     def _log_eval(self, tokens_per_s: float | None) -> dict:
         losses = self.evaluate()
-        util = mfu(self.flops_per_token, tokens_per_s, self.peak_flops) if tokens_per_s is not None else None
+        util = mfu(self.flops_per_token, tokens_per_s, self.peak_flops)
         row = {"step": self.step, "train_loss": round(losses["train"], 6), "val_loss": round(losses["val"], 6),
                "tokens_per_s": round(tokens_per_s, 1) if tokens_per_s is not None else None,
                "mfu": round(util, 5) if util is not None else None, "lr": lr_at(max(self.step - 1, 0), self.cfg),
@@ -302,7 +303,7 @@ class Trainer:
             tqdm.write(text) if self.progress else print(text, flush=True)
 
     def describe(self) -> str:
-        cfg, world = self.cfg, self.procs.ranks.world_size
+        cfg, world = self.cfg, self.ranks.world_size
         split, accum = "", cfg.batch_size // world // self.parts.micro
         if world > 1 or accum > 1:
             split = (f" ({world} process(es) × {accum} micro-batch(es) of {self.parts.micro} sequences"
@@ -340,7 +341,7 @@ class Trainer:
         self._say(self.describe())
         clock, first_step = Clock(self.elapsed, self.setup.device), self.step
         what_happens = " and saving a checkpoint" if self.folder.keeps_checkpoints else ""
-        signals = StopSignals(self.procs.many, what_happens, say=self.procs.is_main)
+        signals = StopSignals(self.ranks.distributed, what_happens, say=self.ranks.is_main)
         with signals, self._interruptions(clock), self._progress_bar() as bar:
             if not self.metrics:
                 self._log_eval(None)  # the loss before training, ln(V) or so
@@ -354,7 +355,7 @@ class Trainer:
                     self._evaluate_and_save(clock)
                 if on_step is not None:
                     on_step(self)
-                if agreed or (signals.requested and not self.procs.many):
+                if agreed or (signals.requested and not self.ranks.distributed):
                     raise KeyboardInterrupt
             self.elapsed = clock.elapsed()
             if self._last_saved != self.step:
@@ -385,8 +386,8 @@ class Trainer:
         except StorageError as err:
             raise StorageError(f"{err}. Training stopped. {self._kept_message()}") from None
         except Exception as err:
-            if self.procs.many and distributed.is_comm_failure(err):
-                raise RankFailedError(f"rank {self.procs.ranks.rank}: {distributed.as_rank_failure(err)}. "
+            if self.ranks.distributed and distributed.is_comm_failure(err):
+                raise RankFailedError(f"rank {self.ranks.rank}: {distributed.as_rank_failure(err)}. "
                                       f"{self._kept_message()}") from err
             raise
 
@@ -395,12 +396,12 @@ class Trainer:
         intervals of every session, without each session's first (compilation, warm-up) when there are others."""
         steady = [r for r, first in self.rates if not first] or [r for r, _ in self.rates]
         tps = statistics.median(steady) if steady else None
-        util = mfu(self.flops_per_token, tps, self.peak_flops) if tps else None
+        util = mfu(self.flops_per_token, tps, self.peak_flops)
         res = TrainResult(self.cfg, self.model, self.parts.tokenizer, self.parts.corpus_name, list(self.metrics),
                           list(self.losses), self.n_params, self.flops_per_token, tps, util, self.elapsed,
                           self.setup.name, self.setup.precision, self.setup.peak[0] if self.setup.peak else None,
                           self.forward.compiled, self.step >= self.cfg.max_steps,
-                          world_size=self.procs.ranks.world_size, cpu_s=time.process_time() - self._cpu0,
+                          world_size=self.ranks.world_size, cpu_s=time.process_time() - self._cpu0,
                           resumed=self.resumed, threads=torch.get_num_threads())
         try:
             self.folder.write_summary(res.summary() | {"run_id": self.run_id})
