@@ -51,7 +51,7 @@ def report_text(results: Results) -> str:
                   + (", ".join(f"{m} {lr:g}" for m, lr in chosen.items()) or "none")
                   + f"; reported seeds finished by every model: {format_seeds(results.complete_seeds) or 'none'}.", ""]
     if len(results.complete_seeds) > 1:
-        lines += [markdown_table([selection_row(sel[m], label(m)) for m in s.models]), ""]
+        lines += [selection_table(results), ""]
     pairs = [(a, b_) for a, b_ in s.pairs if a in sel and b_ in sel]
     if pairs and len(results.complete_seeds) > 1:
         diffs = [results.difference(a, b_) for a, b_ in pairs]
@@ -68,6 +68,11 @@ def report_text(results: Results) -> str:
     lines += [""] if s.stress and chosen else []
     lines += _throughput(results)
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def selection_table(results: Results) -> str:
+    """Each model's chosen rate, selection means and reported mean ± interval, as a Markdown table."""
+    return markdown_table([selection_row(results.selections[m], label(m)) for m in results.study.models])
 
 
 def _kv_heads(study) -> str:

@@ -213,6 +213,31 @@ class Results:
         lr = self.chosen_rates()[model]
         return [self.trained.get((model, lr, s)) or self.record(model, lr, s) for s in self.complete_seeds]
 
+    # What the lessons show of a study, drawn by ``report`` (which builds on this module, hence the late imports).
+    def report(self) -> str:
+        """The study's report.md."""
+        from .report import report_text
+
+        return report_text(self)
+
+    def table(self) -> str:
+        """Each model's chosen rate, selection means and reported mean ± interval, as a Markdown table."""
+        from .report import selection_table
+
+        return selection_table(self)
+
+    def plot_sweep(self, **kwargs):
+        """Each model's mean final loss on the selection seeds against the rate (``report.plot_sweep``)."""
+        from .report import plot_sweep
+
+        return plot_sweep(self.selections, **kwargs)
+
+    def plot_curves(self, labels: dict | None = None, **kwargs):
+        """Each model's validation curves at its chosen rate: mean and 95% band over the reported seeds."""
+        from .report import plot_curve_bands
+
+        return plot_curve_bands({(labels or {}).get(m, m): self.reported(m) for m in self.selections}, **kwargs)
+
     def to_json(self) -> dict:
         s, keep = self.study, self.study.recorded_steps
 

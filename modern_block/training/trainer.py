@@ -79,30 +79,25 @@ class TrainResult:
 
 
 class Clock:
-    """The wall time of a run over its sessions, and the tokens/s of each evaluation interval."""
+    """The wall time of a run over its sessions, and the tokens/s of each evaluation interval (a lap)."""
 
-    def __init__(self, elapsed_before: float, device: torch.device):
-        self.before, self.device = elapsed_before, device
-        self.start = self.lap_start = time.perf_counter()
-        self.lap_steps, self.first = 0, True
+    def __init__(self, elapsed_before: float, device: torch.device, step: int):
+        self.before, self.device, self.first = elapsed_before, device, True
+        self.start = time.perf_counter()
+        self.restart_lap(step)
 
     def elapsed(self) -> float:
         return self.before + time.perf_counter() - self.start
 
-    def tick(self) -> None:
-        self.lap_steps += 1
+    def restart_lap(self, step: int) -> None:
+        self.lap_start, self.lap_step = time.perf_counter(), step
 
-    def restart_lap(self) -> None:
-        self.lap_start, self.lap_steps = time.perf_counter(), 0
-
-    def lap(self, tokens_per_step: int) -> tuple[float, bool, float]:
+    def lap(self, step: int, tokens_per_step: int) -> tuple[float, bool, float]:
         """(tokens/s since the lap began, whether it is the session's first lap, the run's elapsed seconds)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        now = time.perf_counter()
-        rate, first = self.lap_steps * tokens_per_step / (now - self.lap_start), self.first
-        self.first = False
-        return rate, first, self.before + now - self.start
+        now, first, self.first = time.perf_counter(), self.first, False
+        return (step - self.lap_step) * tokens_per_step / (now - self.lap_start), first, self.before + now - self.start
 
 
 class Trainer:
@@ -242,12 +237,9 @@ class Trainer:
             return train_step(self.forward.train, batch, self.parts.optimizer, self.parts.scaler,
                               lr_at(self.step, self.cfg), self.parts.micro, self.cfg.grad_clip, self.setup.autocast)
 
-        self._pending.append(self.forward.call(step, self._zero_grad) if first else step())
+        self._pending.append(self.forward.call(step, self.parts.optimizer.zero_grad) if first else step())
         self.step += 1
         self._mid_step = False
-
-    def _zero_grad(self) -> None:
-        self.parts.optimizer.zero_grad(set_to_none=True)
 
     def _read_losses(self, stop_requested: bool = False) -> bool:
         """Bring pending losses to the host (averaged over the processes) and stop on a non-finite one; returns
@@ -278,7 +270,7 @@ class Trainer:
                     for j, x, y in batches:
                         losses[j] = eval_loss(self.forward.eval, x, y, self.parts.micro, self.setup.autocast)
                     return distributed.all_sum(losses).sum()
-                out[split] = self.forward.call(total, self._zero_grad).item() / n
+                out[split] = self.forward.call(total, self.parts.optimizer.zero_grad).item() / n
             return out
         finally:
             self.model.train()
@@ -326,11 +318,11 @@ class Trainer:
         return agreed
 
     def _evaluate_and_save(self, clock: Clock) -> None:
-        rate, first, self.elapsed = clock.lap(self.cfg.tokens_per_step)
+        rate, first, self.elapsed = clock.lap(self.step, self.cfg.tokens_per_step)
         self.rates.append((rate, first))
         self._log_eval(rate)
         self.save_checkpoint()
-        clock.restart_lap()
+        clock.restart_lap(self.step)
 
     def run(self, until: int | None = None, on_step=None) -> TrainResult:
         """Train up to ``until`` (default ``max_steps``) steps in all; ``on_step(trainer)`` after every step."""
@@ -339,16 +331,15 @@ class Trainer:
             self._say(f"the run in {self.folder.path} is already finished (step {self.step} of {self.cfg.max_steps}); "
                       "nothing to train")
         self._say(self.describe())
-        clock, first_step = Clock(self.elapsed, self.setup.device), self.step
+        clock, first_step = Clock(self.elapsed, self.setup.device, self.step), self.step
         what_happens = " and saving a checkpoint" if self.folder.keeps_checkpoints else ""
         signals = StopSignals(self.ranks.distributed, what_happens, say=self.ranks.is_main)
         with signals, self._interruptions(clock), self._progress_bar() as bar:
             if not self.metrics:
                 self._log_eval(None)  # the loss before training, ln(V) or so
-            clock.restart_lap()
+            clock.restart_lap(self.step)
             while self.step < stop:
                 self._train_step(first=self.step == first_step)
-                clock.tick()
                 bar.update(1)
                 agreed = self._sync(signals.requested, stop, bar)  # several processes stop together, there
                 if self._eval_due():
