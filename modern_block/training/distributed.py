@@ -164,12 +164,12 @@ def gather_objects(obj) -> list:
     return out
 
 
-def broadcast_object(obj, src: int = 0):
-    """Rank ``src``'s ``obj`` on every process."""
+def broadcast_object(obj):
+    """Rank 0's ``obj`` on every process."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return obj
     box = [obj]
-    _exchange(lambda: dist.broadcast_object_list(box, src=src))
+    _exchange(lambda: dist.broadcast_object_list(box, src=0))
     return box[0]
 
 

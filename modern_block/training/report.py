@@ -191,10 +191,9 @@ def plot_sweep(selections: dict, path=None, title: str = "mean final val loss ag
     return _finish(fig, path)
 
 
-def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validation loss, seed mean and 95% band",
-                     skip: int = 1):
+def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validation loss, seed mean and 95% band"):
     """Validation loss against step per model: the mean over its seeds and a t-based 95% band, from the
-    ``skip``-th evaluation on (after the first drop from ln V). ``groups``: label -> runs or metric lists."""
+    second evaluation on (after the first drop from ln V). ``groups``: label -> runs or metric lists."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -202,8 +201,8 @@ def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validatio
         rows = [run.metrics if hasattr(run, "metrics") else run.get("metrics", run) if isinstance(run, dict)
                 else run for run in runs]
         rows = [r for r in rows if r]  # a diverged run has none
-        steps = [m["step"] for m in rows[0]][skip:]
-        curves = [[m["val_loss"] for m in r][skip:] for r in rows]
+        steps = [m["step"] for m in rows[0]][1:]
+        curves = [[m["val_loss"] for m in r][1:] for r in rows]
         color = COLORS[k % len(COLORS)]
         if len(curves) > 1:
             mean, low, high = band(curves)
@@ -217,8 +216,7 @@ def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validatio
     return _finish(fig, path)
 
 
-def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title: str = "differences, 95% intervals",
-                     xlabel: str = "difference in val loss (nats/char); < 0: lower loss"):
+def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title: str = "differences, 95% intervals"):
     """Paired differences with their intervals against a line at zero."""
     import matplotlib.pyplot as plt
 
@@ -232,6 +230,6 @@ def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title:
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(rows)), [name for name, _ in rows])
     ax.invert_yaxis()
-    ax.set(xlabel=xlabel, title=title)
+    ax.set(xlabel="difference in val loss (nats/char); < 0: lower loss", title=title)
     ax.grid(axis="x", alpha=0.3)
     return _finish(fig, path)

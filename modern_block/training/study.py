@@ -313,12 +313,12 @@ class Progress:
             self.bar.close()
 
 
-def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=1, cache: dict | None = None,
-              command: str = "", say=print, train: bool = True, bar: bool | None = None) -> Results:
+def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=1, command: str = "", say=print,
+              train: bool = True, bar: bool | None = None) -> Results:
     """Train ``study``: every model at every rate on the selection seeds, then each at its chosen rate on the
     reported seeds (and the anchor). With ``out_dir`` each run has its folder there: a finished run is read back,
-    an interrupted one resumes; ``train=False`` only reads back. ``workers``: as ``train_many``; ``cache``: runs
-    shared between studies; ``bar``: one progress bar (default: when stderr is a terminal), else a line per run."""
+    an interrupted one resumes; ``train=False`` only reads back. ``workers``: as ``train_many``; ``bar``: one
+    progress bar (default: when stderr is a terminal), else a line per run."""
     corpus = corpus if corpus is not None else load_corpus(verbose=False)
     results = Results(study, command=command, corpus=corpus.name)
     seeds = len(study.reported_seeds)
@@ -341,7 +341,7 @@ def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=
                 say(f"{role}: {len(results.planned(role)) - len(todo)} run(s) already finished in {out_dir}: read back")
             if not (train and todo):
                 continue
-            got = train_many([study.config(*run) for run in todo], corpus, workers, out_dir, cache, progress=False,
+            got = train_many([study.config(*run) for run in todo], corpus, workers, out_dir, progress=False,
                              on_done=lambda cfg, result, role=role: progress(role, cfg, result))
             for run, result in zip(todo, got, strict=True):
                 results.add(*run, role, result)
