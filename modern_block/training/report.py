@@ -38,10 +38,9 @@ def report_text(results: Results) -> str:
              f"{mach.get('cpus')} CPUs ({mach.get('processor') or mach.get('machine')}), one thread per run, "
              f"{results.wall_s:,.0f} s of wall time in the last session.", "",
              f"Budget: d = {b.d}, {b.n_layers} layers, {b.n_heads} heads ({_kv_heads(s)}), context {b.block_size}, "
-             f"batch {b.batch_size}, {b.max_steps} steps, warmup "
-             f"{b.warmup_steps} then a cosine to a tenth of the peak, AdamW betas ({b.beta1}, {b.beta2}), weight decay "
-             f"{b.weight_decay}, "
-             f"clip {b.grad_clip}, dropout {b.dropout}. Loss: the final validation loss on {b.eval_batches} fixed "
+             f"batch {b.batch_size}, {b.max_steps} steps, warmup {b.warmup_steps} then a cosine to a tenth of the "
+             f"peak, AdamW betas ({b.beta1}, {b.beta2}), weight decay {b.weight_decay}, clip {b.grad_clip}, dropout "
+             f"{b.dropout}. Loss: the final validation loss on {b.eval_batches} fixed "
              f"batches of the last 10% of the text. Each model's peak rate is chosen from "
              f"{', '.join(f'{r:g}' for r in s.rates)} on selection seeds {format_seeds(s.selection_seeds)} (lowest "
              f"mean) and reported on seeds {format_seeds(s.reported_seeds)}; differences are paired by seed, with a "
@@ -55,7 +54,8 @@ def report_text(results: Results) -> str:
     pairs = [(a, b_) for a, b_ in s.pairs if a in sel and b_ in sel]
     if pairs and len(results.complete_seeds) > 1:
         diffs = [results.difference(a, b_) for a, b_ in pairs]
-        rows = [_difference_row(d, a, b_) for d, (a, b_) in zip(diffs, pairs, strict=True)]
+        rows = [{"b minus a": f"{b_} minus {a}", f"difference ± half-width [{CONFIDENCE:.0%} interval]": d.format(),
+                 "verdict": d.verdict} for d, (a, b_) in zip(diffs, pairs, strict=True)]
         title = f"## Paired differences ({len(pairs)} comparison{'s' * (len(pairs) > 1)}, each at {CONFIDENCE:.0%}"
         if len(pairs) > 1 and not any(d.diverged for d in diffs):  # the chance of any false verdict among them
             title += f"; the last column adjusts the verdicts for all {len(pairs)} together, by Holm's method"
@@ -80,11 +80,6 @@ def _kv_heads(study) -> str:
     if any(get_rung(m).n_kv_heads or get_rung(m).kv_latent for m in study.models):
         return "K/V heads or latent: each model's own"
     return f"{study.base.n_kv_heads} K/V heads where a model shares them"
-
-
-def _difference_row(d: PairedDifference, a: str, b: str) -> dict[str, str]:
-    return {"b minus a": f"{b} minus {a}", f"difference ± half-width [{CONFIDENCE:.0%} interval]": d.format(),
-            "verdict": d.verdict}
 
 
 def _anchor_sentence(results: Results) -> str:
