@@ -8,11 +8,11 @@
     build_model, BatchSampler, lr_at, make_optimizer   the pieces lesson 08 writes out by hand
 """
 
+from ..statistics import holm_verdicts, paired_difference
 from .config import TrainConfig, lr_at, make_optimizer, quick_config
 from .data import BatchSampler, load_text
 from .ladder import build_model, size_table
 from .report import plot_differences
-from .statistics import holm_verdicts, paired_difference
 from .study import STUDIES, Results, Study, run_study
 from .trainer import train
 

@@ -6,9 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from .files import refused_writes, shown, write_atomic, write_text_atomic
-from .rungs import get_rung
-from .statistics import (
+from ..statistics import (
     CONFIDENCE,
     PairedDifference,
     band,
@@ -19,6 +17,8 @@ from .statistics import (
     paired_difference,
     selection_row,
 )
+from .files import refused_writes, shown, write_atomic, write_text_atomic
+from .rungs import get_rung
 from .study import Results, final_loss
 
 COLORS = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray")
