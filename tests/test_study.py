@@ -214,6 +214,16 @@ def test_figures_of_the_lesson(tmp_path):
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["llama", "same"]
 
 
+def test_what_the_lessons_ask_of_results():
+    res = run_study(replace(_study(), anchor=None, models=MODELS[:2]), None, CORPUS, say=lambda text: None)
+    assert res.report() == report_text(res) and res.table() in res.report()
+    assert res.table().count("\n") == 1 + len(res.selections)  # a header, its rule and a row per model
+    labels = [line.get_label() for line in res.plot_curves({"llama": "Llama"}).axes[0].lines]
+    assert labels == [f"gpt2_nobias ({len(res.complete_seeds)} seeds)", f"Llama ({len(res.complete_seeds)} seeds)"]
+    sweep = res.plot_sweep(title="t").axes[0]
+    assert sweep.get_title() == "t" and len(sweep.lines) == 2 * len(res.selections)  # a curve and a chosen rate each
+
+
 def test_readme_quotes_the_committed_lesson_08_run():
     """The README's lesson-08 paragraph states what the committed runs show: every decimal figure it quotes is in
     the saved outputs of lessons 08 and 08b, and every verdict it gives is the one its paired 95% interval supports."""
