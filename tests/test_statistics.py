@@ -310,8 +310,18 @@ def test_holm_rejects_bad_input():
     for bad in ([], [1.5], [-0.1, 0.2]):
         with pytest.raises(ValueError, match="p_values"):
             holm(bad)
-    with pytest.raises(TypeError, match="p_values"):
+    with pytest.raises(TypeError, match="^p_values must be a sequence"):
         holm("0.1")
+    with pytest.raises(TypeError, match="^p_values must hold numbers"):
+        holm(["0.1"])
+    assert holm([0.0, 1.0, 0.5]) == [0.0, 1.0, 1.0]  # both ends of [0, 1] are probabilities
+
+
+def test_p_value_of_differences_without_spread_and_of_a_diverged_run():
+    assert p_value(paired_difference([1.0, 2.0], [1.0, 2.0])) == 1.0  # every difference 0: no evidence at all
+    assert p_value(paired_difference([1.0, 2.0], [2.0, 3.0])) == 0.0  # every difference +1, no spread: certain
+    with pytest.raises(ValueError, match=r"^d must hold finite differences \(a run diverged\)"):
+        p_value(paired_difference([None, 2.0], [1.0, 2.0]))
 
 
 def test_p_value_agrees_with_the_interval_and_a_hand_computed_t():
