@@ -6,7 +6,7 @@
 Needs what the browser tests need: ``pip install playwright`` and Debian's Chromium at /usr/bin/chromium
 (``apt-get install -y chromium``; no browser download). JupyterLab serves a throwaway copy of notebooks/; the
 lessons' widget cells run live, the widgets are set to a telling state, and each widget's output area is captured.
-The loss curves are lesson 08's saved figure from its first ``plot_curve_bands(`` cell (else the last figure
+The loss curves are lesson 08's saved figure from its first ``plot_curves(`` cell (else the last figure
 of a cell that mentions "loss"); no training is rerun.
 Each PNG is trimmed to its content and kept under 200 KB (a 256-colour palette if needed).
 """
@@ -104,7 +104,7 @@ def loss_curves(page, lab, root: Path, out: Path) -> bool:
     if not with_plots:
         print(f"{lesson.name} has no saved figure in a cell about the loss: no loss curves")
         return False
-    main = [i for i in with_plots if "plot_curve_bands(" in nb.cells[i].source]  # the comparison's curves first
+    main = [i for i in with_plots if "plot_curves(" in nb.cells[i].source]  # the comparison's curves first
     chosen = main[0] if main else with_plots[-1]
     panel = lab_h.open_notebook(page, lab, lesson.name)
     lab_h.hide_left_sidebar(page)

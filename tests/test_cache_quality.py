@@ -11,13 +11,13 @@ import torch
 from training_setup import CORPUS, never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
 
 from modern_block import KVCache, generate
+from modern_block.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training import compare_cli as cli
 from modern_block.training.cache_quality import cache_quality_rows, cache_quality_table, plot_cache_quality
 from modern_block.training.config import QUICK_ENV
 from modern_block.training.ladder import cache_bytes_per_token, gpt2_parameters, ladder_model
 from modern_block.training.report import report_text
 from modern_block.training.rungs import ATTENTION_NAMES, ATTENTIONS, Rung, get_rung
-from modern_block.training.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training.study import STUDIES, Results, Study, middle_out, run_study
 
 matplotlib.use("Agg")

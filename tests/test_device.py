@@ -8,8 +8,15 @@ import torch
 from training_setup import never_online  # noqa: F401 (an autouse fixture: keeps these tests offline)
 
 from modern_block import GPT2LM, LlamaStyleLM
-from modern_block.training.device import autocast_dtype, choose_device, memory_bytes, peak_flops
-from modern_block.training.flops import flops_per_token, matmul_parameters, mfu
+from modern_block.training.device import (
+    autocast_dtype,
+    choose_device,
+    flops_per_token,
+    matmul_parameters,
+    memory_bytes,
+    mfu,
+    peak_flops,
+)
 
 
 def test_mfu_arithmetic_by_hand():

@@ -25,8 +25,8 @@ import modern_block as mb
 from modern_block.classroom import checks, exercises
 from modern_block.classroom.checks import CheckFailed, NotAttempted
 from modern_block.classroom.grading.notebook import CHECK_CALL, read_notebook, reference_from, sections
-from modern_block.training.statistics import holm
-from modern_block.training.statistics import verdict as verdict_text
+from modern_block.statistics import holm
+from modern_block.statistics import verdict as verdict_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -167,7 +167,7 @@ def lr_at_ok(step, lr, min_lr, warmup_steps, max_steps):
 
 
 def flops_per_token_ok(n_matmul_params, n_layers, n_heads, head_dim, seq_len):
-    from modern_block.training.flops import flops_per_token
+    from modern_block.training.device import flops_per_token
 
     return flops_per_token(n_matmul_params, n_layers, n_heads, head_dim, seq_len)
 

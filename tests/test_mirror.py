@@ -31,7 +31,7 @@ TESTED_BY = {  # module -> the test files named after its topic (besides tests/t
     "modern_block.training.parts": ["test_train.py"],
     "modern_block.training.trainer": ["test_train.py"],
     "modern_block.training.train_cli": ["test_train.py"],
-    "modern_block.training.flops": ["test_device.py"],
+    "modern_block.training.device": ["test_device.py"],
     "modern_block.training.rungs": ["test_ladder.py"],
     "modern_block.training.workers": ["test_study.py"],
     "modern_block.training.report": ["test_study.py"],

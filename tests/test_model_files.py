@@ -11,7 +11,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "modern_block"
 # the plain layer in course order; each file may import the ones before it (and the argument checks)
 MODEL_FILES = ["decoder", "gpt2", "rmsnorm", "ffn", "rope", "attention", "kv_cache", "mla", "llama", "generate"]
 HELPERS = {"validate", "params"}  # argument checks and parameter counting/initialisation, no model code
-AROUND_THE_MODEL = {"presets"}  # real models' numbers for lesson 04: imports the cache formulas, no model code
+AROUND_THE_MODEL = {  # no model code
+    "presets",  # real models' numbers for lesson 04: imports the cache formulas
+    "statistics",  # the course's rule for comparing losses over seeds (lessons 04, 06, 08, 08b, 09b and compare)
+}
 STDLIB = {"math", "dataclasses", "functools", "collections", "typing", "__future__"}
 
 

@@ -1,4 +1,4 @@
-"""How a run hears that it should stop (modern_block/training/signals.py): real signals sent to this process."""
+"""How a run hears that it should stop (``trainer.StopSignals``): real signals sent to this process."""
 
 import signal
 import threading
@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from modern_block.training.distributed import RankFailedError
-from modern_block.training.signals import StopSignals
+from modern_block.training.trainer import StopSignals
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from statistics import NormalDist
 
 import pytest
 
-from modern_block.training.statistics import (
+from modern_block.statistics import (
     HIGHER,
     INCONCLUSIVE,
     LOWER,
@@ -265,10 +265,6 @@ def test_every_refusal_names_its_argument_and_rule():
             (lambda: paired_difference([1.0, 2.0], [1.0, "x"]), TypeError, "b must hold numbers"),
             (lambda: paired_difference({0: 1.0}, [1.0]), TypeError, "a and b must both be mappings seed -> loss"),
             (lambda: band([[1.0, "x"], [1.0, 2.0]]), TypeError, "curves[i] must hold numbers"),
-            (lambda: mean_interval([1.0, 2.0], confidence=0.0), ValueError, "confidence must be a float strictly"),
-            (lambda: mean_interval([1.0, 2.0], confidence=1.0), ValueError, "confidence must be a float strictly"),
-            (lambda: mean_interval([1.0, 2.0], confidence=1.5), ValueError, "confidence must be a float strictly"),
-            (lambda: mean_interval([1.0, 2.0], confidence=1), ValueError, "confidence must be a float strictly"),
             (lambda: verdict(math.nan, 0.1), ValueError, "low and high must be numbers"),
             (lambda: choose_rate({}), ValueError, "means_by_rate must hold at least one rate"),
             (lambda: markdown_table([]), ValueError, "rows must be a non-empty sequence of mappings")):
@@ -276,22 +272,16 @@ def test_every_refusal_names_its_argument_and_rule():
             call()
 
 
-def test_confidence_and_divergence_travel_through_every_result():
-    wide, narrow = mean_interval([1.0, 2.0, 4.0]), mean_interval([1.0, 2.0, 4.0], confidence=0.5)
-    assert narrow.confidence == 0.5 and narrow.half_width < wide.half_width
-    diverged = mean_interval([1.0, math.inf], confidence=0.9)
-    assert (diverged.n, diverged.confidence, diverged.format()) == (2, 0.9, "diverged") and math.isnan(diverged.sd)
-    d = paired_difference([2.0, 2.1, 2.3], [1.9, 2.2, 2.1], confidence=0.8)
-    assert d.seeds == (0, 1, 2) and d.confidence == 0.8 and d.interval.confidence == 0.8
+def test_divergence_travels_through_every_result():
+    diverged = mean_interval([1.0, math.inf])
+    assert (diverged.n, diverged.format()) == (2, "diverged") and math.isnan(diverged.sd)
+    d = paired_difference([2.0, 2.1, 2.3], [1.9, 2.2, 2.1])
+    assert d.seeds == (0, 1, 2) and d.interval.n == 3
     blown = paired_difference([None, 2.0], [1.0, 2.0])  # None: a diverged run
     assert blown.diverged and blown.format() == "a run diverged"
     assert math.isnan(paired_difference([math.inf, 1.0], [2.0, 3.0]).differences[0])
-    mean, low, high = band([[3.0, 2.0], [3.2, 2.4], [3.1, 2.2]], confidence=0.5)
-    _, low95, high95 = band([[3.0, 2.0], [3.2, 2.4], [3.1, 2.2]])
-    assert all(h - lo < h95 - lo95 for lo, h, lo95, h95 in zip(low, high, low95, high95, strict=True))
-    sel = select_and_report(_table(), (0, 1), (2, 3, 4)).selections
-    assert sel["gpt2"].model == "gpt2"
-    assert paired_difference(sel["gpt2"].reported, sel["llama"].reported, confidence=0.5).confidence == 0.5
+    mean, low, high = band([[3.0, 2.0], [3.2, 2.4], [3.1, 2.2]])
+    assert mean == pytest.approx([3.1, 2.2]) and all(lo < m < h for lo, m, h in zip(low, mean, high, strict=True))
 
 
 def test_a_rate_tried_on_reported_seeds_only_is_not_a_candidate():
@@ -320,8 +310,18 @@ def test_holm_rejects_bad_input():
     for bad in ([], [1.5], [-0.1, 0.2]):
         with pytest.raises(ValueError, match="p_values"):
             holm(bad)
-    with pytest.raises(TypeError, match="p_values"):
+    with pytest.raises(TypeError, match="^p_values must be a sequence"):
         holm("0.1")
+    with pytest.raises(TypeError, match="^p_values must hold numbers"):
+        holm(["0.1"])
+    assert holm([0.0, 1.0, 0.5]) == [0.0, 1.0, 1.0]  # both ends of [0, 1] are probabilities
+
+
+def test_p_value_of_differences_without_spread_and_of_a_diverged_run():
+    assert p_value(paired_difference([1.0, 2.0], [1.0, 2.0])) == 1.0  # every difference 0: no evidence at all
+    assert p_value(paired_difference([1.0, 2.0], [2.0, 3.0])) == 0.0  # every difference +1, no spread: certain
+    with pytest.raises(ValueError, match=r"^d must hold finite differences \(a run diverged\)"):
+        p_value(paired_difference([None, 2.0], [1.0, 2.0]))
 
 
 def test_p_value_agrees_with_the_interval_and_a_hand_computed_t():

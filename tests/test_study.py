@@ -12,13 +12,13 @@ import pytest
 import torch
 from training_setup import CORPUS, SMALL, never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
 
+from modern_block.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training import compare_cli as cli
 from modern_block.training import files, report, run_folder
 from modern_block.training import study as S
 from modern_block.training.data import Corpus
 from modern_block.training.report import plot_curve_bands, plot_differences, report_text, write_results
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
-from modern_block.training.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training.study import STUDIES, Anchor, Progress, Results, Study, run_study, time_left
 from modern_block.training.workers import Diverged, WorkerPool, read_record, run_dir, train_many
 
@@ -88,7 +88,7 @@ def test_the_course_studies_are_configurations_of_one_design():
         assert all(set(p) <= set(study.models) for p in study.pairs)
 
 
-def test_results_do_not_depend_on_workers_and_the_cache_reuses_runs():
+def test_results_do_not_depend_on_workers_and_identical_runs_train_once():
     configs = [replace(BASE, arch=f"ladder:{r}") for r in ("gpt2_untied", "no_gqa")]
     here = train_many(configs, CORPUS, workers=1)
     with WorkerPool(CORPUS, 2) as pool:
@@ -99,10 +99,8 @@ def test_results_do_not_depend_on_workers_and_the_cache_reuses_runs():
         assert a.losses == b.losses and a.metrics[-1]["val_loss"] == b.metrics[-1]["val_loss"]
         assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values(),
                                                      strict=True))
-    cache: dict = {}
-    first = train_many(configs, CORPUS, cache=cache)
-    again = train_many(configs[::-1], CORPUS, cache=cache)
-    assert again[0] is first[1] and again[1] is first[0], "identical configurations train once"
+    twice = train_many(configs + configs[:1], CORPUS)
+    assert twice[2] is twice[0], "identical configurations train once"
     with pytest.raises(ValueError, match="workers must be"):
         train_many(configs, CORPUS, workers=0)
 
@@ -214,6 +212,16 @@ def test_figures_of_the_lesson(tmp_path):
     d = res.difference("gpt2_nobias", "llama")
     fig = plot_differences([("llama", d), ("same", d)])
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["llama", "same"]
+
+
+def test_what_the_lessons_ask_of_results():
+    res = run_study(replace(_study(), anchor=None, models=MODELS[:2]), None, CORPUS, say=lambda text: None)
+    assert res.report() == report_text(res) and res.table() in res.report()
+    assert res.table().count("\n") == 1 + len(res.selections)  # a header, its rule and a row per model
+    labels = [line.get_label() for line in res.plot_curves({"llama": "Llama"}).axes[0].lines]
+    assert labels == [f"gpt2_nobias ({len(res.complete_seeds)} seeds)", f"Llama ({len(res.complete_seeds)} seeds)"]
+    sweep = res.plot_sweep(title="t").axes[0]
+    assert sweep.get_title() == "t" and len(sweep.lines) == 2 * len(res.selections)  # a curve and a chosen rate each
 
 
 def test_readme_quotes_the_committed_lesson_08_run():

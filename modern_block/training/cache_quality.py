@@ -4,10 +4,10 @@ beside it (cache bytes, parameters, chosen rate, mean ± 95%, paired difference 
 
 import math
 
+from ..statistics import CONFIDENCE
 from .ladder import cache_bytes_per_token
 from .report import COLORS, _finish
 from .rungs import get_rung
-from .statistics import CONFIDENCE
 from .study import Results
 
 

@@ -1,10 +1,10 @@
 """The training text (tinyshakespeare from $MODERN_BLOCK_DATA, the cache or a checked download; else, announced,
 the standard library's source), a character tokenizer, the 90/10 split and a seeded batch sampler."""
 
+import contextlib
 import hashlib
 import os
 import sysconfig
-import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +15,7 @@ import torch
 
 from ..interop.verify import sha256_of
 from ..validate import positive_int
+from .files import write_atomic
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -48,10 +49,10 @@ def download(url: str, dest, sha256: str, timeout: float = 30.0, size: int | Non
     ``ChecksumError`` and nothing written; an ``OSError`` when the source cannot be reached."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
-    try:
+
+    def fetch(out) -> None:
         h, received = hashlib.sha256(), 0
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             for chunk in iter(lambda: response.read(1 << 16), b""):
                 received += len(chunk)
                 if size is not None and received > size:
@@ -62,10 +63,8 @@ def download(url: str, dest, sha256: str, timeout: float = 30.0, size: int | Non
         if h.hexdigest() != sha256:
             raise ChecksumError(f"the file from {url} has sha256 {h.hexdigest()}, expected {sha256} "
                                 "(corrupt, truncated or a different file); it was not kept")
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+
+    write_atomic(dest, fetch)
     return dest
 
 
@@ -79,23 +78,17 @@ def _wrong(path: Path) -> str | None:
     return None
 
 
-def stdlib_text(max_chars: int = FALLBACK_CHARS) -> tuple[str, str]:
-    """(text, description): the standard library's top-level ``*.py`` files in name order, up to ``max_chars``."""
-    positive_int("max_chars", max_chars)
+def stdlib_text() -> tuple[str, str]:
+    """(text, description): the standard library's top-level ``*.py`` files in name order, up to ``FALLBACK_CHARS``."""
     folder = Path(sysconfig.get_paths()["stdlib"])
-    parts, total, used = [], 0, 0
+    parts: list[str] = []
     for path in sorted(folder.glob("*.py")):
-        try:
-            part = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        parts.append(part)
-        total += len(part)
-        used += 1
-        if total >= max_chars:
+        if sum(map(len, parts)) >= FALLBACK_CHARS:
             break
-    text = "".join(parts)[:max_chars]
-    return text, f"{len(text):,} characters of Python source from {used} files in {folder}"
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            parts.append(path.read_text(encoding="utf-8"))
+    text = "".join(parts)[:FALLBACK_CHARS]
+    return text, f"{len(text):,} characters of Python source from {len(parts)} files in {folder}"
 
 
 def load_corpus(url: str = TINYSHAKESPEARE_URL, data_dir=None, cache=None, fallback: bool = True,

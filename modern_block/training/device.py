@@ -1,5 +1,6 @@
 """Where a run trains and in which precision: bf16 autocast on CUDA capability 8.0+, fp16 with a GradScaler
-below (the capability decides: emulated bf16 is slow), fp32 on the CPU; the GPU's peak FLOP/s and memory."""
+below (the capability decides: emulated bf16 is slow), fp32 on the CPU; the GPU's peak FLOP/s and memory, and
+model FLOPs utilisation (nanoGPT's 6·N + 12·L·H·Q·T FLOPs per token against that peak)."""
 
 import contextlib
 import os
@@ -7,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
 
 from .config import ConfigError
 
@@ -100,3 +102,24 @@ def memory_bytes(setup: DeviceSetup) -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # not on this system (Windows)
         return None
+
+
+def matmul_parameters(model: nn.Module) -> int:
+    """N in 6·N: parameters minus embedding tables used only for look-ups (a table tied to the
+    output head is a matrix multiply there, so it counts)."""
+    in_linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    lookups = {id(m.weight): m.weight.numel() for m in model.modules()
+               if isinstance(m, nn.Embedding) and id(m.weight) not in in_linear}
+    return sum(p.numel() for p in model.parameters()) - sum(lookups.values())
+
+
+def flops_per_token(n_matmul_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> int:
+    """Training FLOPs per token, 6·N + 12·L·H·Q·T (forward and backward; attention over the full T × T square)."""
+    return 6 * n_matmul_params + 12 * n_layers * n_heads * head_dim * seq_len
+
+
+def mfu(flops_per_tok: float, tokens_per_s: float | None, peak: float | None) -> float | None:
+    """Model FLOPs utilisation in [0, 1]; None when the peak or the rate is unknown (CPU, unlisted GPU)."""
+    if peak is None or tokens_per_s is None:
+        return None
+    return flops_per_tok * tokens_per_s / peak

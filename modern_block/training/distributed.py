@@ -37,6 +37,34 @@ class Ranks:
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    def device(self, device: str | None) -> str | None:
+        """Under torchrun on GPUs, process LOCAL_RANK uses cuda:LOCAL_RANK."""
+        if not (self.distributed and device_type_for(device) == "cuda"):
+            return device
+        if device not in (None, "cuda"):
+            raise ConfigError(f"under torchrun each process uses the GPU cuda:LOCAL_RANK; pass --device cuda "
+                              f"(or nothing), not {device!r}")
+        return f"cuda:{self.local_rank}"
+
+    def wrap(self, module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        """``module`` inside ``DistributedDataParallel``, which averages the gradients of every process; the RoPE
+        tables are buffers computed alike everywhere, so they are not sent on every step."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        option = "forward_sync_buffers"  # "broadcast_buffers" before torch 2.13
+        if option not in inspect.signature(DistributedDataParallel).parameters:
+            option = "broadcast_buffers"
+        no_resend: dict[str, Any] = {option: False}
+        return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                       **no_resend)
+
+    def mean_and_any(self, values: torch.Tensor, flag: bool) -> tuple[torch.Tensor, bool]:
+        """``values`` averaged over the processes, and whether ``flag`` is set in any of them: one exchange."""
+        if not self.distributed:
+            return values, flag
+        packed = all_sum(torch.cat([values.float(), values.new_tensor([float(flag)], dtype=torch.float32)]))
+        return packed[:-1] / self.world_size, bool(packed[-1] > 0)
+
 
 def ranks_from_env(environ=None) -> Ranks:
     """The ``Ranks`` torchrun put in the environment; one process when they are absent."""
@@ -66,9 +94,9 @@ def device_type_for(device: str | None) -> str:
     return "cuda" if str(device).startswith("cuda") else "cpu"
 
 
-def setup(device_type: str) -> Ranks:
+def join(device: str | None) -> Ranks:
     """Join torchrun's process group (once per process) and, on GPUs, use ``cuda:LOCAL_RANK``; this ``Ranks``."""
-    ranks = ranks_from_env()
+    ranks, device_type = ranks_from_env(), device_type_for(device)
     if not ranks.distributed:
         return ranks
     if device_type == "cuda":
@@ -136,12 +164,12 @@ def gather_objects(obj) -> list:
     return out
 
 
-def broadcast_object(obj, src: int = 0):
-    """Rank ``src``'s ``obj`` on every process."""
+def broadcast_object(obj):
+    """Rank 0's ``obj`` on every process."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return obj
     box = [obj]
-    _exchange(lambda: dist.broadcast_object_list(box, src=src))
+    _exchange(lambda: dist.broadcast_object_list(box, src=0))
     return box[0]
 
 
@@ -156,52 +184,3 @@ def agree_or_raise(error: BaseException | None, info=None) -> list:
                 raise error
             raise err if isinstance(err, BaseException) else RankFailedError(f"rank {rank} failed: {err}")
     return [info for _, info in gathered]
-
-
-class Processes:
-    """The processes of one run as this one sees them: its ``Ranks``, its device, the model's wrapper, exchanges."""
-
-    def __init__(self, ranks: Ranks):
-        self.ranks = ranks
-
-    @classmethod
-    def join(cls, device: str | None) -> "Processes":
-        return cls(setup(device_type_for(device)))
-
-    @property
-    def is_main(self) -> bool:
-        return self.ranks.is_main
-
-    @property
-    def many(self) -> bool:
-        return self.ranks.distributed
-
-    def device(self, device: str | None) -> str | None:
-        """Under torchrun on GPUs, process LOCAL_RANK uses cuda:LOCAL_RANK."""
-        if not (self.many and device_type_for(device) == "cuda"):
-            return device
-        if device not in (None, "cuda"):
-            raise ConfigError(f"under torchrun each process uses the GPU cuda:LOCAL_RANK; pass --device cuda "
-                             f"(or nothing), not {device!r}")
-        return f"cuda:{self.ranks.local_rank}"
-
-    def wrap(self, module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-        """``module`` inside ``DistributedDataParallel``, which averages the gradients of every process."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [device.index] if device.type == "cuda" else None
-        # the RoPE tables are buffers computed alike everywhere: no need to send them on every step
-        option = "forward_sync_buffers"
-        if option not in inspect.signature(DistributedDataParallel).parameters:
-            option = "broadcast_buffers"  # the older name (torch < 2.13)
-        no_resend: dict[str, Any] = {option: False}
-        return DistributedDataParallel(module, device_ids=ids, **no_resend)
-
-    def mean_and_any(self, values: torch.Tensor, flag: bool) -> tuple[torch.Tensor, bool]:
-        """``values`` averaged over the processes, and whether ``flag`` is set in any of them: one exchange."""
-        if not self.many:
-            return values, flag
-        packed = torch.cat([values.float(), values.new_tensor([float(flag)], dtype=torch.float32)])
-        packed = all_sum(packed)
-        return packed[:-1] / self.ranks.world_size, bool(packed[-1] > 0)
-

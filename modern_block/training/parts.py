@@ -9,9 +9,8 @@ import torch.nn as nn
 from .checkpoint import CheckpointError
 from .config import EVAL_SEED, ConfigError, TrainConfig, make_optimizer
 from .data import BatchSampler, CharTokenizer, Corpus, fixed_batches, load_text
-from .device import DeviceSetup, choose_device, memory_bytes
-from .distributed import Processes
-from .flops import model_flops_per_token
+from .device import DeviceSetup, choose_device, flops_per_token, matmul_parameters, memory_bytes
+from .distributed import Ranks
 from .ladder import build_model
 from .step import Forward
 
@@ -35,8 +34,8 @@ class RunParts:
 
     @property
     def flops_per_token(self) -> int:
-        cfg = self.cfg
-        return model_flops_per_token(self.model, cfg.n_layers, cfg.n_heads, cfg.d // cfg.n_heads, cfg.block_size)
+        c = self.cfg
+        return flops_per_token(matmul_parameters(self.model), c.n_layers, c.n_heads, c.d // c.n_heads, c.block_size)
 
     def state(self) -> dict:
         return {"config": asdict(self.cfg), "chars": self.tokenizer.chars, "corpus": self.corpus_name,
@@ -57,10 +56,10 @@ class RunParts:
                                   "; restore a good copy, or start the run again with --overwrite") from None
 
 
-def build_parts(cfg: TrainConfig, procs: Processes, corpus: Corpus | None = None, verbose: bool = True,
+def build_parts(cfg: TrainConfig, ranks: Ranks, corpus: Corpus | None = None, verbose: bool = True,
                 resumed: dict | None = None) -> RunParts:
     """The parts of ``cfg``'s run in this process; ``resumed``: the checkpoint whose characters the text must have."""
-    world, rank = procs.ranks.world_size, procs.ranks.rank
+    world, rank = ranks.world_size, ranks.rank
     if cfg.batch_size % world:
         raise ConfigError(f"batch_size ({cfg.batch_size}) is the global batch and must be divisible by the "
                           f"number of processes ({world})")
@@ -69,7 +68,7 @@ def build_parts(cfg: TrainConfig, procs: Processes, corpus: Corpus | None = None
     if per_rank % micro:
         raise ConfigError(f"each of the {world} process(es) takes {per_rank} sequences per step, which "
                           f"micro_batch_size ({micro}) must divide")
-    setup = choose_device(procs.device(cfg.device))
+    setup = choose_device(ranks.device(cfg.device))
     dev = setup.device
 
     corpus, tokenizer, train_ids, val_ids = load_text(corpus, verbose)

@@ -6,9 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from .files import refused_writes, shown, write_atomic, write_text_atomic
-from .rungs import get_rung
-from .statistics import (
+from ..statistics import (
     CONFIDENCE,
     PairedDifference,
     band,
@@ -19,6 +17,8 @@ from .statistics import (
     paired_difference,
     selection_row,
 )
+from .files import refused_writes, shown, write_atomic, write_text_atomic
+from .rungs import get_rung
 from .study import Results, final_loss
 
 COLORS = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray")
@@ -38,10 +38,9 @@ def report_text(results: Results) -> str:
              f"{mach.get('cpus')} CPUs ({mach.get('processor') or mach.get('machine')}), one thread per run, "
              f"{results.wall_s:,.0f} s of wall time in the last session.", "",
              f"Budget: d = {b.d}, {b.n_layers} layers, {b.n_heads} heads ({_kv_heads(s)}), context {b.block_size}, "
-             f"batch {b.batch_size}, {b.max_steps} steps, warmup "
-             f"{b.warmup_steps} then a cosine to a tenth of the peak, AdamW betas ({b.beta1}, {b.beta2}), weight decay "
-             f"{b.weight_decay}, "
-             f"clip {b.grad_clip}, dropout {b.dropout}. Loss: the final validation loss on {b.eval_batches} fixed "
+             f"batch {b.batch_size}, {b.max_steps} steps, warmup {b.warmup_steps} then a cosine to a tenth of the "
+             f"peak, AdamW betas ({b.beta1}, {b.beta2}), weight decay {b.weight_decay}, clip {b.grad_clip}, dropout "
+             f"{b.dropout}. Loss: the final validation loss on {b.eval_batches} fixed "
              f"batches of the last 10% of the text. Each model's peak rate is chosen from "
              f"{', '.join(f'{r:g}' for r in s.rates)} on selection seeds {format_seeds(s.selection_seeds)} (lowest "
              f"mean) and reported on seeds {format_seeds(s.reported_seeds)}; differences are paired by seed, with a "
@@ -51,11 +50,12 @@ def report_text(results: Results) -> str:
                   + (", ".join(f"{m} {lr:g}" for m, lr in chosen.items()) or "none")
                   + f"; reported seeds finished by every model: {format_seeds(results.complete_seeds) or 'none'}.", ""]
     if len(results.complete_seeds) > 1:
-        lines += [markdown_table([selection_row(sel[m], label(m)) for m in s.models]), ""]
+        lines += [selection_table(results), ""]
     pairs = [(a, b_) for a, b_ in s.pairs if a in sel and b_ in sel]
     if pairs and len(results.complete_seeds) > 1:
         diffs = [results.difference(a, b_) for a, b_ in pairs]
-        rows = [_difference_row(d, a, b_) for d, (a, b_) in zip(diffs, pairs, strict=True)]
+        rows = [{"b minus a": f"{b_} minus {a}", f"difference ± half-width [{CONFIDENCE:.0%} interval]": d.format(),
+                 "verdict": d.verdict} for d, (a, b_) in zip(diffs, pairs, strict=True)]
         title = f"## Paired differences ({len(pairs)} comparison{'s' * (len(pairs) > 1)}, each at {CONFIDENCE:.0%}"
         if len(pairs) > 1 and not any(d.diverged for d in diffs):  # the chance of any false verdict among them
             title += f"; the last column adjusts the verdicts for all {len(pairs)} together, by Holm's method"
@@ -70,16 +70,16 @@ def report_text(results: Results) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def selection_table(results: Results) -> str:
+    """Each model's chosen rate, selection means and reported mean ± interval, as a Markdown table."""
+    return markdown_table([selection_row(results.selections[m], label(m)) for m in results.study.models])
+
+
 def _kv_heads(study) -> str:
     """The K/V heads of the study's models, in words: the budget's, or each model's own (the attention study)."""
     if any(get_rung(m).n_kv_heads or get_rung(m).kv_latent for m in study.models):
         return "K/V heads or latent: each model's own"
     return f"{study.base.n_kv_heads} K/V heads where a model shares them"
-
-
-def _difference_row(d: PairedDifference, a: str, b: str) -> dict[str, str]:
-    return {"b minus a": f"{b} minus {a}", f"difference ± half-width [{CONFIDENCE:.0%} interval]": d.format(),
-            "verdict": d.verdict}
 
 
 def _anchor_sentence(results: Results) -> str:
@@ -186,10 +186,9 @@ def plot_sweep(selections: dict, path=None, title: str = "mean final val loss ag
     return _finish(fig, path)
 
 
-def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validation loss, seed mean and 95% band",
-                     skip: int = 1):
+def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validation loss, seed mean and 95% band"):
     """Validation loss against step per model: the mean over its seeds and a t-based 95% band, from the
-    ``skip``-th evaluation on (after the first drop from ln V). ``groups``: label -> runs or metric lists."""
+    second evaluation on (after the first drop from ln V). ``groups``: label -> runs or metric lists."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -197,8 +196,8 @@ def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validatio
         rows = [run.metrics if hasattr(run, "metrics") else run.get("metrics", run) if isinstance(run, dict)
                 else run for run in runs]
         rows = [r for r in rows if r]  # a diverged run has none
-        steps = [m["step"] for m in rows[0]][skip:]
-        curves = [[m["val_loss"] for m in r][skip:] for r in rows]
+        steps = [m["step"] for m in rows[0]][1:]
+        curves = [[m["val_loss"] for m in r][1:] for r in rows]
         color = COLORS[k % len(COLORS)]
         if len(curves) > 1:
             mean, low, high = band(curves)
@@ -212,8 +211,7 @@ def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validatio
     return _finish(fig, path)
 
 
-def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title: str = "differences, 95% intervals",
-                     xlabel: str = "difference in val loss (nats/char); < 0: lower loss"):
+def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title: str = "differences, 95% intervals"):
     """Paired differences with their intervals against a line at zero."""
     import matplotlib.pyplot as plt
 
@@ -227,6 +225,6 @@ def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title:
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(rows)), [name for name, _ in rows])
     ax.invert_yaxis()
-    ax.set(xlabel=xlabel, title=title)
+    ax.set(xlabel="difference in val loss (nats/char); < 0: lower loss", title=title)
     ax.grid(axis="x", alpha=0.3)
     return _finish(fig, path)

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
+from ..statistics import PairedDifference, Selection, choose_rate, paired_difference
 from .config import TrainConfig, gpu_config, laptop_config, quick_config, with_rate
 from .data import Corpus, load_corpus
 from .rungs import ABLATION_NAMES, ATTENTION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
-from .statistics import PairedDifference, Selection, choose_rate, paired_difference
 from .trainer import TrainResult
 from .workers import read_record, run_dir, train_many
 
@@ -213,6 +213,31 @@ class Results:
         lr = self.chosen_rates()[model]
         return [self.trained.get((model, lr, s)) or self.record(model, lr, s) for s in self.complete_seeds]
 
+    # What the lessons show of a study, drawn by ``report`` (which builds on this module, hence the late imports).
+    def report(self) -> str:
+        """The study's report.md."""
+        from .report import report_text
+
+        return report_text(self)
+
+    def table(self) -> str:
+        """Each model's chosen rate, selection means and reported mean ± interval, as a Markdown table."""
+        from .report import selection_table
+
+        return selection_table(self)
+
+    def plot_sweep(self, **kwargs):
+        """Each model's mean final loss on the selection seeds against the rate (``report.plot_sweep``)."""
+        from .report import plot_sweep
+
+        return plot_sweep(self.selections, **kwargs)
+
+    def plot_curves(self, labels: dict | None = None, **kwargs):
+        """Each model's validation curves at its chosen rate: mean and 95% band over the reported seeds."""
+        from .report import plot_curve_bands
+
+        return plot_curve_bands({(labels or {}).get(m, m): self.reported(m) for m in self.selections}, **kwargs)
+
     def to_json(self) -> dict:
         s, keep = self.study, self.study.recorded_steps
 
@@ -288,12 +313,12 @@ class Progress:
             self.bar.close()
 
 
-def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=1, cache: dict | None = None,
-              command: str = "", say=print, train: bool = True, bar: bool | None = None) -> Results:
+def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=1, command: str = "", say=print,
+              train: bool = True, bar: bool | None = None) -> Results:
     """Train ``study``: every model at every rate on the selection seeds, then each at its chosen rate on the
     reported seeds (and the anchor). With ``out_dir`` each run has its folder there: a finished run is read back,
-    an interrupted one resumes; ``train=False`` only reads back. ``workers``: as ``train_many``; ``cache``: runs
-    shared between studies; ``bar``: one progress bar (default: when stderr is a terminal), else a line per run."""
+    an interrupted one resumes; ``train=False`` only reads back. ``workers``: as ``train_many``; ``bar``: one
+    progress bar (default: when stderr is a terminal), else a line per run."""
     corpus = corpus if corpus is not None else load_corpus(verbose=False)
     results = Results(study, command=command, corpus=corpus.name)
     seeds = len(study.reported_seeds)
@@ -316,7 +341,7 @@ def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=
                 say(f"{role}: {len(results.planned(role)) - len(todo)} run(s) already finished in {out_dir}: read back")
             if not (train and todo):
                 continue
-            got = train_many([study.config(*run) for run in todo], corpus, workers, out_dir, cache, progress=False,
+            got = train_many([study.config(*run) for run in todo], corpus, workers, out_dir, progress=False,
                              on_done=lambda cfg, result, role=role: progress(role, cfg, result))
             for run, result in zip(todo, got, strict=True):
                 results.add(*run, role, result)

@@ -3,8 +3,10 @@ A non-finite loss, Ctrl-C, a refused write or a failed peer stops the run saying
 
 import contextlib
 import math
+import signal
 import statistics
 import sys
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -20,13 +22,48 @@ from . import distributed
 from .checkpoint import CHECKPOINT_FORMAT, CheckpointError, saved_config
 from .config import TrainConfig, lr_at, resumed_config
 from .data import CharTokenizer, Corpus
-from .distributed import Processes, RankFailedError
+from .device import mfu
+from .distributed import RankFailedError
 from .files import StorageError
-from .flops import mfu
 from .parts import build_parts
 from .run_folder import RunFolder, RunFolderError
-from .signals import StopSignals
 from .step import eval_loss, train_step
+
+
+class StopSignals:
+    """While active the first Ctrl-C sets ``requested`` (the run stops after the step in progress) and a second
+    aborts; ``many`` (torchrun): SIGTERM raises ``RankFailedError``, a second Ctrl-C waits."""
+
+    def __init__(self, many: bool = False, what_happens: str = "", say: bool = True):
+        self.requested = False
+        self.many, self.what_happens, self.say = many, what_happens, say
+        self._previous: dict[int, object] = {}
+
+    def _ctrl_c(self, signum, frame):
+        if self.requested and not self.many:
+            raise KeyboardInterrupt
+        if not self.requested and self.say:
+            print(f"\nCtrl-C: stopping after this step{self.what_happens}"
+                  f"{' (press again to abort at once)' if not self.many else ''}", file=sys.stderr, flush=True)
+        self.requested = True
+
+    def _sigterm(self, signum, frame):
+        raise RankFailedError("stopped by SIGTERM (torchrun sends it to every process when one of them fails or "
+                              "when torchrun itself is stopped)")
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+                self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._ctrl_c)
+            if self.many:
+                self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._sigterm)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+        return False
 
 
 class NonFiniteLossError(RuntimeError):
@@ -79,30 +116,25 @@ class TrainResult:
 
 
 class Clock:
-    """The wall time of a run over its sessions, and the tokens/s of each evaluation interval."""
+    """The wall time of a run over its sessions, and the tokens/s of each evaluation interval (a lap)."""
 
-    def __init__(self, elapsed_before: float, device: torch.device):
-        self.before, self.device = elapsed_before, device
-        self.start = self.lap_start = time.perf_counter()
-        self.lap_steps, self.first = 0, True
+    def __init__(self, elapsed_before: float, device: torch.device, step: int):
+        self.before, self.device, self.first = elapsed_before, device, True
+        self.start = time.perf_counter()
+        self.restart_lap(step)
 
     def elapsed(self) -> float:
         return self.before + time.perf_counter() - self.start
 
-    def tick(self) -> None:
-        self.lap_steps += 1
+    def restart_lap(self, step: int) -> None:
+        self.lap_start, self.lap_step = time.perf_counter(), step
 
-    def restart_lap(self) -> None:
-        self.lap_start, self.lap_steps = time.perf_counter(), 0
-
-    def lap(self, tokens_per_step: int) -> tuple[float, bool, float]:
+    def lap(self, step: int, tokens_per_step: int) -> tuple[float, bool, float]:
         """(tokens/s since the lap began, whether it is the session's first lap, the run's elapsed seconds)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        now = time.perf_counter()
-        rate, first = self.lap_steps * tokens_per_step / (now - self.lap_start), self.first
-        self.first = False
-        return rate, first, self.before + now - self.start
+        now, first, self.first = time.perf_counter(), self.first, False
+        return (step - self.lap_step) * tokens_per_step / (now - self.lap_start), first, self.before + now - self.start
 
 
 class Trainer:
@@ -112,10 +144,10 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, out_dir=None, resume: bool = False, corpus: Corpus | None = None,
                  checkpoints: bool = True, progress: bool | None = None, verbose: bool = True,
                  overwrite: bool = False):
-        self.procs = Processes.join(cfg.device)
-        self.folder = RunFolder(out_dir, writer=self.procs.is_main, checkpoints=checkpoints)
-        self.verbose = verbose and self.procs.is_main
-        self.progress = (sys.stderr.isatty() if progress is None else progress) and self.procs.is_main
+        self.ranks = distributed.join(cfg.device)
+        self.folder = RunFolder(out_dir, writer=self.ranks.is_main, checkpoints=checkpoints)
+        self.verbose = verbose and self.ranks.is_main
+        self.progress = (sys.stderr.isatty() if progress is None else progress) and self.ranks.is_main
         try:
             error, ckpt = None, None
             try:  # what may fail on one process only: every process learns of it before any waits on another
@@ -139,11 +171,11 @@ class Trainer:
 
     def _build(self, cfg: TrainConfig, ckpt: dict | None, corpus: Corpus | None, verbose: bool) -> None:
         cfg = resumed_config(cfg, saved_config(ckpt, self.folder.checkpoint)) if ckpt is not None else cfg
-        self.parts = build_parts(cfg, self.procs, corpus, verbose and self.procs.is_main, ckpt)
+        self.parts = build_parts(cfg, self.ranks, corpus, verbose and self.ranks.is_main, ckpt)
         self.run_id = uuid.uuid4().hex  # which run the files belong to (a resumed run keeps its own)
         self.cfg, self.model, self.setup, self.forward = cfg, self.parts.model, self.parts.setup, self.parts.forward
         self.n_params, self.flops_per_token = count_parameters(self.model), self.parts.flops_per_token
-        self.peak_flops = self.setup.peak[1] * self.procs.ranks.world_size if self.setup.peak else None
+        self.peak_flops = self.setup.peak[1] * self.ranks.world_size if self.setup.peak else None
         self.step, self.elapsed = 0, 0.0
         self.metrics: list[dict] = []
         self.losses: list[float] = []  # of every step
@@ -159,8 +191,9 @@ class Trainer:
         """What the checkpoint holds (rank 0 writes it): ``rng`` is every process's random state."""
         return {"format": CHECKPOINT_FORMAT, **self.parts.state(), "step": self.step, "elapsed_s": self.elapsed,
                 "losses": list(self.losses), "rates": [list(r) for r in self.rates],
-                "rng_cpu": rng[0]["cpu"], "rng_cuda": rng[0]["cuda"], "world_size": self.procs.ranks.world_size,
-                "rng_ranks": rng if self.procs.many else None, "run_id": self.run_id, "metrics": list(self.metrics)}
+                "rng_cpu": rng[0]["cpu"], "rng_cuda": rng[0]["cuda"], "world_size": self.ranks.world_size,
+                "rng_ranks": rng if self.ranks.distributed else None, "run_id": self.run_id,
+                "metrics": list(self.metrics)}
 
     def _restore(self, ckpt: dict) -> None:
         self.parts.restore(ckpt, self.folder.checkpoint)
@@ -169,7 +202,7 @@ class Trainer:
         self.rates = [(rate, bool(first)) for rate, first in ckpt.get("rates", [])]
         self.run_id = ckpt["run_id"]
         self._last_saved = self.step
-        saved_world, ranks = ckpt.get("world_size", 1), self.procs.ranks
+        saved_world, ranks = ckpt.get("world_size", 1), self.ranks
         states = ckpt.get("rng_ranks") or [{"cpu": ckpt["rng_cpu"], "cuda": ckpt["rng_cuda"]}]
         try:
             if saved_world == ranks.world_size or ranks.is_main:
@@ -188,8 +221,8 @@ class Trainer:
 
     def _join(self, ckpt: dict | None) -> None:
         """Wrap the model for data parallelism (rank 0's weights to all) and share rank 0's metrics log."""
-        if self.procs.many:
-            self.forward.distribute(lambda module: self.procs.wrap(module, self.setup.device))
+        if self.ranks.distributed:
+            self.forward.distribute(lambda module: self.ranks.wrap(module, self.setup.device))
         if ckpt is None:
             self.folder.start()  # every check passed: now an earlier run's files may go
             return
@@ -216,7 +249,7 @@ class Trainer:
         rng = distributed.gather_objects(
             {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None})
         error = None
-        if self.procs.is_main:
+        if self.ranks.is_main:
             try:
                 self.folder.save_checkpoint(self._state(rng))
                 self._last_saved = self.step  # on disk now, even if another process fails below
@@ -241,19 +274,16 @@ class Trainer:
             return train_step(self.forward.train, batch, self.parts.optimizer, self.parts.scaler,
                               lr_at(self.step, self.cfg), self.parts.micro, self.cfg.grad_clip, self.setup.autocast)
 
-        self._pending.append(self.forward.call(step, self._zero_grad) if first else step())
+        self._pending.append(self.forward.call(step, self.parts.optimizer.zero_grad) if first else step())
         self.step += 1
         self._mid_step = False
-
-    def _zero_grad(self) -> None:
-        self.parts.optimizer.zero_grad(set_to_none=True)
 
     def _read_losses(self, stop_requested: bool = False) -> bool:
         """Bring pending losses to the host (averaged over the processes) and stop on a non-finite one; returns
         whether any process was asked to stop (Ctrl-C)."""
         if not self._pending:
             return stop_requested
-        means, stop_requested = self.procs.mean_and_any(torch.stack(self._pending), stop_requested)
+        means, stop_requested = self.ranks.mean_and_any(torch.stack(self._pending), stop_requested)
         values = means.tolist()
         first = self.step - len(values)  # 0-based step of values[0]
         self._pending.clear()
@@ -277,14 +307,14 @@ class Trainer:
                     for j, x, y in batches:
                         losses[j] = eval_loss(self.forward.eval, x, y, self.parts.micro, self.setup.autocast)
                     return distributed.all_sum(losses).sum()
-                out[split] = self.forward.call(total, self._zero_grad).item() / n
+                out[split] = self.forward.call(total, self.parts.optimizer.zero_grad).item() / n
             return out
         finally:
             self.model.train()
 
     def _log_eval(self, tokens_per_s: float | None) -> dict:
         losses = self.evaluate()
-        util = mfu(self.flops_per_token, tokens_per_s, self.peak_flops) if tokens_per_s is not None else None
+        util = mfu(self.flops_per_token, tokens_per_s, self.peak_flops)
         row = {"step": self.step, "train_loss": round(losses["train"], 6), "val_loss": round(losses["val"], 6),
                "tokens_per_s": round(tokens_per_s, 1) if tokens_per_s is not None else None,
                "mfu": round(util, 5) if util is not None else None, "lr": lr_at(max(self.step - 1, 0), self.cfg),
@@ -302,7 +332,7 @@ class Trainer:
             tqdm.write(text) if self.progress else print(text, flush=True)
 
     def describe(self) -> str:
-        cfg, world = self.cfg, self.procs.ranks.world_size
+        cfg, world = self.cfg, self.ranks.world_size
         split, accum = "", cfg.batch_size // world // self.parts.micro
         if world > 1 or accum > 1:
             split = (f" ({world} process(es) × {accum} micro-batch(es) of {self.parts.micro} sequences"
@@ -325,11 +355,11 @@ class Trainer:
         return agreed
 
     def _evaluate_and_save(self, clock: Clock) -> None:
-        rate, first, self.elapsed = clock.lap(self.cfg.tokens_per_step)
+        rate, first, self.elapsed = clock.lap(self.step, self.cfg.tokens_per_step)
         self.rates.append((rate, first))
         self._log_eval(rate)
         self.save_checkpoint()
-        clock.restart_lap()
+        clock.restart_lap(self.step)
 
     def run(self, until: int | None = None, on_step=None) -> TrainResult:
         """Train up to ``until`` (default ``max_steps``) steps in all; ``on_step(trainer)`` after every step."""
@@ -338,23 +368,22 @@ class Trainer:
             self._say(f"the run in {self.folder.path} is already finished (step {self.step} of {self.cfg.max_steps}); "
                       "nothing to train")
         self._say(self.describe())
-        clock, first_step = Clock(self.elapsed, self.setup.device), self.step
+        clock, first_step = Clock(self.elapsed, self.setup.device, self.step), self.step
         what_happens = " and saving a checkpoint" if self.folder.keeps_checkpoints else ""
-        signals = StopSignals(self.procs.many, what_happens, say=self.procs.is_main)
+        signals = StopSignals(self.ranks.distributed, what_happens, say=self.ranks.is_main)
         with signals, self._interruptions(clock), self._progress_bar() as bar:
             if not self.metrics:
                 self._log_eval(None)  # the loss before training, ln(V) or so
-            clock.restart_lap()
+            clock.restart_lap(self.step)
             while self.step < stop:
                 self._train_step(first=self.step == first_step)
-                clock.tick()
                 bar.update(1)
                 agreed = self._sync(signals.requested, stop, bar)  # several processes stop together, there
                 if self._eval_due():
                     self._evaluate_and_save(clock)
                 if on_step is not None:
                     on_step(self)
-                if agreed or (signals.requested and not self.procs.many):
+                if agreed or (signals.requested and not self.ranks.distributed):
                     raise KeyboardInterrupt
             self.elapsed = clock.elapsed()
             if self._last_saved != self.step:
@@ -385,8 +414,8 @@ class Trainer:
         except StorageError as err:
             raise StorageError(f"{err}. Training stopped. {self._kept_message()}") from None
         except Exception as err:
-            if self.procs.many and distributed.is_comm_failure(err):
-                raise RankFailedError(f"rank {self.procs.ranks.rank}: {distributed.as_rank_failure(err)}. "
+            if self.ranks.distributed and distributed.is_comm_failure(err):
+                raise RankFailedError(f"rank {self.ranks.rank}: {distributed.as_rank_failure(err)}. "
                                       f"{self._kept_message()}") from err
             raise
 
@@ -395,12 +424,12 @@ class Trainer:
         intervals of every session, without each session's first (compilation, warm-up) when there are others."""
         steady = [r for r, first in self.rates if not first] or [r for r, _ in self.rates]
         tps = statistics.median(steady) if steady else None
-        util = mfu(self.flops_per_token, tps, self.peak_flops) if tps else None
+        util = mfu(self.flops_per_token, tps, self.peak_flops)
         res = TrainResult(self.cfg, self.model, self.parts.tokenizer, self.parts.corpus_name, list(self.metrics),
                           list(self.losses), self.n_params, self.flops_per_token, tps, util, self.elapsed,
                           self.setup.name, self.setup.precision, self.setup.peak[0] if self.setup.peak else None,
                           self.forward.compiled, self.step >= self.cfg.max_steps,
-                          world_size=self.procs.ranks.world_size, cpu_s=time.process_time() - self._cpu0,
+                          world_size=self.ranks.world_size, cpu_s=time.process_time() - self._cpu0,
                           resumed=self.resumed, threads=torch.get_num_threads())
         try:
             self.folder.write_summary(res.summary() | {"run_id": self.run_id})

@@ -180,11 +180,11 @@ class WorkerPool:
         return False
 
 
-def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers=1, out_dir=None,
-               cache: dict | None = None, progress=None, verbose: bool = False, on_done=None) -> list:
-    """A ``TrainResult``, ``Diverged`` or finished run's record per configuration, in order, each run in its folder
-    under ``out_dir`` (or none). ``workers``: 1 trains here, n > 1 in a pool made for this call, or a given
-    ``WorkerPool``; runs in ``cache`` are not trained again; ``on_done(cfg, result)`` as each run ends."""
+def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers=1, out_dir=None, progress=None,
+               verbose: bool = False, on_done=None) -> list:
+    """A ``TrainResult``, ``Diverged`` or finished run's record per configuration, in order (identical ones trained
+    once), each run in its folder under ``out_dir`` (or none). ``workers``: 1 trains here, n > 1 in a pool made for
+    this call, or a given ``WorkerPool``; ``on_done(cfg, result)`` as each run ends."""
     if isinstance(workers, WorkerPool):
         corpus = corpus if corpus is not None else workers.corpus
         if (corpus.name, corpus.text) != (workers.corpus.name, workers.corpus.text):
@@ -192,25 +192,24 @@ def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers
     elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be a positive int or a WorkerPool, got {workers!r}")
     corpus = corpus if corpus is not None else load_corpus(verbose=verbose)
-    cache = {} if cache is None else cache
     todo: dict[tuple, TrainConfig] = {}
     for cfg in configs:
         todo.setdefault(run_key(cfg, corpus), cfg)
-    todo = {k: cfg for k, cfg in todo.items() if k not in cache}
+    done: dict[tuple, Any] = {}
     if workers == 1 or (not isinstance(workers, WorkerPool) and len(todo) <= 1):
         for k, cfg in todo.items():
-            cache[k] = _train_or_diverge(cfg, run_dir(out_dir, cfg), corpus, progress, verbose)
+            done[k] = _train_or_diverge(cfg, run_dir(out_dir, cfg), corpus, progress, verbose)
             if on_done is not None:
-                on_done(cfg, cache[k])
+                on_done(cfg, done[k])
     elif todo:
         pool = workers if isinstance(workers, WorkerPool) else WorkerPool(corpus, min(workers, len(todo)))
         futures = {}
         try:
             futures = {k: pool.submit(cfg, run_dir(out_dir, cfg)) for k, cfg in todo.items()}
             for k, future in futures.items():
-                cache[k] = future.result()
+                done[k] = future.result()
                 if on_done is not None:
-                    on_done(todo[k], cache[k])
+                    on_done(todo[k], done[k])
         except BaseException:  # an error or Ctrl-C: no run starts any more, the running ones stop after a step
             for future in futures.values():
                 future.cancel()
@@ -219,4 +218,4 @@ def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers
         finally:
             if pool is not workers:
                 pool.close()
-    return [cache[run_key(cfg, corpus)] for cfg in configs]
+    return [done[run_key(cfg, corpus)] for cfg in configs]

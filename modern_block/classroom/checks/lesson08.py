@@ -79,7 +79,7 @@ def check_lr_schedule(lr_at) -> str:
 # ---- exercise 2: FLOPs per token -------------------------------------------------------------------------
 
 
-@exercise_check(components=("flops_per_token", "model_flops_per_token", "matmul_parameters"))
+@exercise_check(components=("flops_per_token", "matmul_parameters"))
 def check_flops_per_token(flops_per_token) -> str:
     """``flops_per_token(n_matmul_params, n_layers, n_heads, head_dim, seq_len)``: training FLOPs per token,
     6·N + 12·L·H·Q·T."""

@@ -71,12 +71,6 @@ def _finite_values(name: str, values) -> list[float]:
     return out
 
 
-def _check_confidence(confidence) -> float:
-    if not (isinstance(confidence, float) and 0 < confidence < 1):
-        raise ValueError(f"confidence must be a float strictly between 0 and 1, got {confidence!r}")
-    return confidence
-
-
 @dataclass(frozen=True)
 class Interval:
     """A mean over n values with its two-sided t interval: mean ± t_{(1+c)/2, n-1} · sd / sqrt(n)."""
@@ -84,7 +78,6 @@ class Interval:
     mean: float
     sd: float  # sample standard deviation (n - 1 in the denominator)
     n: int
-    confidence: float = CONFIDENCE
 
     @property
     def df(self) -> int:
@@ -95,10 +88,13 @@ class Interval:
         return self.sd / math.sqrt(self.n)
 
     @property
+    def t(self) -> float:
+        """The multiplier t_{(1+c)/2, n-1} of a two-sided interval at the course's confidence c."""
+        return t_quantile(0.5 + CONFIDENCE / 2, self.df)
+
+    @property
     def half_width(self) -> float:
-        if not math.isfinite(self.mean):
-            return math.nan
-        return t_quantile(0.5 + self.confidence / 2, self.df) * self.se
+        return self.t * self.se if math.isfinite(self.mean) else math.nan
 
     @property
     def low(self) -> float:
@@ -112,7 +108,7 @@ class Interval:
     def next_value_range(self) -> tuple[float, float]:
         """Where one more value from the same spread falls, at the same confidence: mean ± t · sd · sqrt(1 + 1/n)
         (a prediction interval). Wider than the mean's interval: it is about one run, not about the mean."""
-        half = t_quantile(0.5 + self.confidence / 2, self.df) * self.sd * math.sqrt(1 + 1 / self.n)
+        half = self.t * self.sd * math.sqrt(1 + 1 / self.n)
         return self.mean - half, self.mean + half
 
     def format(self, digits: int = 4) -> str:
@@ -122,20 +118,19 @@ class Interval:
         return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
 
     def __str__(self) -> str:
-        return f"{self.format()} ({self.confidence:.0%} interval, {self.n} seeds)"
+        return f"{self.format()} ({CONFIDENCE:.0%} interval, {self.n} seeds)"
 
 
-def mean_interval(values, confidence: float = CONFIDENCE) -> Interval:
+def mean_interval(values) -> Interval:
     """The mean of ``values`` (at least 2) with its t interval; a non-finite value (a diverged run) makes it inf."""
     xs = _finite_values("values", values)
-    _check_confidence(confidence)
     if len(xs) < 2:
         raise ValueError(f"values must hold at least 2 numbers for an interval, got {len(xs)}")
     if not all(math.isfinite(x) for x in xs):
-        return Interval(math.inf, math.nan, len(xs), confidence)
+        return Interval(math.inf, math.nan, len(xs))
     mean = math.fsum(xs) / len(xs)
     sd = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-    return Interval(mean, sd, len(xs), confidence)
+    return Interval(mean, sd, len(xs))
 
 
 def verdict(low: float, high: float, digits: int = 4) -> str:
@@ -158,7 +153,6 @@ class PairedDifference:
 
     seeds: tuple
     differences: tuple[float, ...]
-    confidence: float = CONFIDENCE
 
     @property
     def n(self) -> int:
@@ -170,7 +164,7 @@ class PairedDifference:
 
     @property
     def interval(self) -> Interval:
-        return mean_interval(self.differences, self.confidence)
+        return mean_interval(self.differences)
 
     @property
     def mean(self) -> float:
@@ -203,13 +197,12 @@ class PairedDifference:
     def __str__(self) -> str:
         if self.diverged:
             return f"a run diverged ({self.n} paired seeds)"
-        return f"{self.format()} ({self.confidence:.0%} interval, {self.n} paired seeds): {self.verdict}"
+        return f"{self.format()} ({CONFIDENCE:.0%} interval, {self.n} paired seeds): {self.verdict}"
 
 
-def paired_difference(a, b, confidence: float = CONFIDENCE) -> PairedDifference:
+def paired_difference(a, b) -> PairedDifference:
     """b minus a over at least 2 paired seeds: mappings seed -> loss with the same seeds, or sequences of one
     length (paired by position); a loss of None is a diverged run."""
-    _check_confidence(confidence)
     if isinstance(a, Mapping) != isinstance(b, Mapping):
         raise TypeError("a and b must both be mappings seed -> loss, or both sequences")
     if isinstance(a, Mapping):
@@ -227,7 +220,7 @@ def paired_difference(a, b, confidence: float = CONFIDENCE) -> PairedDifference:
     if len(xs) < 2:
         raise ValueError(f"a paired interval needs at least 2 seeds, got {len(xs)}")
     diffs = tuple(y - x if math.isfinite(x) and math.isfinite(y) else math.nan for x, y in zip(xs, ys, strict=True))
-    return PairedDifference(seeds, diffs, confidence)
+    return PairedDifference(seeds, diffs)
 
 
 def p_value(d: PairedDifference) -> float:
@@ -263,13 +256,13 @@ def holm_verdicts(diffs: Sequence[PairedDifference], alpha: float = 1 - CONFIDEN
             for d, p in zip(diffs, adjusted, strict=True)]
 
 
-def band(curves: Sequence[Sequence[float]], confidence: float = CONFIDENCE) -> tuple[list, list, list]:
+def band(curves: Sequence[Sequence[float]]) -> tuple[list, list, list]:
     """Per point of equally long curves (one per seed): the mean and the t interval's ends, for a plotted band."""
     curves = [_finite_values("curves[i]", c) for c in curves]
     if len(curves) < 2 or len({len(c) for c in curves}) != 1 or not curves[0]:
         raise ValueError(f"curves must be at least 2 non-empty sequences of one length, got lengths "
                          f"{[len(c) for c in curves]}")
-    intervals = [mean_interval(column, confidence) for column in zip(*curves, strict=True)]
+    intervals = [mean_interval(column) for column in zip(*curves, strict=True)]
     return [i.mean for i in intervals], [i.low for i in intervals], [i.high for i in intervals]
 
 
