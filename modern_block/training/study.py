@@ -103,8 +103,9 @@ STUDIES = {
                     (0, 1), (2, 3, 4, 5, 6, 7), LADDER_STEPS + LEFT_OUT, recorded_steps=20),
     "ablations": Study("ablations", quick_config("gpt2"), (LLAMA_END, *ABLATION_NAMES), QUICK_RATES, (0, 1),
                        (2, 3, 4, 5, 6, 7), LEFT_OUT),
-    "attention": Study("attention", laptop_config("gpt2", n_heads=8), ATTENTION_NAMES, ATTENTION_RATES, (0,), (1, 2, 3, 4, 5),
-                       tuple(("mha", m) for m in ATTENTION_NAMES[1:]), stress=(("mha_qk_norm", 4.0), ("mha", 4.0))),
+    "attention": Study("attention", laptop_config("gpt2", n_heads=8), ATTENTION_NAMES, ATTENTION_RATES, (0,),
+                       (1, 2, 3, 4, 5), tuple(("mha", m) for m in ATTENTION_NAMES[1:]),
+                       stress=(("mha_qk_norm", 4.0), ("mha", 4.0))),
 }
 
 
