@@ -10,7 +10,8 @@ the candidates model real code; this shows that the verdict turns each of them i
 
 import pytest
 import torch
-from test_exercises import FUNCTIONS, RIGHT, SandwichBlockOk, llama_param_count_ok, named
+from check_helpers import named
+from test_exercises import FUNCTIONS, RIGHT, SandwichBlockOk, llama_param_count_ok
 
 import modern_block as mb
 from modern_block.classroom import checks
