@@ -15,10 +15,10 @@ import sys
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 
+from ..files import StorageError, reason
 from .checkpoint import CheckpointError
 from .config import QUICK_ENV, ConfigError, quick_forced, scale_config
 from .distributed import RankFailedError, ranks_from_env
-from .files import StorageError, reason
 from .options import (
     add_run_options,
     overrides_from_args,

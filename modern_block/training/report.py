@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+from ..files import refused_writes, shown, write_atomic, write_text_atomic
 from ..statistics import (
     CONFIDENCE,
     PairedDifference,
@@ -17,7 +18,6 @@ from ..statistics import (
     paired_difference,
     selection_row,
 )
-from .files import refused_writes, shown, write_atomic, write_text_atomic
 from .rungs import get_rung
 from .study import Results, final_loss
 

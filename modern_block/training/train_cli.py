@@ -6,11 +6,11 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..files import StorageError, reason
 from . import distributed
 from .checkpoint import CheckpointError
 from .config import ARCHS, ConfigError
 from .distributed import RankFailedError
-from .files import StorageError, reason
 from .options import add_run_options, config_from_args, seed_arg
 from .rungs import MODEL_NAMES
 from .trainer import NonFiniteLossError, train
