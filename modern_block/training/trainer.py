@@ -227,7 +227,7 @@ class Trainer:
             self.folder.start()  # every check passed: now an earlier run's files may go
             return
         rows = self.folder.resumed_metrics(self.step, ckpt["metrics"], ckpt["run_id"], say=self._say)
-        self.metrics = distributed.broadcast_object(rows)
+        self.metrics = distributed.gather_objects(rows)[0]  # rank 0's rows (the others read none)
         self._say(f"resumed from {self.folder.checkpoint} at step {self.step}")
 
     def close(self) -> None:
