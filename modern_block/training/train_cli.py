@@ -41,26 +41,26 @@ nonneg_float_arg = _argument_type(float, lambda v: math.isfinite(v) and v >= 0, 
 seed_arg = _argument_type(int, lambda v: 0 <= v <= MAX_SEED, "a seed in [0, 2**63 - 1]")
 
 
-# option -> (TrainConfig field, argparse type, help)
-CONFIG_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {
-    "--d": ("d", positive_int_arg, "model width (the scale's preset otherwise)"),
-    "--n-layers": ("n_layers", positive_int_arg, "number of blocks"),
-    "--n-heads": ("n_heads", positive_int_arg, "attention heads (must divide --d)"),
-    "--n-kv-heads": ("n_kv_heads", positive_int_arg, "key/value heads of GQA (must divide --n-heads)"),
-    "--max-steps": ("max_steps", positive_int_arg, "training steps"),
-    "--lr": ("lr", positive_float_arg, "peak learning rate"),
-    "--min-lr": ("min_lr", nonneg_float_arg,
-                 "learning rate at the end of the cosine (default: the preset's fraction of --lr, a tenth)"),
-    "--warmup-steps": ("warmup_steps", int, "linear warmup steps"),
-    "--batch-size": ("batch_size", positive_int_arg, "sequences per optimizer step, over all processes"),
-    "--micro-batch-size": ("micro_batch_size", positive_int_arg, "sequences per forward/backward pass in one process "
-                           "(gradient accumulation; default: batch size / processes)"),
-    "--block-size": ("block_size", positive_int_arg, "context length (characters)"),
-    "--dropout": ("dropout", nonneg_float_arg, "dropout probability"),
-    "--weight-decay": ("weight_decay", nonneg_float_arg, "AdamW weight decay on matrices"),
-    "--grad-clip": ("grad_clip", nonneg_float_arg, "gradient-norm clip (0: off)"),
-    "--eval-interval": ("eval_interval", positive_int_arg, "steps between evaluations and checkpoints"),
-    "--eval-batches": ("eval_batches", positive_int_arg, "fixed batches per evaluation"),
+# TrainConfig field -> (argparse type, help); the option is --FIELD with dashes
+CONFIG_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "d": (positive_int_arg, "model width (the scale's preset otherwise)"),
+    "n_layers": (positive_int_arg, "number of blocks"),
+    "n_heads": (positive_int_arg, "attention heads (must divide --d)"),
+    "n_kv_heads": (positive_int_arg, "key/value heads of GQA (must divide --n-heads)"),
+    "max_steps": (positive_int_arg, "training steps"),
+    "lr": (positive_float_arg, "peak learning rate"),
+    "min_lr": (nonneg_float_arg, "learning rate at the end of the cosine (default: the preset's fraction of --lr, a "
+               "tenth)"),
+    "warmup_steps": (int, "linear warmup steps"),
+    "batch_size": (positive_int_arg, "sequences per optimizer step, over all processes"),
+    "micro_batch_size": (positive_int_arg, "sequences per forward/backward pass in one process (gradient "
+                         "accumulation; default: batch size / processes)"),
+    "block_size": (positive_int_arg, "context length (characters)"),
+    "dropout": (nonneg_float_arg, "dropout probability"),
+    "weight_decay": (nonneg_float_arg, "AdamW weight decay on matrices"),
+    "grad_clip": (nonneg_float_arg, "gradient-norm clip (0: off)"),
+    "eval_interval": (positive_int_arg, "steps between evaluations and checkpoints"),
+    "eval_batches": (positive_int_arg, "fixed batches per evaluation"),
 }
 
 
@@ -74,8 +74,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("--quick", action="store_true", help=f"--scale quick ({QUICK_ENV}=1 forces it)")
     scale.add_argument("--laptop", action="store_true", help="--scale laptop")
     scale.add_argument("--full", action="store_true", help="--scale gpu, even without a GPU (slow on a CPU)")
-    for option, (_, kind, text) in CONFIG_OPTIONS.items():
-        parser.add_argument(option, type=kind, default=None, help=text)
+    for name, (kind, text) in CONFIG_OPTIONS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     parser.add_argument("--no-compile", action="store_true", help="do not use torch.compile")
     parser.add_argument("--compile", action="store_true", help="use torch.compile on the CPU too")
@@ -84,8 +84,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 def overrides_from_args(parser: argparse.ArgumentParser, args) -> dict[str, Any]:
     """The settings the options give (nothing for an option not given); bad ones end in ``parser.error``."""
-    overrides = {name: getattr(args, option[2:].replace("-", "_")) for option, (name, _, _) in CONFIG_OPTIONS.items()}
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    overrides = {name: getattr(args, name) for name in CONFIG_OPTIONS if getattr(args, name) is not None}
     if args.no_compile and args.compile:
         parser.error("--compile and --no-compile exclude each other")
     if args.no_compile or args.compile:
