@@ -102,10 +102,10 @@ def test_the_attention_study_design():
     assert len(s.rates) >= 4 and len(s.selection_seeds) >= 1 and len(s.reported_seeds) >= 3
     assert set(s.pairs) == {("mha", m) for m in s.models if m != "mha"}
     assert s.stress == (("mha_qk_norm", 4.0), ("mha", 4.0))
-    assert middle_out(s.rates) == [5e-4, 1e-3, 2.5e-4, 2e-3]
+    assert middle_out(s.rates) == [1e-3, 5e-4, 2e-3, 2.5e-4, 4e-3]
     assert middle_out((3.0, 1.0, 2.0)) == [2.0, 1.0, 3.0] and middle_out((1.0,)) == [1.0]
     order = Results(s).planned("selection")
-    assert [lr for _, lr, _ in order[:len(s.models)]] == [5e-4] * len(s.models), "every arm at one rate first"
+    assert [lr for _, lr, _ in order[:len(s.models)]] == [1e-3] * len(s.models), "every arm at one rate first"
     for bad, message in (((("gpt2", 4.0),), "does not train"), ((("mha", 1.0),), "other than 1"),
                          ((("mha", -2.0),), "positive"), ((("mha", math.inf),), "finite")):
         with pytest.raises(ValueError, match=message):

@@ -49,6 +49,8 @@ def test_the_committed_runs_are_the_studys_design_and_the_report_is_the_codes(na
             assert run["metrics"][-1]["step"] == study.base.max_steps
     report = (ROOT / "results" / name / "report.md").read_text()
     assert report == report_text(Results.from_json(results))
+    if name == "attention" and results["complete"]:  # the design: every chosen rate inside its sweep
+        assert not [m for m, sel in Results.from_json(results).selections.items() if sel.at_edge]
     if not results["complete"]:  # partial results say so, and how to go on
         readme = (ROOT / "results" / name / "README.md").read_text()
         assert "partial" in readme and f"python -m modern_block compare --study {name}" in readme
