@@ -6,7 +6,7 @@ import pytest
 from training_setup import never_online  # noqa: F401 (never_online is an autouse fixture)
 
 from modern_block import __main__ as entry
-from modern_block.training import options, train_cli
+from modern_block.training import train_cli
 from modern_block.training.config import LAPTOP, laptop_config, quick_config, scale_config
 
 
@@ -15,7 +15,7 @@ def _config(argv, monkeypatch, quick_env=False):
         monkeypatch.delenv("MODERN_BLOCK_QUICK", raising=False)
     parser = train_cli.build_parser()
     args = parser.parse_args(argv)
-    return options.config_from_args(parser, args, "llama", None)
+    return train_cli.config_from_args(parser, args, "llama", None)
 
 
 def test_scales_are_presets_and_the_shape_options_override_them(monkeypatch):

@@ -1,4 +1,4 @@
-"""The command-line options train and compare share (modern_block/training/options.py): each argument type
+"""The command-line options train and compare share (modern_block/training/train_cli.py): each argument type
 rejects a bad value in words, and the options become the TrainConfig they ask for."""
 
 import argparse
@@ -6,7 +6,7 @@ import argparse
 import pytest
 
 from modern_block.training.config import MAX_SEED
-from modern_block.training.options import (
+from modern_block.training.train_cli import (
     add_run_options,
     config_from_args,
     nonneg_float_arg,

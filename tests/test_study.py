@@ -12,9 +12,10 @@ import pytest
 import torch
 from training_setup import CORPUS, SMALL, never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
 
+from modern_block import files
 from modern_block.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training import compare_cli as cli
-from modern_block.training import files, report, run_folder
+from modern_block.training import report, run_folder
 from modern_block.training import study as S
 from modern_block.training.data import Corpus
 from modern_block.training.report import plot_curve_bands, plot_differences, report_text, write_results

@@ -15,19 +15,11 @@ import sys
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 
+from ..files import StorageError, reason
+from . import train_cli
 from .checkpoint import CheckpointError
 from .config import QUICK_ENV, ConfigError, quick_forced, scale_config
 from .distributed import RankFailedError, ranks_from_env
-from .files import StorageError, reason
-from .options import (
-    add_run_options,
-    overrides_from_args,
-    positive_float_arg,
-    positive_int_arg,
-    scale_asked,
-    scale_from_args,
-    seed_arg,
-)
 from .report import report_text, write_results
 from .run_folder import RunFolderError
 from .rungs import ARCH_NAMES
@@ -46,17 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=None, help="output folder (default runs/<study>)")
     parser.add_argument("--models", nargs="+", default=None, choices=ARCH_NAMES, metavar="MODEL",
                         help="train these of the study's models only")
-    parser.add_argument("--rates", type=positive_float_arg, nargs="+", default=None, metavar="LR",
+    parser.add_argument("--rates", type=train_cli.positive_float_arg, nargs="+", default=None, metavar="LR",
                         help="peak learning rates each model's rate is chosen from (default: the study's)")
-    parser.add_argument("--selection-seeds", type=seed_arg, nargs="+", default=None,
+    parser.add_argument("--selection-seeds", type=train_cli.seed_arg, nargs="+", default=None,
                         help="the seeds each model's rate is chosen on (default: the study's)")
-    parser.add_argument("--seeds", type=seed_arg, nargs="+", default=None,
+    parser.add_argument("--seeds", type=train_cli.seed_arg, nargs="+", default=None,
                         help="the reported seeds, other than the selection seeds (default: the study's)")
     parser.add_argument("--collect", action="store_true",
                         help="write the results of the runs finished so far in --out, training nothing")
-    parser.add_argument("--workers", type=positive_int_arg, default=1,
+    parser.add_argument("--workers", type=train_cli.positive_int_arg, default=1,
                         help="trainings at once, each in its own process with one thread")
-    add_run_options(parser)
+    train_cli.add_run_options(parser)
     return parser
 
 
@@ -66,7 +58,8 @@ def study_from_args(parser, args) -> Study:
         parser.error("compare chooses each model's rate from --rates; drop --lr and --min-lr")
     if args.study and args.ladder and args.study != "ladder":
         parser.error(f"--ladder is --study ladder; drop one of --ladder and --study {args.study}")
-    name = args.study or ("ladder" if args.ladder else scale_from_args(args))
+    scale = train_cli.scale_from_args(args)
+    name = args.study or ("ladder" if args.ladder else scale)
     if quick_forced() and SCALE_OF[name] != "quick":
         print(f"note: {QUICK_ENV} is set: the quick study instead of {name}", file=sys.stderr)
         name = "quick"
@@ -77,14 +70,14 @@ def study_from_args(parser, args) -> Study:
     if args.workers > 1 and ranks_from_env().distributed:
         parser.error("--workers: under torchrun the processes share every run; leave --workers at 1")
     study = STUDIES[name]
-    if scale_from_args(args) != SCALE_OF[name] and scale_asked(args) is not None:  # the study at another budget
-        study = replace(study, base=scale_config(scale_from_args(args), "gpt2"))
+    if scale != SCALE_OF[name] and train_cli.scale_asked(args) is not None:  # the study at another budget
+        study = replace(study, base=scale_config(scale, "gpt2"))
     unknown = set(args.models or ()) - set(study.models)
     if unknown:
         parser.error(f"--models: the {name} study trains {list(study.models)}, not {sorted(unknown)}")
     try:
         return study.with_options(args.models, args.rates, args.selection_seeds, args.seeds,
-                                  **overrides_from_args(parser, args))
+                                  **train_cli.overrides_from_args(parser, args))
     except ValueError as err:
         parser.error(str(err).replace("reported_seeds", "--seeds").replace("selection_seeds", "--selection-seeds"))
         raise  # parser.error exits
@@ -125,7 +118,3 @@ def main(argv=None) -> int:
     print(report_text(results))
     print(f"report: {report}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

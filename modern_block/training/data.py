@@ -8,14 +8,13 @@ import sysconfig
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from ..files import write_atomic
 from ..interop.verify import sha256_of
 from ..validate import positive_int
-from .files import write_atomic
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -183,21 +182,14 @@ def train_val_split(ids: torch.Tensor, val_fraction: float = 0.1) -> tuple[torch
     return ids[:n_train], ids[n_train:]
 
 
-class Text(NamedTuple):
-    """A corpus ready to train on: the tokenizer of its characters and the 90/10 train/val split of its ids."""
-
-    corpus: Corpus
-    tokenizer: CharTokenizer
-    train_ids: torch.Tensor  # [N_train] int64
-    val_ids: torch.Tensor  # [N_val] int64
-
-
-def load_text(corpus: Corpus | None = None, verbose: bool = True) -> Text:
-    """``corpus`` (default: ``load_corpus()``) with its tokenizer and split: every lesson's data in one call,
-    ``corpus, tok, train_ids, val_ids = load_text()``."""
+def load_text(corpus: Corpus | None = None,
+              verbose: bool = True) -> tuple[Corpus, CharTokenizer, torch.Tensor, torch.Tensor]:
+    """``corpus`` (default: ``load_corpus()``), the tokenizer of its characters and the 90/10 train/val split of
+    its ids: every lesson's data in one call, ``corpus, tok, train_ids, val_ids = load_text()``."""
     corpus = corpus if corpus is not None else load_corpus(verbose=verbose)
     tokenizer = CharTokenizer.from_text(corpus.text)
-    return Text(corpus, tokenizer, *train_val_split(tokenizer.encode(corpus.text)))
+    train_ids, val_ids = train_val_split(tokenizer.encode(corpus.text))  # [N_train], [N_val] int64
+    return corpus, tokenizer, train_ids, val_ids
 
 
 class BatchSampler:

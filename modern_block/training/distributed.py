@@ -164,15 +164,6 @@ def gather_objects(obj) -> list:
     return out
 
 
-def broadcast_object(obj):
-    """Rank 0's ``obj`` on every process."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return obj
-    box = [obj]
-    _exchange(lambda: dist.broadcast_object_list(box, src=0))
-    return box[0]
-
-
 def agree_or_raise(error: BaseException | None, info=None) -> list:
     """After a step that may fail on some processes only: every process raises the first failure (none waits
     forever), else returns every process's ``info``."""

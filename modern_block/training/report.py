@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+from ..files import refused_writes, shown, write_atomic, write_text_atomic
 from ..statistics import (
     CONFIDENCE,
     PairedDifference,
@@ -17,15 +18,10 @@ from ..statistics import (
     paired_difference,
     selection_row,
 )
-from .files import refused_writes, shown, write_atomic, write_text_atomic
 from .rungs import get_rung
 from .study import Results, final_loss
 
 COLORS = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray")
-
-
-def label(model: str) -> str:
-    return f"{model}: {get_rung(model).change}"
 
 
 def report_text(results: Results) -> str:
@@ -33,11 +29,13 @@ def report_text(results: Results) -> str:
     verdicts, the anchor against its published loss, and the throughput."""
     s, b, mach = results.study, results.study.base, results.machine
     chosen, sel = results.chosen_rates(), results.selections
+    own = any(get_rung(m).n_kv_heads or get_rung(m).kv_latent for m in s.models)  # each model fixes its K/V heads
+    kv = "K/V heads or latent: each model's own" if own else f"{b.n_kv_heads} K/V heads where a model shares them"
     lines = [f"# Study `{s.name}`: {', '.join(s.models)}", "",
              f"`{results.command}`: {len(results.runs)} runs on {results.corpus}, torch {mach.get('torch')}, "
              f"{mach.get('cpus')} CPUs ({mach.get('processor') or mach.get('machine')}), one thread per run, "
              f"{results.wall_s:,.0f} s of wall time in the last session.", "",
-             f"Budget: d = {b.d}, {b.n_layers} layers, {b.n_heads} heads ({_kv_heads(s)}), context {b.block_size}, "
+             f"Budget: d = {b.d}, {b.n_layers} layers, {b.n_heads} heads ({kv}), context {b.block_size}, "
              f"batch {b.batch_size}, {b.max_steps} steps, warmup {b.warmup_steps} then a cosine to a tenth of the "
              f"peak, AdamW betas ({b.beta1}, {b.beta2}), weight decay {b.weight_decay}, clip {b.grad_clip}, dropout "
              f"{b.dropout}. Loss: the final validation loss on {b.eval_batches} fixed "
@@ -72,14 +70,8 @@ def report_text(results: Results) -> str:
 
 def selection_table(results: Results) -> str:
     """Each model's chosen rate, selection means and reported mean ± interval, as a Markdown table."""
-    return markdown_table([selection_row(results.selections[m], label(m)) for m in results.study.models])
-
-
-def _kv_heads(study) -> str:
-    """The K/V heads of the study's models, in words: the budget's, or each model's own (the attention study)."""
-    if any(get_rung(m).n_kv_heads or get_rung(m).kv_latent for m in study.models):
-        return "K/V heads or latent: each model's own"
-    return f"{study.base.n_kv_heads} K/V heads where a model shares them"
+    sel = results.selections
+    return markdown_table([selection_row(sel[m], f"{m}: {get_rung(m).change}") for m in results.study.models])
 
 
 def _anchor_sentence(results: Results) -> str:

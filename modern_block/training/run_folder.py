@@ -10,9 +10,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..files import StorageError, reason, refused_writes, remove_temporaries, shown, write_text_atomic
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ConfigError
-from .files import StorageError, reason, refused_writes, remove_temporaries, shown, write_text_atomic
 
 CHECKPOINT = "ckpt.pt"
 METRICS = "metrics.jsonl"
@@ -22,10 +22,6 @@ LOCK = ".lock"
 
 class RunFolderError(ConfigError):
     """``--out`` cannot be used as asked: not a folder, not writable, in use, or already holding a run."""
-
-
-def _silent(*args, **kwargs) -> None:
-    pass
 
 
 class RunFolder:
@@ -52,9 +48,9 @@ class RunFolder:
     def metrics(self) -> Path:
         return self._file(METRICS)
 
-    def claim(self, resume: bool, overwrite: bool, say=_silent) -> dict | None:
+    def claim(self, resume: bool, overwrite: bool, say) -> dict | None:
         """Check and lock the folder and remove stale temporary files; return the checkpoint to resume from, or
-        None for a new run. An earlier run is refused unless ``resume`` or ``overwrite``."""
+        None for a new run. An earlier run is refused unless ``resume`` or ``overwrite``; ``say(text)`` notes."""
         if self.path is None:
             return None
         if resume and overwrite:
@@ -88,7 +84,7 @@ class RunFolder:
                 clear(self.path)
                 self.metrics.write_text("")
 
-    def resumed_metrics(self, step: int, saved: list[dict], run_id: str, say=_silent) -> list[dict]:
+    def resumed_metrics(self, step: int, saved: list[dict], run_id: str, say) -> list[dict]:
         """On resume (the writer): ``metrics.jsonl`` rewritten to hold exactly the ``saved`` evaluations of the
         checkpoint at ``step`` (later lines will be written again); a ``summary.json`` of another run goes."""
         if not self.writer:

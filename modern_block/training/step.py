@@ -23,20 +23,13 @@ def forward_backward(model: nn.Module, batch, scaler, micro: int, autocast=conte
     """Gradients of the batch's mean loss, ``micro`` sequences at a time; returns that mean loss."""
     x, y = batch  # [B, T] each
     accum = x.shape[0] // micro  # forward/backward passes in this step
-
-    def backward(loss):
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-
-    if accum == 1:
-        loss = batch_loss(model, x, y, autocast)
-        backward(loss)
-        return loss
     parts = []
     for i, (xs, ys) in enumerate(zip(x.split(micro), y.split(micro), strict=True)):
         last = i == accum - 1  # data parallelism: exchange the gradients once, after the last micro-batch
         with model.no_sync() if isinstance(model, DistributedDataParallel) and not last else contextlib.nullcontext():
             loss = batch_loss(model, xs, ys, autocast)
-            backward(loss / accum)  # the mean over the whole batch, as one pass would give
+            share = loss / accum  # the mean over the whole batch, as one pass would give
+            (scaler.scale(share) if scaler is not None else share).backward()
         parts.append(loss.detach())
     return torch.stack(parts).mean()
 
@@ -69,8 +62,6 @@ def train_step(model: nn.Module, batch, optimizer: torch.optim.Optimizer, scaler
 def eval_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro: int,
               autocast=contextlib.nullcontext) -> torch.Tensor:
     """Mean loss of one evaluation batch, ``micro`` sequences at a time."""
-    if micro >= x.shape[0]:
-        return batch_loss(model, x, y, autocast)
     return torch.stack([batch_loss(model, xs, ys, autocast)
                         for xs, ys in zip(x.split(micro), y.split(micro), strict=True)]).mean()
 

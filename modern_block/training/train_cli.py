@@ -1,19 +1,129 @@
-"""``python -m modern_block train --arch llama --quick --out runs/llama [--resume]`` (or under torchrun): one run.
-Exit status: 0 done; 2 a usage error; 1 the run failed, saying what is kept; 130 interrupted."""
+"""``python -m modern_block train --arch llama --quick --out runs/llama [--resume]`` (or under torchrun): one run,
+and the options ``train`` and ``compare`` share (argument types that reject bad values in words). Exit status: 0
+done; 2 a usage error; 1 the run failed, saying what is kept; 130 interrupted."""
 
 import argparse
+import math
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import torch
+
+from ..files import StorageError, reason
 from . import distributed
 from .checkpoint import CheckpointError
-from .config import ARCHS, ConfigError
+from .config import ARCHS, MAX_SEED, QUICK_ENV, SCALES, ConfigError, TrainConfig, quick_forced, scale_config, with_rate
+from .device import choose_device
 from .distributed import RankFailedError
-from .files import StorageError, reason
-from .options import add_run_options, config_from_args, seed_arg
 from .rungs import MODEL_NAMES
 from .trainer import NonFiniteLossError, train
+
+
+def _argument_type(convert, ok, rule: str) -> Callable[[str], Any]:
+    """An argparse type: ``convert(text)`` that must satisfy ``ok``, else "expected RULE, got TEXT"."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {rule}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {rule}, got {text}")
+        return value
+    return parse
+
+
+positive_int_arg = _argument_type(int, lambda v: v > 0, "a positive integer")
+positive_float_arg = _argument_type(float, lambda v: math.isfinite(v) and v > 0, "a positive finite number")
+nonneg_float_arg = _argument_type(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+seed_arg = _argument_type(int, lambda v: 0 <= v <= MAX_SEED, "a seed in [0, 2**63 - 1]")
+
+
+# TrainConfig field -> (argparse type, help); the option is --FIELD with dashes
+CONFIG_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "d": (positive_int_arg, "model width (the scale's preset otherwise)"),
+    "n_layers": (positive_int_arg, "number of blocks"),
+    "n_heads": (positive_int_arg, "attention heads (must divide --d)"),
+    "n_kv_heads": (positive_int_arg, "key/value heads of GQA (must divide --n-heads)"),
+    "max_steps": (positive_int_arg, "training steps"),
+    "lr": (positive_float_arg, "peak learning rate"),
+    "min_lr": (nonneg_float_arg, "learning rate at the end of the cosine (default: the preset's fraction of --lr, a "
+               "tenth)"),
+    "warmup_steps": (int, "linear warmup steps"),
+    "batch_size": (positive_int_arg, "sequences per optimizer step, over all processes"),
+    "micro_batch_size": (positive_int_arg, "sequences per forward/backward pass in one process (gradient "
+                         "accumulation; default: batch size / processes)"),
+    "block_size": (positive_int_arg, "context length (characters)"),
+    "dropout": (nonneg_float_arg, "dropout probability"),
+    "weight_decay": (nonneg_float_arg, "AdamW weight decay on matrices"),
+    "grad_clip": (nonneg_float_arg, "gradient-norm clip (0: off)"),
+    "eval_interval": (positive_int_arg, "steps between evaluations and checkpoints"),
+    "eval_batches": (positive_int_arg, "fixed batches per evaluation"),
+}
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared by ``python -m modern_block train`` and ``python -m modern_block compare``."""
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument("--scale", choices=SCALES, default=None,
+                       help="preset sizes and schedule: quick (the lesson's CPU scale, default without a GPU), laptop "
+                            "(nanoGPT's CPU recipe: 4 layers, 128 wide, block 64, 2000 steps; minutes per run), gpu "
+                            "(nanoGPT's shakespeare-char; default with a GPU). The options below override the preset")
+    scale.add_argument("--quick", action="store_true", help=f"--scale quick ({QUICK_ENV}=1 forces it)")
+    scale.add_argument("--laptop", action="store_true", help="--scale laptop")
+    scale.add_argument("--full", action="store_true", help="--scale gpu, even without a GPU (slow on a CPU)")
+    for name, (kind, text) in CONFIG_OPTIONS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    parser.add_argument("--no-compile", action="store_true", help="do not use torch.compile")
+    parser.add_argument("--compile", action="store_true", help="use torch.compile on the CPU too")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def overrides_from_args(parser: argparse.ArgumentParser, args) -> dict[str, Any]:
+    """The settings the options give (nothing for an option not given); bad ones end in ``parser.error``."""
+    overrides = {name: getattr(args, name) for name in CONFIG_OPTIONS if getattr(args, name) is not None}
+    if args.no_compile and args.compile:
+        parser.error("--compile and --no-compile exclude each other")
+    if args.no_compile or args.compile:
+        overrides["compile"] = args.compile
+    if args.device is not None:
+        try:
+            choose_device(args.device)
+        except (ValueError, RuntimeError) as err:
+            parser.error(f"--device: {err}")
+        overrides["device"] = args.device
+    asked = scale_asked(args)
+    if asked not in (None, "quick") and quick_forced():
+        print(f"note: {QUICK_ENV} is set, so --scale {asked} is ignored: quick mode", file=sys.stderr)
+    return overrides
+
+
+def config_from_args(parser: argparse.ArgumentParser, args, arch: str, seed: int | None = None) -> TrainConfig:
+    """The TrainConfig the options ask for; invalid combinations end in ``parser.error`` (exit 2)."""
+    overrides = overrides_from_args(parser, args)
+    if seed is not None:
+        overrides["seed"] = seed
+    lr = overrides.pop("lr") if "lr" in overrides and "min_lr" not in overrides else None
+    try:
+        cfg = scale_config(scale_from_args(args), arch, **overrides)
+        return with_rate(cfg, lr) if lr is not None else cfg
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def scale_asked(args) -> str | None:
+    """The scale the options name, if any."""
+    return args.scale or ("quick" if args.quick else "laptop" if args.laptop else "gpu" if args.full else None)
+
+
+def scale_from_args(args) -> str:
+    """The scale: quick when MODERN_BLOCK_QUICK=1, else the one asked for, else gpu with a GPU and quick without."""
+    if quick_forced():
+        return "quick"
+    return scale_asked(args) or ("gpu" if torch.cuda.is_available() else "quick")
 
 
 class QuietParser(argparse.ArgumentParser):
@@ -98,7 +208,3 @@ def main(argv=None) -> int:
     say(f"done: best val loss {s['best_val_loss']:.4f}, {tps} tokens/s, MFU {mfu_text}"
         f"{' per device' if ranks.distributed else ''}, {s['wall_s']:.1f} s; files in {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

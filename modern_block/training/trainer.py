@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from ..decoder import DecoderLM
+from ..files import StorageError
 from ..generate import generate
 from ..params import count_parameters
 from . import distributed
@@ -24,7 +25,6 @@ from .config import TrainConfig, lr_at, resumed_config
 from .data import CharTokenizer, Corpus
 from .device import mfu
 from .distributed import RankFailedError
-from .files import StorageError
 from .parts import build_parts
 from .run_folder import RunFolder, RunFolderError
 from .step import eval_loss, train_step
@@ -227,7 +227,7 @@ class Trainer:
             self.folder.start()  # every check passed: now an earlier run's files may go
             return
         rows = self.folder.resumed_metrics(self.step, ckpt["metrics"], ckpt["run_id"], say=self._say)
-        self.metrics = distributed.broadcast_object(rows)
+        self.metrics = distributed.gather_objects(rows)[0]  # rank 0's rows (the others read none)
         self._say(f"resumed from {self.folder.checkpoint} at step {self.step}")
 
     def close(self) -> None:
@@ -354,13 +354,6 @@ class Trainer:
         bar.set_postfix(loss=f"{self.losses[-1]:.3f}", refresh=False)
         return agreed
 
-    def _evaluate_and_save(self, clock: Clock) -> None:
-        rate, first, self.elapsed = clock.lap(self.step, self.cfg.tokens_per_step)
-        self.rates.append((rate, first))
-        self._log_eval(rate)
-        self.save_checkpoint()
-        clock.restart_lap(self.step)
-
     def run(self, until: int | None = None, on_step=None) -> TrainResult:
         """Train up to ``until`` (default ``max_steps``) steps in all; ``on_step(trainer)`` after every step."""
         stop = self.cfg.max_steps if until is None else min(until, self.cfg.max_steps)
@@ -371,7 +364,11 @@ class Trainer:
         clock, first_step = Clock(self.elapsed, self.setup.device, self.step), self.step
         what_happens = " and saving a checkpoint" if self.folder.keeps_checkpoints else ""
         signals = StopSignals(self.ranks.distributed, what_happens, say=self.ranks.is_main)
-        with signals, self._interruptions(clock), self._progress_bar() as bar:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=self.cfg.max_steps, initial=self.step, disable=not self.progress, desc=self.cfg.arch,
+                   dynamic_ncols=True, leave=False)
+        with signals, self._interruptions(clock), bar:
             if not self.metrics:
                 self._log_eval(None)  # the loss before training, ln(V) or so
             clock.restart_lap(self.step)
@@ -380,7 +377,11 @@ class Trainer:
                 bar.update(1)
                 agreed = self._sync(signals.requested, stop, bar)  # several processes stop together, there
                 if self._eval_due():
-                    self._evaluate_and_save(clock)
+                    rate, first, self.elapsed = clock.lap(self.step, self.cfg.tokens_per_step)
+                    self.rates.append((rate, first))
+                    self._log_eval(rate)
+                    self.save_checkpoint()
+                    clock.restart_lap(self.step)
                 if on_step is not None:
                     on_step(self)
                 if agreed or (signals.requested and not self.ranks.distributed):
@@ -389,12 +390,6 @@ class Trainer:
             if self._last_saved != self.step:
                 self.save_checkpoint()  # paused at ``until``
         return self.result()
-
-    def _progress_bar(self):
-        from tqdm.auto import tqdm
-
-        return tqdm(total=self.cfg.max_steps, initial=self.step, disable=not self.progress, desc=self.cfg.arch,
-                    dynamic_ncols=True, leave=False)
 
     @contextlib.contextmanager
     def _interruptions(self, clock: Clock):

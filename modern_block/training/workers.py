@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from ..files import write_text_atomic
 from .config import RUNTIME_FIELDS, TrainConfig
 from .data import Corpus, load_corpus
-from .files import write_text_atomic
 from .run_folder import CHECKPOINT, SUMMARY
 from .rungs import get_rung
 from .trainer import NonFiniteLossError, TrainResult, train
@@ -91,15 +91,12 @@ def _train_or_diverge(cfg, folder, corpus, progress, verbose, on_step=None):
         torch.set_num_threads(threads)
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
 def die_with_parent(parent: int) -> None:
     """End this process when ``parent`` ends: the kernel's SIGKILL (Linux), and a thread that checks every 0.2 s
     that ``parent`` is still the parent (everywhere, and for a parent that died before this line)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG (linux/prctl.h)
 
     def watch():
         while os.getppid() == parent:

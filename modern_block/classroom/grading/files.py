@@ -26,6 +26,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...files import write_text_atomic
 from .notebook import MAX_NOTEBOOK_BYTES
 from .report import one_line
 
@@ -299,10 +300,8 @@ def refuse_target(path: str, option: str) -> None:
 
 
 def write_atomic(path: str, text: str, option: str) -> None:
-    """``text`` written whole to ``path`` (``training.files.write_text_atomic``, imported here only: the grader
-    needs no training code otherwise), never through a link; an OutputError names ``option`` and leaves it as it was."""
-    from ...training.files import write_text_atomic
-
+    """``text`` written whole to ``path`` (the package's one atomic writer), never through a link; an OutputError
+    names ``option`` and leaves it as it was."""
     refuse_target(path, option)
     try:
         write_text_atomic(Path(path), text)
