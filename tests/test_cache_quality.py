@@ -1,6 +1,6 @@
 """The attention study: its models (rungs.ATTENTIONS, built by ladder.py) differ in their attention alone and match
 in parameters; its design (study.STUDIES["attention"], with the stress runs at a multiple of the chosen rate); and
-the quality-against-cache picture and table (cache_quality.py) drawn from its results."""
+the quality-against-cache picture and table (training/report.py) drawn from its results."""
 
 import math
 from dataclasses import asdict, fields, replace
@@ -13,10 +13,9 @@ from training_setup import CORPUS, never_online, tiny  # noqa: F401 (never_onlin
 from modern_block import KVCache, generate
 from modern_block.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training import compare_cli as cli
-from modern_block.training.cache_quality import cache_quality_rows, cache_quality_table, plot_cache_quality
 from modern_block.training.config import QUICK_ENV
 from modern_block.training.ladder import cache_bytes_per_token, gpt2_parameters, ladder_model
-from modern_block.training.report import report_text
+from modern_block.training.report import cache_quality_rows, cache_quality_table, plot_cache_quality, report_text
 from modern_block.training.rungs import ATTENTION_NAMES, ATTENTIONS, Rung, get_rung
 from modern_block.training.study import STUDIES, Results, Study, middle_out, run_study
 

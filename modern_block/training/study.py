@@ -15,9 +15,10 @@ import torch
 from ..statistics import PairedDifference, Selection, choose_rate, paired_difference
 from .config import TrainConfig, gpu_config, laptop_config, quick_config, with_rate
 from .data import Corpus, load_corpus
+from .report import plot_curve_bands, plot_sweep, report_text, selection_table
 from .rungs import ABLATION_NAMES, ATTENTION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
 from .trainer import TrainResult
-from .workers import read_record, run_dir, train_many
+from .workers import final_loss, read_record, run_dir, train_many
 
 QUICK_RATES = (4e-3, 8e-3, 1.6e-2, 3.2e-2)  # tiny models, short runs: high rates
 LAPTOP_RATES = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)  # nanoGPT's 1e-3, halved once and doubled three times
@@ -122,12 +123,6 @@ def machine() -> dict:
             "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
 
 
-def final_loss(record: dict) -> float:
-    """A run's final validation loss; inf for a run that diverged."""
-    value = record.get("final_val_loss")
-    return math.inf if value is None else value
-
-
 @dataclass
 class Results:
     """A study's runs (``TrainResult.summary``'s records with model, lr, seed and role) and what they show;
@@ -214,29 +209,20 @@ class Results:
         lr = self.chosen_rates()[model]
         return [self.trained.get((model, lr, s)) or self.record(model, lr, s) for s in self.complete_seeds]
 
-    # What the lessons show of a study, drawn by ``report`` (which builds on this module, hence the late imports).
     def report(self) -> str:
         """The study's report.md."""
-        from .report import report_text
-
         return report_text(self)
 
     def table(self) -> str:
         """Each model's chosen rate, selection means and reported mean ± interval, as a Markdown table."""
-        from .report import selection_table
-
         return selection_table(self)
 
     def plot_sweep(self, **kwargs):
         """Each model's mean final loss on the selection seeds against the rate (``report.plot_sweep``)."""
-        from .report import plot_sweep
-
         return plot_sweep(self.selections, **kwargs)
 
     def plot_curves(self, labels: dict | None = None, **kwargs):
         """Each model's validation curves at its chosen rate: mean and 95% band over the reported seeds."""
-        from .report import plot_curve_bands
-
         return plot_curve_bands({(labels or {}).get(m, m): self.reported(m) for m in self.selections}, **kwargs)
 
     def to_json(self) -> dict:

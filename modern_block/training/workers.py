@@ -27,6 +27,12 @@ from .rungs import get_rung
 from .trainer import NonFiniteLossError, TrainResult, train
 
 
+def final_loss(record: dict) -> float:
+    """A run's final validation loss; inf for a run that diverged."""
+    value = record.get("final_val_loss")
+    return math.inf if value is None else value
+
+
 @dataclass
 class Diverged:
     """A run stopped by a non-finite loss (a sweep's highest rates may do this): it counts as loss inf."""
