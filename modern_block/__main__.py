@@ -1,6 +1,6 @@
 """``python -m modern_block COMMAND ...``: the course's command lines, one word each.
 
-    python -m modern_block train --arch llama --quick --out runs/llama     # one model (training.train_cli)
+    python -m modern_block train --arch llama --quick --out runs/llama     # one model (training.cli)
     python -m modern_block compare --quick --out runs/compare              # a study (training.study)
     python -m modern_block grade submissions/ --reference exercises/       # a class (modern_block.classroom.grade)
     python -m modern_block exercises build                                 # exercises/ from solutions/
@@ -11,18 +11,18 @@ Under torchrun the same words work: ``torchrun --nproc_per_node 2 -m modern_bloc
 import importlib
 import sys
 
-COMMANDS = {  # the command -> the module whose ``main(argv)`` runs it, and what it does
-    "train": ("modern_block.training.train_cli", "train one model on characters; --resume continues a run"),
-    "compare": ("modern_block.training.compare_cli", "models at their own rates, paired 95% intervals (--study quick, "
-                "laptop, gpu, ladder, ablations)"),
-    "grade": ("modern_block.classroom.grade", "grade exercise notebooks, a whole class at once"),
-    "exercises": ("modern_block.classroom.exercises", "write exercises/ from solutions/ (build, build --check)"),
+COMMANDS = {  # the command -> (module, its function(argv) that runs it, what it does)
+    "train": ("modern_block.training.cli", "train_main", "train one model on characters; --resume continues a run"),
+    "compare": ("modern_block.training.cli", "compare_main", "models at their own rates, paired 95% intervals "
+                "(--study quick, laptop, gpu, ladder, ablations, attention)"),
+    "grade": ("modern_block.classroom.grade", "main", "grade exercise notebooks, a whole class at once"),
+    "exercises": ("modern_block.classroom.exercises", "main", "exercises/ from solutions/ (build, build --check)"),
 }
 
 
 def usage() -> str:
     lines = ["usage: python -m modern_block COMMAND [options]   (COMMAND --help for its options)", "", "commands:"]
-    lines += [f"  {name:<10} {what}" for name, (_, what) in COMMANDS.items()]
+    lines += [f"  {name:<10} {what}" for name, (_, _, what) in COMMANDS.items()]
     return "\n".join(lines)
 
 
@@ -35,8 +35,8 @@ def main(argv=None) -> int:
     if command not in COMMANDS:
         print(f"{usage()}\n\nerror: unknown command {command!r}: choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[command][0])
-    return module.main(rest)
+    module, function, _ = COMMANDS[command]
+    return getattr(importlib.import_module(module), function)(rest)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from training_setup import CORPUS, never_online, tiny  # noqa: F401 (never_onlin
 
 from modern_block import KVCache, generate
 from modern_block.statistics import HIGHER, INCONCLUSIVE, LOWER
-from modern_block.training import compare_cli as cli
+from modern_block.training import cli
 from modern_block.training.config import QUICK_ENV
 from modern_block.training.ladder import cache_bytes_per_token, gpt2_parameters, ladder_model
 from modern_block.training.report import cache_quality_rows, cache_quality_table, plot_cache_quality, report_text
@@ -114,7 +114,7 @@ def test_the_attention_study_design():
 
 def test_the_command_line_names_the_attention_study(monkeypatch, tmp_path):
     monkeypatch.delenv(QUICK_ENV, raising=False)
-    parser = cli.build_parser()
+    parser = cli.compare_parser()
     args = parser.parse_args(["--study", "attention", "--out", str(tmp_path), "--workers", "2"])
     assert cli.study_from_args(parser, args) == STUDY
     args = parser.parse_args(["--study", "attention", "--models", "mha", "mla56", "--seeds", "4", "5"])

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from training_setup import CORPUS, ROOT, evals, never_online, output, run, start_child, tiny, wait_for  # noqa: F401
 
-from modern_block.training import config, distributed, train_cli
+from modern_block.training import cli, config, distributed
 from modern_block.training import trainer as T
 from modern_block.training.checkpoint import load_checkpoint
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
@@ -163,9 +163,9 @@ def _worker_pid(launcher_pid: int, local_rank: int) -> int:
 
 
 def _main_printing_to(argv: list[str], folder: Path) -> int:
-    """``train_cli.main(argv)`` with what it prints in ``folder``/out<RANK>.txt."""
+    """``cli.train_main(argv)`` with what it prints in ``folder``/out<RANK>.txt."""
     with open(folder / f"out{os.environ['RANK']}.txt", "w") as f, contextlib.redirect_stdout(f):
-        return train_cli.main(argv)
+        return cli.train_main(argv)
 
 
 def _kill_rank_1_after_the_first_checkpoint(out: Path, tmp_path: Path) -> tuple[str, list[str]]:

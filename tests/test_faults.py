@@ -35,7 +35,7 @@ import torch
 from training_setup import never_online, output, run, start_child, tiny, wait_for  # noqa: F401 (autouse fixture)
 
 from modern_block import files
-from modern_block.training import compare_cli, train_cli
+from modern_block.training import cli
 from modern_block.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from modern_block.training.config import ConfigError
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
@@ -182,7 +182,7 @@ def _cli(argv: list[str], err_file: Path) -> int:
     buffer = io.StringIO()
     with contextlib.redirect_stderr(buffer), contextlib.redirect_stdout(io.StringIO()):
         try:
-            code = train_cli.main(argv)
+            code = cli.train_main(argv)
         except SystemExit as exit_:
             code = exit_.code
         except BaseException:  # noqa: BLE001 - a traceback is what the test looks for
@@ -282,7 +282,7 @@ COMPARE = ["--quick", "--workers", "2", "--rates", "0.01", "0.02", "--selection-
 def _compare_main(out: Path) -> int:
     os.setpgid(0, 0)  # its own process group, as a shell gives a job: Ctrl-C reaches it and its workers
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (pytest may run in the background)
-    return compare_cli.main([*COMPARE, "--out", str(out)])  # the child's exit status (130 after Ctrl-C)
+    return cli.compare_main([*COMPARE, "--out", str(out)])  # the child's exit status (130 after Ctrl-C)
 
 
 def _compare_parent(out: Path, log: Path) -> multiprocessing.Process:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from modern_block.training import compare_cli
+from modern_block.training import cli
 from modern_block.training.study import STUDIES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,18 +20,18 @@ RESULTS = ROOT / "results" / "ladder" / "results.json"
 ])
 def test_ladder_usage_errors_name_the_option(flags, message, capsys):
     with pytest.raises(SystemExit) as info:
-        compare_cli.main(["--ladder", *flags])
+        cli.compare_main(["--ladder", *flags])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
 
 
 def test_the_ladder_budget_is_the_quick_one_and_the_options_override_it(monkeypatch):
     monkeypatch.delenv("MODERN_BLOCK_QUICK", raising=False)
-    parser = compare_cli.build_parser()
-    study = compare_cli.study_from_args(parser, parser.parse_args(["--ladder", "--max-steps", "7"]))
+    parser = cli.compare_parser()
+    study = cli.study_from_args(parser, parser.parse_args(["--ladder", "--max-steps", "7"]))
     assert study.name == "ladder" and study.base == STUDIES["quick"].base.__class__(
         **(asdict(STUDIES["quick"].base) | {"max_steps": 7}))
     assert (study.base.d, study.base.n_layers, study.base.block_size, study.base.batch_size) == (32, 2, 32, 16)
-    at_laptop = compare_cli.study_from_args(parser, parser.parse_args(["--ladder", "--scale", "laptop"]))
+    at_laptop = cli.study_from_args(parser, parser.parse_args(["--ladder", "--scale", "laptop"]))
     assert at_laptop.models == study.models and at_laptop.base.d == 128, "a scale replaces the study's budget"
 

@@ -6,16 +6,16 @@ import pytest
 from training_setup import never_online  # noqa: F401 (never_online is an autouse fixture)
 
 from modern_block import __main__ as entry
-from modern_block.training import train_cli
+from modern_block.training import cli
 from modern_block.training.config import LAPTOP, laptop_config, quick_config, scale_config
 
 
 def _config(argv, monkeypatch, quick_env=False):
     if not quick_env:
         monkeypatch.delenv("MODERN_BLOCK_QUICK", raising=False)
-    parser = train_cli.build_parser()
+    parser = cli.train_parser()
     args = parser.parse_args(argv)
-    return train_cli.config_from_args(parser, args, "llama", None)
+    return cli.config_from_args(parser, args, "llama", None)
 
 
 def test_scales_are_presets_and_the_shape_options_override_them(monkeypatch):
@@ -62,7 +62,7 @@ def test_bad_shape_and_scale_options_are_usage_errors(argv, message, monkeypatch
 
 
 def test_train_takes_any_model_of_the_ladder_by_name(monkeypatch):
-    parser = train_cli.build_parser()
+    parser = cli.train_parser()
     args = parser.parse_args(["--arch", "gpt2_nobias", "--quick"])
     assert args.arch == "gpt2_nobias"
     with pytest.raises(SystemExit):

@@ -1,12 +1,11 @@
-"""The command-line options train and compare share (modern_block/training/train_cli.py): each argument type
+"""The command-line options train and compare share (modern_block/training/cli.py): each argument type
 rejects a bad value in words, and the options become the TrainConfig they ask for."""
 
 import argparse
 
 import pytest
 
-from modern_block.training.config import MAX_SEED
-from modern_block.training.train_cli import (
+from modern_block.training.cli import (
     add_run_options,
     config_from_args,
     nonneg_float_arg,
@@ -14,6 +13,7 @@ from modern_block.training.train_cli import (
     positive_int_arg,
     seed_arg,
 )
+from modern_block.training.config import MAX_SEED
 
 
 @pytest.mark.parametrize("kind,good,bad", [

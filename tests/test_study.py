@@ -1,4 +1,4 @@
-"""The one study (modern_block/training/study.py), its report (report.py) and its command line (compare_cli.py)."""
+"""The one study (modern_block/training/study.py), its report (report.py) and its command line (cli.py)."""
 
 import errno
 import json
@@ -14,8 +14,7 @@ from training_setup import CORPUS, SMALL, never_online, tiny  # noqa: F401 (neve
 
 from modern_block import files
 from modern_block.statistics import HIGHER, INCONCLUSIVE, LOWER
-from modern_block.training import compare_cli as cli
-from modern_block.training import report, run_folder
+from modern_block.training import cli, report, run_folder
 from modern_block.training import study as S
 from modern_block.training.data import Corpus
 from modern_block.training.report import plot_curve_bands, plot_differences, report_text, write_results
@@ -135,13 +134,13 @@ def test_collect_reads_what_is_finished_and_trains_nothing(tmp_path, monkeypatch
     argv = ["--study", "laptop", "--collect", "--out", str(tmp_path), "--d", "32", "--n-layers", "2", "--block-size",
             "16", "--batch-size", "4", "--max-steps", "6", "--warmup-steps", "2", "--eval-interval", "3",
             "--eval-batches", "1", "--rates", "0.001", "0.01", "--seeds", "1", "2", "--device", "cpu"]
-    assert cli.main(argv) == 0  # nothing finished yet: an empty, incomplete result
+    assert cli.compare_main(argv) == 0  # nothing finished yet: an empty, incomplete result
     empty = json.loads((tmp_path / "results.json").read_text())
     assert empty["runs"] == [] and not empty["complete"] and "INCOMPLETE" in (tmp_path / "report.md").read_text()
-    study = cli.study_from_args(cli.build_parser(), cli.build_parser().parse_args(argv))
+    study = cli.study_from_args(cli.compare_parser(), cli.compare_parser().parse_args(argv))
     run_study(study, tmp_path, CORPUS, say=lambda text: None)
     monkeypatch.setattr("modern_block.training.study.load_corpus", lambda verbose: CORPUS)
-    assert cli.main(argv) == 0
+    assert cli.compare_main(argv) == 0
     full = json.loads((tmp_path / "results.json").read_text())
     anchor = 0 if Results.from_json(full).chosen_rates()["gpt2_nobias"] == 1e-3 else 2  # 1e-3 on seeds 1, 2
     assert full["complete"] and len(full["runs"]) == 3 * 2 + 3 * 2 + anchor
@@ -152,7 +151,7 @@ def test_compare_prints_the_interval_lesson_08_computes(tmp_path, monkeypatch, c
     """The CLI's report and a reader of its results.json (as lesson 08 reads the committed ones) give one interval."""
     monkeypatch.setattr("modern_block.training.study.load_corpus", lambda verbose: CORPUS)
     out = tmp_path / "cmp"
-    assert cli.main(["--quick", "--out", str(out), "--rates", "0.003", "0.01", "--selection-seeds", "0",
+    assert cli.compare_main(["--quick", "--out", str(out), "--rates", "0.003", "0.01", "--selection-seeds", "0",
                      "--seeds", "1", "2", *SMALL]) == 0
     printed = capsys.readouterr().out
     res = Results.from_json(json.loads((out / "results.json").read_text()))
@@ -178,8 +177,8 @@ def test_compare_cli_a_full_disk_is_one_line_and_keeps_the_runs(tmp_path, monkey
         monkeypatch.setattr(run_folder.RunFolder, "append_metrics", append_fails)
     monkeypatch.setattr("modern_block.training.study.load_corpus", lambda verbose: CORPUS)
     out = tmp_path / "cmp"
-    assert cli.main(["--quick", "--out", str(out), "--rates", "0.01", "--selection-seeds", "0", "--seeds", "1", "2",
-                     *SMALL]) == 1
+    assert cli.compare_main(["--quick", "--out", str(out), "--rates", "0.01", "--selection-seeds", "0", "--seeds", "1",
+                             "2", *SMALL]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: could not ") and "(No space left on device)" in err and "No report written" in err
     assert not [p for p in out.rglob("*") if p.name.endswith(files.TEMPORARY)]
@@ -187,8 +186,8 @@ def test_compare_cli_a_full_disk_is_one_line_and_keeps_the_runs(tmp_path, monkey
 
 def test_compare_cli_an_out_path_too_long_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("modern_block.training.study.load_corpus", lambda verbose: CORPUS)
-    assert cli.main(["--quick", "--out", str(tmp_path / ("y" * 300)), "--rates", "0.01", "--selection-seeds", "0",
-                     "--seeds", "1", "2", *SMALL]) == 1
+    assert cli.compare_main(["--quick", "--out", str(tmp_path / ("y" * 300)), "--rates", "0.01", "--selection-seeds",
+                             "0", "--seeds", "1", "2", *SMALL]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: cannot write in --out") and "File name too long" in err
 

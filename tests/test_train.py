@@ -28,7 +28,7 @@ from training_setup import (  # noqa: F401 (never_online is an autouse fixture)
 )
 
 from modern_block import GPT2LM, files, generate
-from modern_block.training import config, parts, run_folder, train_cli
+from modern_block.training import cli, config, parts, run_folder
 from modern_block.training import trainer as T
 from modern_block.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
@@ -204,7 +204,7 @@ def test_replace_keeps_validation():
 ])
 def test_train_cli_rejects_bad_arguments_with_exit_code_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
-        train_cli.main(argv)
+        cli.train_main(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -218,13 +218,13 @@ def test_a_bad_argument_prints_no_traceback():
 
 def test_train_cli_writes_metrics_and_resumes(tmp_path, capsys):
     out = tmp_path / "run"
-    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
+    assert cli.train_main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
     rows = [json.loads(x) for x in (out / METRICS).read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 2, 4]
     assert (out / CHECKPOINT).exists() and json.loads((out / SUMMARY).read_text())["finished"]
     assert "done: best val loss" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exc:  # a resume with other settings is a usage error
-        train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), "--resume", *SMALL, "--lr", "0.5"])
+        cli.train_main(["--arch", "gpt2", "--quick", "--out", str(out), "--resume", *SMALL, "--lr", "0.5"])
     assert exc.value.code == 2 and "these differ: lr" in capsys.readouterr().err
 
 
@@ -252,16 +252,16 @@ def test_gradient_accumulation_takes_the_same_steps_as_one_pass():
 
 def test_an_existing_run_is_not_started_over_unless_asked(tmp_path, capsys):
     out = tmp_path / "run"
-    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
+    assert cli.train_main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
     files = {name: (out / name).read_bytes() for name in (CHECKPOINT, METRICS, SUMMARY)}
     with pytest.raises(SystemExit) as exc:
-        train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL])
+        cli.train_main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL])
     err = capsys.readouterr().err
     assert exc.value.code == 2
     assert "already holds a run (a checkpoint (ckpt.pt), 3 evaluation(s) in metrics.jsonl, a summary.json)" in err
     assert "--resume to continue it, --overwrite to start it over" in err
     assert {name: (out / name).read_bytes() for name in files} == files, "not a byte changed"
-    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--overwrite", "--lr", "0.01"]) == 0
+    assert cli.train_main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--overwrite", "--lr", "0.01"]) == 0
     assert json.loads((out / SUMMARY).read_text())["config"]["lr"] == 0.01
 
 
@@ -277,7 +277,7 @@ def test_two_trainings_cannot_write_one_folder(tmp_path):
 def test_the_resume_command_printed_after_ctrl_c_continues_the_run(tmp_path, monkeypatch, capsys):
     flags = ["--arch", "llama", "--quick", "--lr", "0.02", "--seed", "7", "--max-steps", "6", "--eval-interval", "2",
              "--batch-size", "4", "--block-size", "16", "--eval-batches", "1", "--dropout", "0.1", "--no-progress"]
-    assert train_cli.main([*flags, "--out", str(tmp_path / "whole")]) == 0
+    assert cli.train_main([*flags, "--out", str(tmp_path / "whole")]) == 0
     original_run = T.Trainer.run
 
     def ctrl_c_after_step_3(self, until=None, on_step=None):
@@ -288,12 +288,12 @@ def test_the_resume_command_printed_after_ctrl_c_continues_the_run(tmp_path, mon
 
     monkeypatch.setattr(T.Trainer, "run", ctrl_c_after_step_3)
     out = tmp_path / "my run"  # a space: the command must quote it
-    assert train_cli.main([*flags, "--out", str(out)]) == 130
+    assert cli.train_main([*flags, "--out", str(out)]) == 130
     command = shlex.split(capsys.readouterr().err.split("resume with: ")[1])
     assert command[:4] == ["python", "-m", "modern_block", "train"] and "--resume" in command
     assert command[4:] == [*flags, "--out", str(out), "--resume"], "every flag of the run"
     monkeypatch.setattr(T.Trainer, "run", original_run)
-    assert train_cli.main(command[4:]) == 0
+    assert cli.train_main(command[4:]) == 0
     resumed, whole = (torch.load(d / CHECKPOINT, weights_only=True) for d in (out, tmp_path / "whole"))
     assert resumed["losses"] == whole["losses"]
 
@@ -345,9 +345,9 @@ def test_resuming_from_a_damaged_checkpoint_names_the_file(tmp_path, damage, mes
 
 def test_the_command_line_reports_a_damaged_checkpoint_in_one_line(tmp_path, capsys):
     out = tmp_path / "run"
-    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
+    assert cli.train_main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 0
     (out / CHECKPOINT).write_bytes(b"")
-    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--resume"]) == 1
+    assert cli.train_main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--resume"]) == 1
     assert capsys.readouterr().err.startswith(f"error: the checkpoint {out / CHECKPOINT} is empty (0 bytes)")
 
 
@@ -374,7 +374,7 @@ def test_a_full_disk_at_a_checkpoint_stops_the_run_and_keeps_the_last_good_one(t
 def test_out_must_be_a_folder(tmp_path, make_out, message, capsys):
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(SystemExit) as exc:
-        train_cli.main(["--arch", "gpt2", "--quick", "--out", str(make_out(tmp_path)), *SMALL])
+        cli.train_main(["--arch", "gpt2", "--quick", "--out", str(make_out(tmp_path)), *SMALL])
     assert exc.value.code == 2 and re.search(message, capsys.readouterr().err)
 
 
@@ -386,7 +386,7 @@ def test_out_in_a_read_only_folder_is_refused_up_front(tmp_path, monkeypatch, ca
         def denied(*args, **kwargs):
             raise PermissionError(13, "Permission denied")
         monkeypatch.setattr(run_folder.tempfile, "mkstemp", denied)
-    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(read_only / "run"), *SMALL]) == 1
+    assert cli.train_main(["--arch", "gpt2", "--quick", "--out", str(read_only / "run"), *SMALL]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: cannot write in --out") and "(Permission denied)" in err and "did not start" in err
     assert len(err.strip().splitlines()) == 1 and list(read_only.iterdir()) == []
@@ -394,7 +394,7 @@ def test_out_in_a_read_only_folder_is_refused_up_front(tmp_path, monkeypatch, ca
 
 def test_sizes_that_cannot_fit_are_refused_before_anything_is_allocated(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        train_cli.main(["--arch", "gpt2", "--quick", "--out", str(tmp_path), *SMALL, "--eval-batches", str(10**8)])
+        cli.train_main(["--arch", "gpt2", "--quick", "--out", str(tmp_path), *SMALL, "--eval-batches", str(10**8)])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and re.search(r"these sizes need at least [\d,.]+ GiB on cpu .*100,000,000 "
                                              r"evaluation batches per split.* lower --eval-batches", err)
@@ -527,7 +527,7 @@ def test_a_refused_run_leaves_no_folder_it_created(tmp_path, refusal, capsys):
         argv = ["--arch", "gpt2", "--quick", "--out", str(out), *SMALL, "--overwrite"]
     before = sorted(p.name for p in out.iterdir()) if out.exists() else None
     with pytest.raises(SystemExit) as exc:
-        train_cli.main(argv)
+        cli.train_main(argv)
     assert exc.value.code == 2
     if before is None:
         assert not (tmp_path / "new").exists(), "the folders it made are gone"
@@ -542,7 +542,7 @@ def test_a_full_disk_anywhere_is_one_line_and_exit_1(tmp_path, monkeypatch, caps
     out = tmp_path / "run"
     argv = ["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]
     if where == "metrics rewrite":
-        assert train_cli.main(argv) == 0
+        assert cli.train_main(argv) == 0
         argv = [*argv, "--resume"]
     full = OSError(errno.ENOSPC, "No space left on device")
 
@@ -567,7 +567,7 @@ def test_a_full_disk_anywhere_is_one_line_and_exit_1(tmp_path, monkeypatch, caps
         monkeypatch.setattr(files, "_open_for_writing", disk_fills_up_after(0))
         if where == "summary":
             monkeypatch.setattr(run_folder, "save_checkpoint", lambda state, path: None)
-    code = train_cli.main(argv)
+    code = cli.train_main(argv)
     err = capsys.readouterr().err
     assert code == 1 and err.startswith("error: ") and "No space left on device" in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -582,7 +582,7 @@ def test_a_full_disk_anywhere_is_one_line_and_exit_1(tmp_path, monkeypatch, caps
 
 def test_an_out_path_longer_than_the_file_system_allows_is_one_line(tmp_path, capsys):
     out = tmp_path / ("x" * 300) / "run"
-    assert train_cli.main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 1
+    assert cli.train_main(["--arch", "gpt2", "--quick", "--out", str(out), *SMALL]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: cannot write in --out") and "File name too long" in err
     assert len(err.strip().splitlines()) == 1 and len(err) < 400, "the path is shortened in the message"
@@ -594,7 +594,7 @@ def test_only_configuration_errors_are_usage_errors(tmp_path, monkeypatch):
 
     monkeypatch.setattr(T, "train_step", broken)
     with pytest.raises(ValueError, match="a bug inside the trainer"):  # a traceback, not "usage: ... exit 2"
-        train_cli.main(["--arch", "gpt2", "--quick", "--out", str(tmp_path), *SMALL])
+        cli.train_main(["--arch", "gpt2", "--quick", "--out", str(tmp_path), *SMALL])
     assert issubclass(run_folder.RunFolderError, config.ConfigError)
 
 

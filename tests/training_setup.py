@@ -105,7 +105,7 @@ def rerun_committed(config: dict, made_with: str, corpus_name: str, steps: int, 
 # are forked from multiprocessing's fork server instead: a fresh interpreter that imports torch and the trainer
 # once and never trains, which keeps a child's start at milliseconds.
 FRESH = multiprocessing.get_context("forkserver")
-FRESH.set_forkserver_preload(["training_setup", "modern_block.training.train_cli", "modern_block.training.compare_cli"])
+FRESH.set_forkserver_preload(["training_setup", "modern_block.training.cli"])
 
 
 def start_child(log: Path, target, *args) -> multiprocessing.Process:
