@@ -53,7 +53,7 @@ import torch  # noqa: E402
 from modern_block.training import report, workers  # noqa: E402
 from modern_block.training.config import TrainConfig, gpu_config  # noqa: E402
 from modern_block.training.data import DATA_ENV, TINYSHAKESPEARE_FILE, load_corpus  # noqa: E402
-from modern_block.training.rungs import ABLATION_NAMES, LADDER_NAMES, get_rung  # noqa: E402
+from modern_block.training.ladder import ABLATION_NAMES, LADDER_NAMES, get_rung  # noqa: E402
 from modern_block.training.study import MAIN  # noqa: E402
 from modern_block.training.trainer import sample  # noqa: E402
 

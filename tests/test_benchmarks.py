@@ -10,7 +10,7 @@ import nbformat
 from repo_files import ROOT, load_module
 from training_setup import never_online  # noqa: F401 (an autouse fixture: keeps these tests offline)
 
-from modern_block.training.rungs import ABLATION_NAMES, LADDER_NAMES, LLAMA_END
+from modern_block.training.ladder import ABLATION_NAMES, LADDER_NAMES, LLAMA_END
 
 
 def test_gpu_check_dry_run_runs_every_part(tmp_path):

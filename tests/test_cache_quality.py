@@ -1,4 +1,4 @@
-"""The attention study: its models (rungs.ATTENTIONS, built by ladder.py) differ in their attention alone and match
+"""The attention study: its models (ladder.ATTENTIONS, built by ladder.py) differ in their attention alone and match
 in parameters; its design (study.STUDIES["attention"], with the stress runs at a multiple of the chosen rate); and
 the quality-against-cache picture and table (training/report.py) drawn from its results."""
 
@@ -14,9 +14,16 @@ from modern_block import KVCache, generate
 from modern_block.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training import cli
 from modern_block.training.config import QUICK_ENV
-from modern_block.training.ladder import cache_bytes_per_token, gpt2_parameters, ladder_model
+from modern_block.training.ladder import (
+    ATTENTION_NAMES,
+    ATTENTIONS,
+    Rung,
+    cache_bytes_per_token,
+    get_rung,
+    gpt2_parameters,
+    ladder_model,
+)
 from modern_block.training.report import cache_quality_rows, cache_quality_table, plot_cache_quality, report_text
-from modern_block.training.rungs import ATTENTION_NAMES, ATTENTIONS, Rung, get_rung
 from modern_block.training.study import STUDIES, Results, Study, middle_out, run_study
 
 matplotlib.use("Agg")
@@ -185,7 +192,7 @@ def test_cache_quality_needs_two_finished_reported_seeds():
 
 def test_rung_fields_of_the_ladder_models_are_unchanged():
     """The fields the attention arms added default to what the ladder's models had: no K/V override, no latent."""
-    from modern_block.training.rungs import MODELS
+    from modern_block.training.ladder import MODELS
 
     added = {f.name for f in fields(Rung)} & {"n_kv_heads", "kv_latent"}
     assert added == {"n_kv_heads", "kv_latent"}

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from training_setup import rerun_committed
 
+from modern_block.training.ladder import get_rung
 from modern_block.training.report import report_text
-from modern_block.training.rungs import get_rung
 from modern_block.training.study import STUDIES, Results
 
 ROOT = Path(__file__).resolve().parents[1]

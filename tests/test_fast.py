@@ -13,8 +13,7 @@ import torch.nn as nn
 from modern_block import GPT2LM, KVCache, LlamaStyleLM, MLAConfig, generate
 from modern_block.fast import decoding as fast
 from modern_block.fast.fused import FusedGQAttention, FusedSwiGLU
-from modern_block.training.ladder import ladder_model
-from modern_block.training.rungs import ModelShape
+from modern_block.training.ladder import ModelShape, ladder_model
 
 V = 97
 MLA = MLAConfig(kv_latent_dim=16, rope_dim=8, nope_dim=8, v_head_dim=8, q_lora_rank=12)

@@ -7,8 +7,19 @@ from training_setup import never_online, tiny  # noqa: F401 (never_online is an 
 
 from modern_block import GPT2LM, DecoderLM, LlamaStyleLM, generate
 from modern_block.training import config
-from modern_block.training.ladder import build_model, ladder_model, matched_d_ff, size_table
-from modern_block.training.rungs import ABLATIONS, LADDER, LLAMA_END, MODEL_NAMES, ModelShape, Rung, get_rung
+from modern_block.training.ladder import (
+    ABLATIONS,
+    LADDER,
+    LLAMA_END,
+    MODEL_NAMES,
+    ModelShape,
+    Rung,
+    build_model,
+    get_rung,
+    ladder_model,
+    matched_d_ff,
+    size_table,
+)
 
 EXACT = {"gpt2": "GPT2LM", "gpt2_untied": "GPT2LM(tie=False)", "llama": "LlamaStyleLM",
          "llama_tied": "LlamaStyleLM(tie=True)", "gpt2_nobias": "GPT2LM(bias=False)"}

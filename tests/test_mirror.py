@@ -32,7 +32,7 @@ TESTED_BY = {  # module -> the test files named after its topic (besides tests/t
     "modern_block.training.trainer": ["test_train.py"],
     "modern_block.training.cli": ["test_train.py"],
     "modern_block.training.device": ["test_device.py"],
-    "modern_block.training.rungs": ["test_ladder.py"],
+    "modern_block.training.ladder": ["test_ladder.py"],
     "modern_block.training.workers": ["test_study.py"],
     "modern_block.training.report": ["test_study.py"],
     "modern_block.classroom.checks.core": ["test_checks_graded.py", "test_exercises.py"],

@@ -23,8 +23,7 @@ from modern_block import (
     count_parameters,
     parameter_breakdown,
 )
-from modern_block.training.ladder import ladder_model
-from modern_block.training.rungs import MODEL_NAMES, ModelShape
+from modern_block.training.ladder import MODEL_NAMES, ModelShape, ladder_model
 
 OUTPUT_OF = {CausalSelfAttention: "proj", GeluMLP: "proj", GQAttention: "wo", MLAttention: "wo", SwiGLU: "w_down"}
 L = 4

@@ -16,11 +16,10 @@ from modern_block import files
 from modern_block.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training import cli, report, run_folder
 from modern_block.training import study as S
-from modern_block.training.data import Corpus
 from modern_block.training.report import plot_curve_bands, plot_differences, report_text, write_results
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
 from modern_block.training.study import STUDIES, Anchor, Progress, Results, Study, run_study, time_left
-from modern_block.training.workers import Diverged, WorkerPool, read_record, run_dir, train_many
+from modern_block.training.workers import Diverged, read_record, run_dir, train_many
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = tiny("gpt2", max_steps=6, eval_interval=3, dropout=0.0, warmup_steps=2)
@@ -91,10 +90,7 @@ def test_the_course_studies_are_configurations_of_one_design():
 def test_results_do_not_depend_on_workers_and_identical_runs_train_once():
     configs = [replace(BASE, arch=f"ladder:{r}") for r in ("gpt2_untied", "no_gqa")]
     here = train_many(configs, CORPUS, workers=1)
-    with WorkerPool(CORPUS, 2) as pool:
-        there = train_many(configs, workers=pool)
-        with pytest.raises(ValueError, match="different corpus"):
-            train_many(configs, Corpus("other text " * 100, "other", "inline"), workers=pool)
+    there = train_many(configs, CORPUS, workers=2)
     for a, b in zip(here, there, strict=True):
         assert a.losses == b.losses and a.metrics[-1]["val_loss"] == b.metrics[-1]["val_loss"]
         assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values(),

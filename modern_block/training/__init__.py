@@ -1,12 +1,6 @@
-"""Training the course's models on characters, and comparing them fairly. What the lessons use:
-
-    load_text()                        the corpus, its tokenizer and the train/val split, in one call
-    train(cfg, out_dir)                one run (resumable)
-    STUDIES, run_study(study)          a study: rates chosen on some seeds, losses reported on others; its
-                                       ``Results`` give the paired intervals, the report, the table and the figures
-    paired_difference, holm_verdicts   the paired t interval and its verdict, and Holm's adjustment of several
-    build_model, BatchSampler, lr_at, make_optimizer   the pieces lesson 08 writes out by hand
-"""
+"""Training the course's models on characters, and comparing them fairly. The lessons use ``load_text`` (text,
+tokenizer, split), ``train`` (one resumable run), ``STUDIES`` and ``run_study`` (rates chosen on some seeds, losses
+reported on others; ``Results`` give the intervals, report and figures) and the pieces lesson 08 writes by hand."""
 
 from ..statistics import holm_verdicts, paired_difference
 from .config import TrainConfig, lr_at, make_optimizer, quick_config

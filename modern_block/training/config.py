@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .rungs import ARCH_NAMES, ModelShape
+from .ladder import ARCH_NAMES, ModelShape
 
 QUICK_ENV = "MODERN_BLOCK_QUICK"
 EVAL_SEED = 1234  # the fixed evaluation windows do not depend on the run's seed

@@ -22,8 +22,7 @@ from ..statistics import (
     paired_difference,
     selection_row,
 )
-from .ladder import cache_bytes_per_token
-from .rungs import get_rung
+from .ladder import cache_bytes_per_token, get_rung
 from .workers import final_loss
 
 if TYPE_CHECKING:

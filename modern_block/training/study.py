@@ -15,8 +15,8 @@ import torch
 from ..statistics import PairedDifference, Selection, choose_rate, paired_difference
 from .config import TrainConfig, gpu_config, laptop_config, quick_config, with_rate
 from .data import Corpus, load_corpus
+from .ladder import ABLATION_NAMES, ATTENTION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
 from .report import plot_curve_bands, plot_sweep, report_text, selection_table
-from .rungs import ABLATION_NAMES, ATTENTION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
 from .trainer import TrainResult
 from .workers import final_loss, read_record, run_dir, train_many
 

@@ -22,8 +22,8 @@ import torch
 from ..files import write_text_atomic
 from .config import RUNTIME_FIELDS, TrainConfig
 from .data import Corpus, load_corpus
+from .ladder import get_rung
 from .run_folder import CHECKPOINT, SUMMARY
-from .rungs import get_rung
 from .trainer import NonFiniteLossError, TrainResult, train
 
 
@@ -145,12 +145,11 @@ def _worker_train(cfg: TrainConfig, folder):
 
 
 class WorkerPool:
-    """``n`` spawned worker processes holding ``corpus``, for many ``train_many`` calls; close it when done."""
+    """``n`` spawned worker processes holding ``corpus``, for one ``train_many`` call; close it when done."""
 
     def __init__(self, corpus: Corpus, n: int):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
-        self.corpus, self.n = corpus, n
         ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked; spawn is safe everywhere
         self._stop = ctx.Event()
         self._pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_init,
@@ -175,37 +174,26 @@ class WorkerPool:
     def close(self) -> None:
         self._pool.shutdown(cancel_futures=True)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
 
 def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers=1, out_dir=None, progress=None,
                verbose: bool = False, on_done=None) -> list:
     """A ``TrainResult``, ``Diverged`` or finished run's record per configuration, in order (identical ones trained
-    once), each run in its folder under ``out_dir`` (or none). ``workers``: 1 trains here, n > 1 in a pool made for
-    this call, or a given ``WorkerPool``; ``on_done(cfg, result)`` as each run ends."""
-    if isinstance(workers, WorkerPool):
-        corpus = corpus if corpus is not None else workers.corpus
-        if (corpus.name, corpus.text) != (workers.corpus.name, workers.corpus.text):
-            raise ValueError("workers: this WorkerPool holds a different corpus than the one given")
-    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive int or a WorkerPool, got {workers!r}")
+    once), each run in its folder under ``out_dir`` (or none). ``workers``: 1 trains here, n > 1 in a pool of
+    that many processes; ``on_done(cfg, result)`` as each run ends."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive int, got {workers!r}")
     corpus = corpus if corpus is not None else load_corpus(verbose=verbose)
     todo: dict[tuple, TrainConfig] = {}
     for cfg in configs:
         todo.setdefault(run_key(cfg, corpus), cfg)
     done: dict[tuple, Any] = {}
-    if workers == 1 or (not isinstance(workers, WorkerPool) and len(todo) <= 1):
+    if workers == 1 or len(todo) <= 1:
         for k, cfg in todo.items():
             done[k] = _train_or_diverge(cfg, run_dir(out_dir, cfg), corpus, progress, verbose)
             if on_done is not None:
                 on_done(cfg, done[k])
     elif todo:
-        pool = workers if isinstance(workers, WorkerPool) else WorkerPool(corpus, min(workers, len(todo)))
+        pool = WorkerPool(corpus, min(workers, len(todo)))
         futures = {}
         try:
             futures = {k: pool.submit(cfg, run_dir(out_dir, cfg)) for k, cfg in todo.items()}
@@ -219,6 +207,5 @@ def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers
             pool.stop(list(futures.values()))
             raise
         finally:
-            if pool is not workers:
-                pool.close()
+            pool.close()
     return [done[run_key(cfg, corpus)] for cfg in configs]
