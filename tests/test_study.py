@@ -180,6 +180,15 @@ def test_compare_cli_a_full_disk_is_one_line_and_keeps_the_runs(tmp_path, monkey
     assert not [p for p in out.rglob("*") if p.name.endswith(files.TEMPORARY)]
 
 
+def test_compare_cli_refuses_an_out_that_is_a_file(tmp_path, capsys):
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    with pytest.raises(SystemExit) as info:
+        cli.compare_main(["--quick", "--out", str(afile), *SMALL])
+    assert info.value.code == 2 and afile.read_text() == "mine"
+    assert f"--out {afile} is a file, not a folder" in capsys.readouterr().err
+
+
 def test_compare_cli_an_out_path_too_long_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("modern_block.training.study.load_corpus", lambda verbose: CORPUS)
     assert cli.compare_main(["--quick", "--out", str(tmp_path / ("y" * 300)), "--rates", "0.01", "--selection-seeds",

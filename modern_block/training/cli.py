@@ -9,6 +9,7 @@ saying what is kept; 130 interrupted."""
 
 import argparse
 import math
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -284,6 +285,8 @@ def compare_main(argv=None) -> int:
     args = parser.parse_args(argv)
     study = study_from_args(parser, args)
     out = args.out or f"runs/{study.name}"
+    if os.path.isfile(out):  # (False, not an error, for a path the file system refuses: the runs say why)
+        parser.error(f"--out {out} is a file, not a folder: choose a folder for the study's runs")
     command = "python -m modern_block compare " + shlex.join(sys.argv[1:] if argv is None else argv)
     kept = f"what the runs wrote is kept in {out}; the same command continues"
     try:
