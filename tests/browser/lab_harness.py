@@ -30,6 +30,9 @@ from pathlib import Path
 
 import nbformat
 
+# the server is on 127.0.0.1: never through an http_proxy the user has set for the outside world
+LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
 CHROMIUM = os.environ.get("MODERN_BLOCK_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -106,7 +109,7 @@ class JupyterLab:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log_text()}")
             try:
-                with urllib.request.urlopen(self.url("api/status"), timeout=5) as r:
+                with LOCAL.open(self.url("api/status"), timeout=5) as r:
                     if r.status == 200:
                         return self
             except OSError:
@@ -139,7 +142,7 @@ class JupyterLab:
         if self.proc.poll() is None:
             try:
                 req = urllib.request.Request(self.url("api/shutdown"), method="POST")
-                urllib.request.urlopen(req, timeout=5).close()
+                LOCAL.open(req, timeout=5).close()
                 self.proc.wait(timeout=15)
             except (OSError, subprocess.TimeoutExpired):
                 pass
@@ -358,7 +361,7 @@ def open_notebook(page, lab: JupyterLab, name: str, timeout_s: float = 120):
 
 
 def _api(lab: JupyterLab, path: str):
-    with urllib.request.urlopen(lab.url(f"api/{path}"), timeout=10) as r:
+    with LOCAL.open(lab.url(f"api/{path}"), timeout=10) as r:
         return json.load(r)
 
 
