@@ -81,11 +81,13 @@ def stdlib_text() -> tuple[str, str]:
     """(text, description): the standard library's top-level ``*.py`` files in name order, up to ``FALLBACK_CHARS``."""
     folder = Path(sysconfig.get_paths()["stdlib"])
     parts: list[str] = []
+    total = 0
     for path in sorted(folder.glob("*.py")):
-        if sum(map(len, parts)) >= FALLBACK_CHARS:
+        if total >= FALLBACK_CHARS:
             break
         with contextlib.suppress(OSError, UnicodeDecodeError):
             parts.append(path.read_text(encoding="utf-8"))
+            total += len(parts[-1])
     text = "".join(parts)[:FALLBACK_CHARS]
     return text, f"{len(text):,} characters of Python source from {len(parts)} files in {folder}"
 
