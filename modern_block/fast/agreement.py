@@ -1,0 +1,81 @@
+"""When two numerics of one model (weight formats, dtypes, compiled and eager, two devices) must give the same
+greedy tokens, and when a flip is only the kernels' rounding.
+
+A greedy token is the argmax of the logits. If another numeric moves every logit by at most ``err``, the top token
+can change only where the reference's top logit leads the other's choice by at most ``2 * err`` (one logit down by
+err, the other up by err). So agreement is required only at steps whose margin exceeds that bound; a flip under it
+is reported with its margin, not failed. After the first flip the two sequences have different contexts, so only
+the steps up to it are compared.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+def logit_error(ref_logits: torch.Tensor, other_logits: torch.Tensor) -> float:
+    """The largest absolute difference between two models' logits on the same tokens (any shape, same for both)."""
+    if ref_logits.shape != other_logits.shape:
+        raise ValueError(f"ref_logits {tuple(ref_logits.shape)} and other_logits {tuple(other_logits.shape)} must "
+                         "have the same shape (the same tokens through both models)")
+    return (other_logits.double() - ref_logits.double()).abs().max().item()
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """The outcome of comparing one greedy sequence with the reference's."""
+
+    steps: int  # new tokens compared
+    flip: int | None  # the first new token where they differ (None: all the same)
+    margin: float | None  # the reference's top logit minus its logit of the other's token, at the flip
+    bound: float  # the margin under which a flip is explained by the logit error (2 * err)
+
+    @property
+    def same(self) -> bool:
+        return self.flip is None
+
+    @property
+    def explained(self) -> bool:
+        """True when the tokens agree, or the first flip sits under the bound."""
+        return self.flip is None or (self.margin is not None and self.margin <= self.bound)
+
+    def __str__(self) -> str:
+        if self.flip is None:
+            return f"the same {self.steps} tokens"
+        verdict = "within" if self.explained else "NOT explained by"
+        return (f"the same up to new token {self.flip} of {self.steps}, where the reference leads by "
+                f"{self.margin:.4f}: {verdict} the bound {self.bound:.4f} (2 x the logit error)")
+
+
+def greedy_agreement(ref_logits: torch.Tensor, ref_tokens: torch.Tensor, other_tokens: torch.Tensor,
+                     err: float) -> Agreement:
+    """Compare the new tokens of one sequence.
+
+    ref_logits [n, V]: the reference's logits that chose its n new tokens; ref_tokens, other_tokens [n]: the two
+    greedy continuations; err: the largest logit difference between the two numerics (``logit_error``).
+    """
+    if ref_logits.dim() != 2 or ref_tokens.shape != (ref_logits.shape[0],) or other_tokens.shape != ref_tokens.shape:
+        raise ValueError(f"ref_logits must be [n, V] and ref_tokens, other_tokens [n]; got "
+                         f"{tuple(ref_logits.shape)}, {tuple(ref_tokens.shape)}, {tuple(other_tokens.shape)}")
+    if not err >= 0:
+        raise ValueError(f"err must be a logit difference >= 0, got {err}")
+    n = ref_tokens.shape[0]
+    differ = (ref_tokens != other_tokens).nonzero()
+    if len(differ) == 0:
+        return Agreement(n, None, None, 2 * err)
+    p = int(differ[0])
+    row = ref_logits[p].double()  # [V]
+    return Agreement(n, p, (row.max() - row[other_tokens[p]]).item(), 2 * err)
+
+
+def check_agreement(ref_logits: torch.Tensor, ref_tokens: torch.Tensor, other_tokens: torch.Tensor, err: float,
+                    what: str = "the two decodes") -> list[Agreement]:
+    """``greedy_agreement`` over a batch (ref_logits [B, n, V], tokens [B, n]); raises ``AssertionError`` naming
+    the sequence when a flip is not explained, and returns every outcome (flips under the bound included) to
+    report."""
+    results = [greedy_agreement(ref_logits[b], ref_tokens[b], other_tokens[b], err)
+               for b in range(ref_tokens.shape[0])]
+    for b, a in enumerate(results):
+        if not a.explained:
+            raise AssertionError(f"{what}, sequence {b}: {a}")
+    return results
