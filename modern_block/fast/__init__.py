@@ -20,4 +20,4 @@ __all__ = ["prepare", "generate", "FastLM", "cache_capacity", "COMPILE_OPTIONS",
            "fused_copy", "fuse_linears", "FusedGQAttention", "FusedSwiGLU", "StaticKVCache", "StaticLayerCache",
            "profile_ops", "OpProfile", "decode_weight_bytes", "memory_bandwidth",
            "decode_step_seconds", "FORMATS", "Agreement", "greedy_agreement", "check_agreement", "logit_error",
-           , "convert_weights", "quantize_int8", "dequantize_int8"]
+           "convert_weights", "quantize_int8", "dequantize_int8"]
