@@ -24,6 +24,7 @@ BOOKKEEPING = {  # fields of every transformers config -> the values a causal de
     "pad_token_id": None, "gguf_metadata": None, "gguf_weight_bytes": None, "gguf_embedding_bytes": None,
 }
 MISSING = object()
+STATED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")  # a family default is no model
 
 
 class ConfigRefused(ValueError):
@@ -122,7 +123,7 @@ class Fields:
         return None if default is MISSING else default
 
     def int(self, key: str, minimum: int = 1, default: Any = MISSING) -> int:
-        value = self.get(key, default)
+        value = self.get(key, default) if key not in STATED or self.has(key) else None
         if value is None:
             raise ValueError(f"config field {key!r} is missing; every {self.title} config must give it "
                              f"(an int >= {minimum})")

@@ -30,9 +30,12 @@ def family_defaults(model_type: str) -> dict:
     cls = CONFIG_MAPPING[model_type]
     base = set(json.loads(PretrainedConfig().to_json_string(use_diff=False)))
     made = json.loads(cls().to_json_string(use_diff=False))
-    declared = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING
-                or f.default_factory is not dataclasses.MISSING}
+    declared = {}
+    for field in dataclasses.fields(cls):
+        if field.default is not dataclasses.MISSING:
+            declared[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            declared[field.name] = field.default_factory()
     defaults = {k: declared.get(k, v) if k != "rope_parameters" else v for k, v in made.items()}
     return {"defaults": json.loads(json.dumps({k: v for k, v in sorted(defaults.items()) if k not in base})),
             "aliases": dict(sorted(getattr(cls, "attribute_map", {}).items()))}
@@ -49,7 +52,7 @@ def reference_config(cfg: dict):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     text, _ = language_model(cfg)
-    model_type = text.get("model_type")
+    model_type = str(text.get("model_type"))
     family = ALIASES[model_type][0] if model_type in ALIASES else model_type
     if family not in CONFIG_MAPPING:
         raise ValueError(f"model_type {model_type!r} is not a family transformers implements")
@@ -98,14 +101,20 @@ def components(model: torch.nn.Module) -> dict[str, int]:
 def kv_widths(model: torch.nn.Module) -> list[int]:
     """Per attention layer, the numbers one token adds to its cache: K and V widths (GQA), or MLA's latent and
     RoPE key (``kv_a_proj_with_mqa``: what an absorbed MLA caches)."""
+    def linear(module: torch.nn.Module, name: str) -> torch.nn.Linear | None:
+        child = getattr(module, name, None)
+        return child if isinstance(child, torch.nn.Linear) else None
+
     widths = []
     for module in model.modules():
-        if hasattr(module, "kv_a_proj_with_mqa"):
-            widths.append(module.kv_a_proj_with_mqa.out_features)
-        elif hasattr(module, "k_proj") and hasattr(module, "v_proj") and hasattr(module, "o_proj"):
-            widths.append(module.k_proj.out_features + module.v_proj.out_features)
-        elif hasattr(module, "qkv_proj") and hasattr(module, "o_proj"):  # Phi-3: q, k, v stacked in one matrix
-            widths.append(module.qkv_proj.out_features - module.o_proj.in_features)
+        latent, k, v = linear(module, "kv_a_proj_with_mqa"), linear(module, "k_proj"), linear(module, "v_proj")
+        qkv, o = linear(module, "qkv_proj"), linear(module, "o_proj")
+        if latent is not None:
+            widths.append(latent.out_features)
+        elif k is not None and v is not None and o is not None:
+            widths.append(k.out_features + v.out_features)
+        elif qkv is not None and o is not None:  # Phi-3: q, k, v stacked in one matrix
+            widths.append(qkv.out_features - o.in_features)
     return widths
 
 
@@ -126,7 +135,7 @@ def cache_layers(config) -> list[tuple[str, int | None]]:
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     out = []
-    for kind, kwargs in zip(*get_layer_types_and_kwargs(config)):
+    for kind, kwargs in zip(*get_layer_types_and_kwargs(config), strict=True):
         window = kwargs.get("sliding_window")
         name = {"sliding_attention": "sliding", "chunked_attention": "chunked"}.get(kind, kind)
         out.append(("full", None) if name == "full_attention" or (name == "sliding" and not window) else (name, window))

@@ -68,7 +68,9 @@ def rope_parameters(f: Fields) -> dict[str, dict]:
 def _scaled(kind: str, p: dict, dim: int, base: float, context: int | None) -> torch.Tensor:
     """The frequencies after scaling, at a length beyond the trained one (float64)."""
     theta = rope_frequencies(dim, base).double()  # [dim/2]
-    original = p.get("original_max_position_embeddings")
+    original = int(p.get("original_max_position_embeddings") or 0)  # every type but linear needs it (KeyError)
+    if kind != "linear" and not original:
+        raise KeyError("original_max_position_embeddings")
     if kind == "linear":
         return linear_frequencies(theta, p["factor"])
     if kind == "llama3":  # equal low and high factors make it a step: long waves / factor, short ones kept

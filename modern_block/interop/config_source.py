@@ -27,6 +27,7 @@ PUBLISHED = {  # name -> (file in configs/, the repository whose config.json it 
     "Llama 4 Scout (text)": ("llama-4-scout-17b-16e-text.json", "meta-llama/Llama-4-Scout-17B-16E (its text_config)"),
     "Gemma 2 9B": ("gemma-2-9b.json", "google/gemma-2-9b"),
     "Phi-4-mini": ("phi-4-mini-instruct.json", "microsoft/Phi-4-mini-instruct"),
+    "gpt-oss-20b": ("gpt-oss-20b.json", "openai/gpt-oss-20b"),
 }
 
 
