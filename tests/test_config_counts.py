@@ -35,7 +35,7 @@ def arch(name, **extra):
 
 
 def test_every_named_config_is_counted():
-    assert set(TOTALS) == set(CONFIG_PRESETS) | set(PUBLISHED)
+    assert set(TOTALS) == set(CONFIG_PRESETS) | set(PUBLISHED) - {"Mamba 130M"}  # a state-space model: refused
 
 
 @pytest.mark.parametrize("name", list(TOTALS))

@@ -32,9 +32,12 @@ class ConfigRefused(ValueError):
 
     def __init__(self, family: str, fields: dict[str, str], lines: tuple = ()):
         self.family, self.fields, self.lines = family, dict(fields), tuple(lines)
-        why = "; ".join(f"{key}: {reason}" for key, reason in self.fields.items())
-        super().__init__(f"model_type {family!r}: the card cannot interpret {', '.join(map(repr, self.fields))} "
-                         f"({why}). No totals are given: they could be wrong.")
+        by_reason: dict[str, list[str]] = {}
+        for key, reason in self.fields.items():
+            by_reason.setdefault(reason, []).append(repr(key))
+        why = "; ".join(f"{', '.join(keys)} ({reason})" for reason, keys in by_reason.items())
+        super().__init__(f"model_type {family!r}: the card cannot interpret {why}. "
+                         "No totals are given: they could be wrong.")
 
 
 def lesson_and_meaning(key: str) -> tuple[str, str] | None:

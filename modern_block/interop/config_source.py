@@ -28,6 +28,7 @@ PUBLISHED = {  # name -> (file in configs/, the repository whose config.json it 
     "Gemma 2 9B": ("gemma-2-9b.json", "google/gemma-2-9b"),
     "Phi-4-mini": ("phi-4-mini-instruct.json", "microsoft/Phi-4-mini-instruct"),
     "gpt-oss-20b": ("gpt-oss-20b.json", "openai/gpt-oss-20b"),
+    "Mamba 130M": ("mamba-130m-hf.json", "state-spaces/mamba-130m-hf"),  # not a transformer block: refused
 }
 
 

@@ -3,6 +3,7 @@ this family) and the summary of what the whole config implies. Each implication 
 the architecture the card read, never written for a typical value."""
 
 import json
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ from .config_ffn import activation_text, ffn_rule
 from .config_fields import GLOSSARY, Fields, lesson_and_meaning
 from .config_rope import SCALING
 
+WIDTH = 100  # the printed card's columns (a notebook's output area)
 NORMS = {"rms": "RMSNorm", "layer": "LayerNorm (weight and bias)", "layer_nobias": "LayerNorm without bias",
          "none": "LayerNorm without learned parameters"}
 PLACEMENT = {  # a family's norms per layer -> where they sit (lessons 01 and 07)
@@ -92,7 +94,7 @@ def _implications(card) -> dict[str, str]:
         out["kv_lora_rank"] = f"{card.kv_bytes_per_token():,} B/token in the cache (latent + RoPE key)"
     dense_key = spec.moe.dense_width if spec.moe else "intermediate_size"
     if a.d_ff:
-        out[dense_key] = f"{a.d_ff / a.d:.3f}·d: {ffn_rule(a.d, a.d_ff, a.model_type)}"
+        out[dense_key] = ffn_rule(a.d, a.d_ff, a.model_type)
     elif dense_key in card.config or dense_key in (card.config.get("text_config") or {}):
         out[dense_key] = "unused: every layer is a mixture of experts"
     if a.experts is not None:
@@ -100,7 +102,7 @@ def _implications(card) -> dict[str, str]:
         assert moe is not None
         out[moe.experts] = f"{e.n} routed experts in each of {a.moe_layers} MoE layers (of {a.n_layers})"
         out["num_experts_per_tok"] = f"{card.active:,} of {card.total:,} parameters active per token"
-        out[moe.width] = f"each expert {e.width / a.d:.3f}·d: {ffn_rule(a.d, e.width, a.model_type)}"
+        out[moe.width] = f"each expert: {ffn_rule(a.d, e.width, a.model_type)}"
         for key in ("first_k_dense_replace", "moe_layers", "decoder_sparse_step", "mlp_only_layers",
                     "interleave_moe_layer_step"):
             out[key] = f"MoE in {a.moe_layers} of {a.n_layers} layers"
@@ -114,8 +116,8 @@ def _implications(card) -> dict[str, str]:
             out[key] = text
         out["partial_rotary_factor"] = text
     if r.get("scaling"):
-        extends = f", {r['factor']:g}× from {r['original'] or '?'} to {r['extends_to']:,} tokens" \
-            if r.get("factor") else ""
+        extends = (f", {r['factor']:g}×" + (f" from {r['original']:,}" if r.get("original") else "")
+                   + f" to {r['extends_to']:,} tokens") if r.get("factor") else ""
         scaled = SCALING.get(r["scaling"], r.get("not_interpreted", ""))
         out["rope_scaling"] = f"{r['scaling']}: {scaled}{extends}"
         out["rope_parameters"] = out.get("rope_parameters", "") + f"; {out['rope_scaling']}"
@@ -159,11 +161,15 @@ def _show(value) -> str:  # a value in a table cell: long lists and strings cut
     return (repr(value) if isinstance(value, str) else json.dumps(value, ensure_ascii=False))[:70]
 
 
-def field_table(fields: list[FieldLine]) -> str:
-    rows = [f"{'field':38s} {'lesson':6s} {'value':34s} meaning"]
+def field_table(fields: list[FieldLine], width: int = WIDTH) -> str:
+    """The fields as a table of ``width`` columns: field, lesson (? for a field not interpreted), value, and
+    the meaning with this value's implication, wrapped under its column."""
+    rows = [f"{'field':30s} {'lesson':6s} {'value':22s} meaning"]
     for f in fields:
         text = f.meaning + (f" -> {f.implies}" if f.implies else "")
-        rows.append(f"{f.key:38s} {f.lesson or '?':6s} {_show(f.value)[:34]:34s} {text}")
+        lead = f"{f.key:30s} {f.lesson or '?':6s} {_show(f.value)[:22]:22s} "
+        rows += textwrap.wrap(text, width, initial_indent=lead, subsequent_indent=" " * len(lead),
+                              break_on_hyphens=False) if len(lead) < width - 20 else [lead + text]
     return "\n".join(rows)
 
 
@@ -211,4 +217,5 @@ def summary(card, context: int, gpu: str) -> str:
                      f"token -> at most {floor:,.1f} tokens/s on {gpu}")
     lines += [f"  assumed: {x}" for x in card.assumptions]
     lines += [f"  not interpreted: {f.key} = {_show(f.value)}" for f in card.unknown]
-    return "\n".join(lines)
+    return "\n".join(wrapped for line in lines for wrapped in textwrap.wrap(
+        line, WIDTH, subsequent_indent="      ", break_on_hyphens=False))
