@@ -2,7 +2,14 @@
 width against d, and a sizing rule credited only to the model whose authors publish it."""
 
 from modern_block.ffn import swiglu_hidden_dim
-from modern_block.interop.config_ffn import META_RULES, activation_text, ffn_rule, llama_rule_fits, ratio_text
+from modern_block.interop.config_ffn import (
+    META_RULES,
+    activation_text,
+    ffn_kind,
+    ffn_rule,
+    llama_rule_fits,
+    ratio_text,
+)
 
 
 def test_metas_published_rules_reproduce_their_widths():
@@ -32,3 +39,9 @@ def test_the_activation_is_explained_by_its_value():
     assert activation_text("gelu_pytorch_tanh", False, "starcoder2").endswith("activation between up and down")
     assert activation_text("silu", True, "gpt_oss").startswith("not read: gpt-oss's experts compute their own")
     assert "does not explain" in activation_text("mish", True, "llama")
+
+
+def test_the_ffn_in_a_word_follows_gating_and_activation():
+    assert ffn_kind("silu", True, "llama") == "SwiGLU" and ffn_kind("gelu_pytorch_tanh", True, "gemma2") == "GeGLU"
+    assert ffn_kind("relu2", False, "arcee") == "plain MLP (squared ReLU)"
+    assert ffn_kind("silu", True, "gpt_oss") == "clamped SwiGLU"

@@ -25,7 +25,7 @@ from .config_counts import (
     parameter_counts,
     weight_bytes,
 )
-from .config_ffn import ffn_rule
+from .config_ffn import ffn_kind, ffn_rule
 from .config_fields import GLOSSARY, ConfigRefused, Fields
 from .config_rope import rope_summary
 from .config_source import CONFIG_PRESETS, PUBLISHED, language_model, load_config
@@ -108,6 +108,10 @@ class ConfigCard:
         widths = [("dense", a.d_ff), ("each expert", a.d_expert),
                   ("shared expert", a.experts.shared_width if a.experts and a.n_shared else 0)]
         return "; ".join(f"{what} d_ff = {n:,}: {ffn_rule(a.d, n, a.model_type)}" for what, n in widths if n)
+
+    def ffn_kind(self) -> str:
+        """SwiGLU, GeGLU, ... or a plain MLP: what the activation field makes of this family's FFN."""
+        return ffn_kind(self.arch.activation, self.arch.spec.mlp == "gated", self.arch.family)
 
     def field_table(self) -> str:
         return field_table(self.fields)

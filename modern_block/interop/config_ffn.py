@@ -41,6 +41,14 @@ def activation_text(name: str, gated: bool, family: str) -> str:
         f"{words}: a plain two-matrix MLP, activation between up and down")
 
 
+def ffn_kind(name: str, gated: bool, family: str) -> str:
+    """The FFN in a word or two: its GLU when gated (SwiGLU, GeGLU, ...), else a plain MLP and its activation."""
+    if family == "gpt_oss":
+        return "clamped SwiGLU"
+    words, glu = ACTIVATIONS.get(name, (repr(name), f"GLU with {name!r}"))
+    return glu if gated else f"plain MLP ({words.split(',')[0]})"
+
+
 def llama_rule_fits(d: int, d_ff: int) -> list[tuple[float | None, list[int]]]:
     """Every (ffn_dim_multiplier, multiple_of values) for which Llama's rule gives ``d_ff`` from ``d``."""
     fits = []
@@ -67,7 +75,7 @@ def ffn_rule(d: int, d_ff: int, model_type: str | None = None) -> str:
         how = f"int(8/3·d){f' × {mult:g}' if mult else ''} rounded up to a multiple of {multiple_of:,}"
         return f"{ratio}: Meta's rule for {name}, {how}"
     fits = llama_rule_fits(d, d_ff)
-    if ratio == "8/3·d exactly" or (d_ff % d == 0 and fits):  # a whole multiple of d is a rule of its own
+    if ratio == "8/3·d exactly" or d_ff % d == 0:  # a whole multiple of d is a rule of its own
         return ratio
     if not fits:
         return f"{ratio}: no rounded 8/3·d rule gives it"

@@ -164,10 +164,11 @@ def _show(value) -> str:  # a value in a table cell: long lists and strings cut
 def field_table(fields: list[FieldLine], width: int = WIDTH) -> str:
     """The fields as a table of ``width`` columns: field, lesson (? for a field not interpreted), value, and
     the meaning with this value's implication, wrapped under its column."""
-    rows = [f"{'field':30s} {'lesson':6s} {'value':22s} meaning"]
+    key = min(max([30] + [len(f.key) for f in fields]), 38)
+    rows = [f"{'field':{key}s} {'lesson':6s} {'value':22s} meaning"]
     for f in fields:
         text = f.meaning + (f" -> {f.implies}" if f.implies else "")
-        lead = f"{f.key:30s} {f.lesson or '?':6s} {_show(f.value)[:22]:22s} "
+        lead = f"{f.key:{key}s} {f.lesson or '?':6s} {_show(f.value)[:22]:22s} "
         rows += textwrap.wrap(text, width, initial_indent=lead, subsequent_indent=" " * len(lead),
                               break_on_hyphens=False) if len(lead) < width - 20 else [lead + text]
     return "\n".join(rows)
