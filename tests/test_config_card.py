@@ -193,3 +193,21 @@ def test_lesson_04s_presets_agree_with_the_published_configs(preset):
         assert p.parameters() == card.total and p.d_ff == a.d_ff
     else:
         assert p.n_params == pytest.approx(card.total, rel=0.015)
+
+
+JUNK = [None, "x", -3, 0, 2.5, [], {}, [1, "a"], {"rope_type": "yarn"}, True]
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIG_PRESETS] + ["Llama 4 Scout (text)", "Phi-4-mini", "Gemma 2 9B"])
+def test_any_value_in_any_field_gives_a_card_or_an_error_naming_the_field(name):
+    """Every field of the config, set in turn to values of every wrong kind: the card reads it, refuses it
+    naming the fields, or raises a ValueError/TypeError that names the field; never another error."""
+    cfg = load_config(name)
+    for key in cfg:
+        for junk in JUNK:
+            try:
+                config_card(cfg | {key: junk})
+            except ConfigRefused as err:
+                assert err.fields
+            except (ValueError, TypeError) as err:
+                assert key in str(err) or (key == "num_experts" and "num_experts" in str(err)), (key, junk, err)

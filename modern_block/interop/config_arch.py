@@ -50,6 +50,7 @@ class Architecture:
     mlp_bias: bool
     head_bias: bool
     activation: str
+    context: int | None = None  # max_position_embeddings: the longest context the config promises
     mla: dict | None = None  # kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
     experts: Experts | None = None
     assumptions: tuple[str, ...] = ()
@@ -165,12 +166,12 @@ def _moe_flags(f: Fields, fam: Family, n: int) -> list[bool]:
     if moe.layers == "all":
         return [True] * n
     if moe.layers == "qwen":
-        step, dense = f.int("decoder_sparse_step"), set(f.get("mlp_only_layers") or [])
+        step, dense = f.int("decoder_sparse_step"), set(f.int_list("mlp_only_layers") or [])
         return [i not in dense and (i + 1) % step == 0 for i in range(n)]
     if moe.layers == "first_k":
         first = f.int("first_k_dense_replace", minimum=0)
         return [i >= first for i in range(n)]
-    listed = f.get("moe_layers")
+    listed = f.int_list("moe_layers")
     if listed is None:
         step = f.int("interleave_moe_layer_step")
         listed = list(range(step - 1, n, step))
@@ -220,10 +221,10 @@ def read_architecture(f: Fields) -> Architecture:
         raise ValueError(f"num_attention_heads ({h}) must be a multiple of num_key_value_heads ({kv})")
     mla = _mla(f) if fam.mla else None
     head_dim = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"] if mla else _head_dim(f, fam, d, h)
+    chunk = f.optional_int("attention_chunk_size") if "attention_chunk_size" in f.defaults else None
     rope = rope_layers(f, fam, n)
     kinds = layer_kinds(f, fam, n, rope)
     window = _sliding_window(f)
-    chunk = f.get("attention_chunk_size") if "attention_chunk_size" in f.defaults else None
     moe = _moe_flags(f, fam, n)
     layers = tuple(Layer(kind if (kind != "sliding" or window) else "full",
                          {"sliding": window, "chunked": chunk}.get(kind), rope[i], moe[i])
@@ -239,7 +240,7 @@ def read_architecture(f: Fields) -> Architecture:
     tied = f.flag("tie_word_embeddings")
     arch = Architecture(f.model_type, f.family, d, n, vocab, h, kv, head_dim, d_ff, tied, layers, qk_norm,
                         f.flag(fam.qkv_bias), f.flag(fam.o_bias), f.flag(fam.mlp_bias), f.flag(fam.head_bias),
-                        activation, mla, experts)
+                        activation, f.optional_int("max_position_embeddings"), mla, experts)
     notes = [f"{key} absent: {fam.title}'s default, {value!r} (transformers' own)" for key, value in f.absent.items()
              if value is not None and key in ("tie_word_embeddings", "head_dim", "num_key_value_heads", "mlp_bias",
                                               "attention_bias", "sliding_window", "use_qk_norm", "qkv_bias",

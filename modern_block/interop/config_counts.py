@@ -84,7 +84,7 @@ def dtype_of(cfg: dict) -> tuple[str, str | None]:
     dtype = cfg.get("torch_dtype", cfg.get("dtype"))
     if dtype is None:
         return "bfloat16", "no torch_dtype in the config: weights and cache counted in bf16"
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ValueError(f"config field 'torch_dtype' must be one of {sorted(DTYPES)}, got {dtype!r}")
     return dtype, None
 

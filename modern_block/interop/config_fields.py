@@ -8,6 +8,9 @@ at the values under which transformers builds the published model (``config_fiel
 gives no totals (``ConfigRefused``), since such a field may change them.
 """
 
+from __future__ import annotations
+
+import builtins
 import json
 from pathlib import Path
 from typing import Any
@@ -125,15 +128,32 @@ class Fields:
             return self.defaults[key]
         return None if default is MISSING else default
 
+    def written(self, key: str) -> str:
+        """The name the config uses for a field (an alias transformers maps to it, if that is what it wrote)."""
+        return next((alias for alias, target in self.aliases.items() if target == key and alias in self.cfg), key)
+
     def int(self, key: str, minimum: int = 1, default: Any = MISSING) -> int:
         value = self.get(key, default) if key not in STATED or self.has(key) else None
+        name = self.written(key)
         if value is None:
-            raise ValueError(f"config field {key!r} is missing; every {self.title} config must give it "
+            raise ValueError(f"config field {name!r} is missing; every {self.title} config must give it "
                              f"(an int >= {minimum})")
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"config field {key!r} must be an int, got {type(value).__name__} {value!r}")
+            raise TypeError(f"config field {name!r} must be an int, got {type(value).__name__} {value!r}")
         if value < minimum:
-            raise ValueError(f"config field {key!r} must be >= {minimum}, got {value}")
+            raise ValueError(f"config field {name!r} must be >= {minimum}, got {value}")
+        return value
+
+    def optional_int(self, key: str) -> builtins.int | None:
+        """An int field that may be absent or null (None then)."""
+        return None if self.get(key) is None else self.int(key)
+
+    def int_list(self, key: str) -> list[builtins.int] | None:
+        """A list of ints (layer indices), or None if absent or null."""
+        value = self.get(key)
+        if value is not None and (not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value)):
+            raise TypeError(f"config field {key!r} must be a list of layer indices, got {value!r}")
         return value
 
     def flag(self, key: str | bool, default: bool = False) -> bool:

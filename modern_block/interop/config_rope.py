@@ -94,7 +94,11 @@ def rope_summary(f: Fields, a: Architecture) -> dict:
     p = params["full"]
     head = a.mla["qk_rope_head_dim"] if a.mla else a.head_dim
     share = p.get("partial_rotary_factor", 1.0)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise ValueError(f"config field 'partial_rotary_factor' must be a number in (0, 1], got {share!r}")
     dim = int(head * share)
+    if dim < 2:
+        raise ValueError(f"config field 'partial_rotary_factor' ({share}) leaves {dim} of {head} dims to rotate")
     base, kind = p.get("rope_theta"), p.get("rope_type", "default")
     out: dict[str, Any] = {"base": base, "dim": dim, "share": share, "scaling": None, "nope_layers": a.nope_layers,
                            "local_base": params["sliding"].get("rope_theta") if a.sliding_layers else None}
@@ -104,9 +108,11 @@ def rope_summary(f: Fields, a: Architecture) -> dict:
     out.update(shortest=wavelengths[0], longest=wavelengths[-1])
     if kind == "default":
         return out
-    context = f.get("max_position_embeddings")
+    context = a.context
     if kind == "longrope" and "original_max_position_embeddings" not in p:  # Phi-3 states it beside rope_scaling
-        p = {**p, "original_max_position_embeddings": f.get("original_max_position_embeddings")}
+        p = {**p, "original_max_position_embeddings": f.optional_int("original_max_position_embeddings")}
+    if kind != "default" and context is None:
+        raise ValueError(f"config field 'max_position_embeddings' is missing: {kind} scaling stretches RoPE to it")
     factor = p.get("factor")
     if kind == "longrope" and factor is None and p.get("original_max_position_embeddings"):
         factor = context / p["original_max_position_embeddings"]  # transformers' rule when factor is absent

@@ -54,8 +54,7 @@ def layers_text(card) -> str:
     """Which layers keep a window (sliding or chunked) and which have no RoPE."""
     a = card.arch
     out = []
-    context = card.rope.get("extends_to") or (card.config.get("text_config") or card.config).get(
-        "max_position_embeddings")
+    context = a.context
     for kind in ("sliding", "chunked"):
         windows = sorted({layer.window for layer in a.layers if layer.attention == kind})
         n = sum(layer.attention == kind for layer in a.layers)
@@ -189,7 +188,7 @@ def summary(card, context: int, gpu: str) -> str:
                      f"{e.n_shared} shared, each {e.width:,} wide")
     kind = (f"MLA latent {a.mla['kv_lora_rank']} + RoPE key {a.mla['qk_rope_head_dim']}" if a.mla
             else f"GQA {a.n_heads}/{a.n_kv_heads} heads of {a.head_dim}")
-    beyond = (card.config.get("max_position_embeddings") or context) < context
+    beyond = (a.context or context) < context
     lines.append(f"  KV cache ({kind}): {card.kv_bytes_per_token():,} B/token; at {context:,} tokens "
                  f"{card.cache_bytes(context) / 2**30:,.2f} GiB" + (" (beyond its context)" if beyond else ""))
     lines.append(f"  layers: {layers_text(card)}")
