@@ -155,6 +155,7 @@ def layer_kinds(f: Fields, fam: Family, n: int, rope: list[bool]) -> list[str]:
         "qwen2": lambda i: i >= f.int("max_window_layers", minimum=0),
         "qwen2_moe": lambda i: bool((i + 1) % 2) and i < f.int("max_window_layers", minimum=0),
         "smollm3": lambda i: not rope[i],
+        "every4th_from0": lambda i: i % 4 != 0,  # CWM: layer 0 global, then three local per global
     }.get(rule, lambda i: bool((i + 1) % every))
     return ["sliding" if local(i) else "full" for i in range(n)]
 

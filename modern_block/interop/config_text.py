@@ -21,6 +21,9 @@ PLACEMENT = {  # a family's norms per layer -> where they sit (lessons 01 and 07
     ("post_attention_layernorm", "post_feedforward_layernorm"):
         "reordered: after attention and after the FFN, on each sublayer's output (nothing before them)",
     ("input_layernorm",): "parallel: one norm feeds attention and the FFN side by side",
+    ("input_layernorm", "pre_feedforward_layernorm"): "pre-norm: one before attention, one before the FFN",
+    ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"):
+        "sandwich: before and after attention, before and after the FFN",
 }
 QK_NORM = {"head": "an RMSNorm over each head's d_h features, on queries and keys (lesson 06)",
            "all_heads": "one norm over all query heads' features and one over all keys' (lesson 06)",
@@ -150,7 +153,8 @@ def field_lines(cfg: dict, f: Fields, card) -> list[FieldLine]:
             lines.append(FieldLine(key, value, None, "not interpreted" + ("" if own else
                                                                          " (outside the language model)")))
         else:
-            lines.append(FieldLine(key, value, *known, implies.get(short, "") if own else ""))
+            canonical = f.aliases.get(short, short)  # a name transformers maps to another field
+            lines.append(FieldLine(key, value, *known, implies.get(canonical, "") if own else ""))
     return lines
 
 
