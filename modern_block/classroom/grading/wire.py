@@ -79,11 +79,13 @@ def encode(message) -> bytearray:
     if len(text) > MAX_HEADER or start + offset > MAX_FRAME:
         raise ProtocolError(f"a message of {start + offset:,} bytes is over the limits")
     data = bytearray(start + offset)
-    data[:start] = _ST_HEADER.pack(len(text)) + text
+    view = memoryview(data)  # (a bytearray's own slice assignment would copy the source first)
+    view[:start] = _ST_HEADER.pack(len(text)) + text
     for i, t in enumerate(tensors):
         begin, end = header[str(i)]["data_offsets"]
         if end > begin:
-            data[start + begin:start + end] = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data
+            view[start + begin:start + end] = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data
+    view.release()
     return data
 
 
