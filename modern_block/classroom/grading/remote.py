@@ -185,6 +185,18 @@ def checked_description(module) -> dict:
     return parts
 
 
+def _meta(value) -> torch.Tensor:
+    """A non-persistent buffer as the stand-in keeps it: its shape and dtype on the ``meta`` device, from the
+    tensor or from a ``(shape, dtype)`` pair the student's process sends instead of its data."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty(value.shape, dtype=value.dtype, device="meta")
+    if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[1], torch.dtype) and \
+            isinstance(value[0], (tuple, list)) and len(value[0]) <= 16 and \
+            all(type(n) is int and 0 <= n < 1 << 40 for n in value[0]):
+        return torch.empty(tuple(value[0]), dtype=value[1], device="meta")
+    return torch.empty(0, device="meta")
+
+
 class _Missing:
     def __repr__(self) -> str:
         return "<not defined>"
@@ -260,8 +272,7 @@ class RemoteModule(nn.Module):
         for name, value, persistent in module["buffers"]:
             owner, leaf = self._owner(name)
             if not persistent:  # its name, shape and dtype; its data stays in the student's process
-                value = torch.empty(value.shape if isinstance(value, torch.Tensor) else 0, device="meta",
-                                    dtype=value.dtype if isinstance(value, torch.Tensor) else None)
+                value = _meta(value)
             owner.register_buffer(leaf, value, persistent=bool(persistent))
         for name, value in module["attrs"].items():
             owner, leaf = self._owner(name)
