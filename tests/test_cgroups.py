@@ -5,6 +5,7 @@
 
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -81,6 +82,52 @@ def test_a_delegated_v2_subtree_hands_memory_processes_and_cpu_to_each_sandbox(t
         os.unlink(folder / name)
     group.remove(wait=0)
     assert not folder.exists()
+
+
+def _cgroup2_mount() -> Path | None:
+    mount = cgroups._mount("cgroup2")
+    return mount[0] if mount and os.geteuid() == 0 and os.access(mount[0], os.W_OK) else None
+
+
+@pytest.mark.skipif(_cgroup2_mount() is None, reason="needs root and a cgroup v2 hierarchy")
+def test_on_the_kernels_own_cgroup2_the_processes_move_before_the_controllers_are_handed_down(monkeypatch):
+    """A real v2 hierarchy: the kernel refuses to hand controllers down from a group with processes in it, so the
+    grader must move them to the leaf first; then a sandbox's process moves into its group. It uses the
+    controllers the hierarchy's root already hands down (memory and pids on a v2 host; on a hybrid host, whatever
+    v2 has, if anything: the test changes nothing outside its own groups)."""
+    mount = _cgroup2_mount()
+    available = (mount / "cgroup.subtree_control").read_text().split()
+    if not available:
+        pytest.skip("the v2 hierarchy's root hands no controller down here")
+    if not set(cgroups.REQUIRED) <= set(available):
+        monkeypatch.setattr(cgroups, "REQUIRED", tuple(available[:1]))
+        monkeypatch.setattr(cgroups, "CONTROLLERS", tuple(available[:1]))
+    wanted = [c for c in cgroups.CONTROLLERS if c in available]
+    base = mount / f"mb-test-{os.getpid()}"
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        base.mkdir()
+        (base / "cgroup.procs").write_text(str(holder.pid))  # a process in the group, as the grader in its own
+        groups = Cgroups.open(base)
+        assert groups is not None and groups.version == 2
+        assert (base / LEAF / "cgroup.procs").read_text().split() == [str(holder.pid)]
+        assert set(wanted) <= set((base / "cgroup.subtree_control").read_text().split())
+        group = groups.create(64 << 20, 8)
+        group.add(holder.pid)  # from the leaf into the sandbox's group, by the grader
+        folder = group.folders[wanted[0]]
+        assert cgroups.cgroup_paths(holder.pid)[""].endswith(f"/{folder.parent.name}/{folder.name}")
+        if "memory" in wanted:
+            assert int((folder / "memory.max").read_text()) == 64 << 20
+        holder.kill()
+        holder.wait()
+        group.remove()
+        groups.close()
+        assert not folder.exists() and not folder.parent.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        for leftover in sorted(base.glob("**/"), key=lambda p: -len(p.parts)) if base.exists() else []:
+            leftover.rmdir()
 
 
 def test_a_v2_group_without_memory_or_pids_or_not_ours_is_not_used(tmp_path, monkeypatch):
