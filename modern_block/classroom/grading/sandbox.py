@@ -1,15 +1,5 @@
-"""Each submission runs in a sandbox of its own, built by bubblewrap (``bwrap``), the sandbox Flatpak uses.
-
-    bwrap --seccomp FD --unshare-all --unshare-user --disable-userns --cap-drop ALL --uid 1000 --gid 1000
-          --die-with-parent --new-session --clearenv --setenv HOME /tmp ...
-          --ro-bind /usr /usr --symlink usr/lib /lib ...   the system's libraries, as on the host
-          --ro-bind PREFIX PREFIX ...                        the interpreter and its virtual environment
-          --tmpfs PACKAGE --tmpfs CHECKOUT ...               inside those: the installed package, the checkout
-          --ro-bind COPY /opt/modern-block                   the package as the submission sees it
-          --ro-bind NOTEBOOK /submission/notebook.ipynb      this submission's copy
-          --proc /proc --remount-ro /proc --tmpfs /dev --dev-bind /dev/null /dev/null ... --remount-ro /dev
-          --size 268435456 --tmpfs /tmp --chdir /tmp
-          --info-fd N -- /bin/sh -c 'printf x > /proc/self/fd/M && exec sleep 2147483647'
+"""Each submission runs in a sandbox of its own, built by bubblewrap (``bwrap``), the sandbox Flatpak uses;
+``bwrap.bwrap_command`` lists what it sees.
 
 Never root: started as root, the grader starts bubblewrap and the zygote as an unprivileged user of their own
 (the system user ``modern-block-sandbox``, made when missing, never the shared ``nobody``: ``sandbox_user``), so
