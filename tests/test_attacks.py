@@ -1,9 +1,11 @@
 """The grader attacked where it runs a student's code with power, reads replies, walks folders and names rows.
 
 One class folder holds honest students and one attacker per attack class; the grader grades it as the command
-line does (``grade class/*``, so each student's folder is given by name), started as root where the suite runs
-as root, with no cgroup (as in Docker, where ``/sys/fs/cgroup`` is read-only): every attacker's row is asserted,
-and every honest row must be exactly what the honest students alone get. The attack classes:
+line does (``grade class/*``, so each student's folder is given by name, and ``class/*/*.ipynb`` for the
+attackers that plant links), twice: started as root (a cgroup per sandbox where one may be made) and as an
+ordinary user (no cgroup: with ``Limits(without_cgroup=True)``, what ``--no-cgroup-i-accept-per-process-limits``
+asks for). Every attacker's row is asserted, and every honest row must be exactly what the honest students alone
+get from the same grader. The attack classes:
 
 * root's powers from a cell: ``/proc/sys`` written, the host uid, system calls of the deny list (io_uring,
   keyrings, ptrace, mounts, namespaces, BPF, perf, userfaultfd, kexec, modules), sockets other than AF_UNIX;
@@ -12,14 +14,21 @@ and every honest row must be exactly what the honest students alone get. The att
 * one student erasing the class: 20,000 notebooks in a folder that sorts first, 200 sparse 20 MB notebooks;
 * reuse: lesson 07's LM built on the package's ``DecoderLM``;
 * no cgroup: a writable ``/dev`` filled, processes started past the limit;
+* memory no limit counts: 1.2 GB of memfd, System V shared memory and message queues, POSIX message queues,
+  thousands of socket pairs with full buffers, pipes until the open-file limit, each filled;
+* links: a student's notebook linked to ``solutions/``, a student folder that is a link, named by the glob;
+* a returned module with a 22-million-element (88 MB) buffer, non-persistent (its data is not kept) and
+  persistent (over the module limit);
 * names: a newline, a Cyrillic look-alike, a C1 control, U+202E and U+2028 in a folder name, a nested folder
   named like another student; a 5,000-digit integer in the notebook's JSON.
 
 Then the sandbox itself, started as root and as an ordinary user: the student's process runs under a non-zero
-host uid.
+host uid that is not ``nobody``'s, and another process of ``nobody`` or of the sandbox's own user can neither
+trace nor read the pre-loaded interpreter, nor list or guess the notebooks' folders.
 """
 
 import csv
+import glob
 import io
 import json
 import os
@@ -35,11 +44,13 @@ import pytest
 from submissions import RIGHT_RMS, ROOT, WRONG_RMS, answered, sandbox_problem, solution_source, write
 
 from modern_block.classroom.grading.files import MAX_STUDENT_BYTES, MAX_STUDENT_ENTRIES
+from modern_block.classroom.grading.remote import MAX_MODULE_BYTES
 from modern_block.classroom.grading.report import one_line
+from modern_block.classroom.grading.sandbox import OPEN_FILES
 from modern_block.classroom.grading.sandbox_user import sandbox_user
 
 REFERENCE = ROOT / "exercises"
-TIMEOUT = 20
+TIMEOUT = 60  # per cell and check: an exercise whose module sends 88 MB 11 times on a loaded machine
 L01, L07 = "01_rmsnorm", "07_llama_block"
 GRADER_MEMORY = 768 << 20  # the grader's peak above its loaded interpreter in this class run (--jobs 2): its budget
 # (the interpreter with torch is about 350 MB with the CPU build, about 0.6 GB more with PyPI's CUDA build)
@@ -106,6 +117,71 @@ for child in children:
     child.wait()
 raise RuntimeError("started " + started)"""
 
+HOLD_MEMORY = """import ctypes, errno, fcntl, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+seen = {}
+
+
+def attempt(call):
+    try:
+        return call()
+    except OSError as err:
+        return errno.errorcode[err.errno]
+
+
+def c_result(result):
+    return "ok" if result >= 0 else errno.errorcode[ctypes.get_errno()]
+
+
+def memfd():
+    fd = os.memfd_create("hold")
+    for _ in range(1200):  # 1.2 GB that no address-space limit counts
+        os.write(fd, bytes(1 << 20))
+    return "held"
+
+
+def sockets():
+    pairs = []
+    for _ in range(5000):  # about 1 GB of socket buffers
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
+        a.setblocking(False)
+        try:
+            while True:
+                a.send(bytes(1 << 16))
+        except BlockingIOError:
+            pairs.append((a, b))
+    return "held"
+
+
+seen["memfd"] = attempt(memfd)
+seen["socketpair"] = attempt(sockets)
+seen["shmget"] = c_result(libc.shmget(0, 1 << 30, 0o1000 | 0o600))
+seen["msgget"] = c_result(libc.msgget(0, 0o1000 | 0o600))
+seen["semget"] = c_result(libc.semget(0, 1, 0o1000 | 0o600))
+seen["mq_open"] = c_result(libc.mq_open(b"/hold", os.O_CREAT | os.O_RDWR, 0o600, None))
+pipes, held = [], 0
+try:
+    while True:  # pipes until the open-file limit, each as large as the kernel lets it be, then filled
+        r, w = os.pipe()
+        pipes.append((r, w))
+        try:
+            fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+        except OSError:
+            pass
+        os.set_blocking(w, False)
+        try:
+            while True:
+                held += os.write(w, bytes(1 << 16))
+        except BlockingIOError:
+            pass
+except OSError as err:
+    seen["pipes"] = [len(pipes), errno.errorcode[err.errno], held]
+for r, w in pipes:  # measured: let go, so that the answers can be graded
+    os.close(r)
+    os.close(w)
+raise RuntimeError("seen: " + json.dumps(seen))"""
+
 
 def _reply(payload: str) -> str:
     """A setup cell after which every reply of the student's process is the frame ``payload`` builds."""
@@ -136,6 +212,16 @@ ON_DECODER_LM = """class LlamaStyleLM(mb.DecoderLM):
                                                          for _ in range(n_layers)],
                          norm=mb.RMSNorm(d), rope=mb.RotaryEmbedding(d // n_heads, max_len, rope_base),
                          max_len=max_len, tie=tie)"""
+RMSNORM_WITH_BUFFER = """class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+        self.register_buffer("junk", torch.zeros(22_000_000), persistent={persistent})  # 88 MB
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight"""
 BAD_NAMES = {"h\u043enest01": "more than one script", "new\nline": "control", "c1\x9bcontrol": "control",
              "rlo\u202eevil": "control", "sep\u2028arator": "control", "\uff41lice": "stand for others"}
 
@@ -185,25 +271,51 @@ def attackers(folder: Path) -> dict:
         want[name] = why
     write(folder / "nested_in_alice", "honest02", L01, answered(L01, right))  # a nested folder named like another
     want["nested_in_alice"] = ["passed", "not attempted"]
+    write(folder, "holds_memory_outside_limits", L01, answered(L01, right, before_first=HOLD_MEMORY))
+    want["holds_memory_outside_limits"] = ["passed", "not attempted"]
+    for persistent, statuses_ in ((False, ["passed", "passed"]), (True, ["passed", "failed"])):
+        student = f"module_with_{'persistent' if persistent else 'nonpersistent'}_88_mb"
+        write(folder, student, L01, answered(L01, dict(ex1_rms=RIGHT_RMS, ex2_rmsnorm=RMSNORM_WITH_BUFFER.format(
+            persistent=persistent))))
+        want[student] = statuses_
+    (folder / "links_to_the_solution").mkdir()
+    (folder / "links_to_the_solution" / f"{L01}.ipynb").symlink_to(ROOT / "solutions" / f"{L01}.ipynb")
+    outside = folder.parent / "outside"  # a folder of right answers outside the class, the student's folder a link
+    write(outside, "copy", L01, answered(L01, base="solutions"))
+    (folder / "folder_is_a_link").symlink_to(outside / "copy", target_is_directory=True)
+    for student in ("links_to_the_solution", "folder_is_a_link"):
+        want[student] = "a symbolic link"
     return want
 
 
+LINKERS = ("links_to_the_solution", "folder_is_a_link")  # named by the shell's glob, class/*/*.ipynb
+
+
 # the grader's own peak: VmHWM of its memory since exec (getrusage's ru_maxrss also counts the RSS of the process
-# that started it, here a test worker's: 2 GB in a full suite run)
-GRADER = """import json, re, sys
-from modern_block.classroom.grading import cgroups
-cgroups.Cgroups.open = classmethod(lambda cls: None)  # no cgroup may be made, as in Docker
+# that started it, here a test worker's: 2 GB in a full suite run). Without a cgroup it grades as
+# --no-cgroup-i-accept-per-process-limits asks (Limits(without_cgroup=True)).
+GRADER = """import functools, json, re, sys
 from modern_block.classroom import grade
+from modern_block.classroom.grading import cgroups, sandbox
+if sys.argv[2] == "no cgroup":
+    cgroups.Cgroups.open = classmethod(lambda cls, base=None: None)
+    grade.Limits = functools.partial(sandbox.Limits, without_cgroup=True)
 base = int(re.search(r"VmRSS:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) << 10
 status = grade.main(json.loads(sys.argv[1]))
 peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) << 10
 print("@@", json.dumps({"status": status, "max_rss": peak, "loaded": base}))"""
+ORDINARY = pwd.getpwnam("nobody")  # the ordinary user a root suite starts the grader as
+GRADERS = ["root", "an ordinary user"]
 
 
-def run_grader(args: list[str], user: str | None = None) -> tuple[dict, str]:
-    """``python -m modern_block grade ARGS`` in a subprocess (as ``user`` where given); its status and peak memory."""
-    prefix = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] if user else []
-    done = subprocess.run([*prefix, sys.executable, "-c", GRADER, json.dumps(args)], capture_output=True, timeout=1200,
+def run_grader(args: list[str], grader: str) -> tuple[dict, str]:
+    """``python -m modern_block grade ARGS`` in a subprocess, started as root (a cgroup where one may be made) or
+    as an ordinary user (no cgroup); its status and peak memory."""
+    as_other = grader != "root" and os.geteuid() == 0
+    prefix = ["setpriv", f"--reuid={ORDINARY.pw_uid}", f"--regid={ORDINARY.pw_gid}", "--clear-groups"] \
+        if as_other else []
+    done = subprocess.run([*prefix, sys.executable, "-c", GRADER, json.dumps(args),
+                           "cgroup" if grader == "root" else "no cgroup"], capture_output=True, timeout=1200,
                           cwd=ROOT, env={**os.environ, "HOME": "/tmp"})
     out = done.stdout.decode("utf-8")
     last = [line for line in out.splitlines() if line.startswith("@@ ")]
@@ -221,31 +333,43 @@ def open_base():
 
 
 @pytest.fixture(scope="module")
-def class_run(open_base):
+def class_folder(open_base):
     if SANDBOX_PROBLEM:
         pytest.skip(f"no sandbox here: {SANDBOX_PROBLEM}")
     folder, alone = open_base / "class", open_base / "alone"
     honest(folder)
     honest(alone)
-    want = attackers(folder)
+    return folder, alone, attackers(folder)
+
+
+@pytest.fixture(scope="module", params=GRADERS)
+def class_run(request, open_base, class_folder):
+    grader = request.param
+    if grader == "root" and os.geteuid() != 0:
+        pytest.skip("the suite runs as an ordinary user")
+    folder, alone, want = class_folder
     core_pattern = Path("/proc/sys/kernel/core_pattern").read_text()
-    outputs = [str(open_base / "grades.csv"), str(open_base / "report.json")]
+    out = open_base / grader.replace(" ", "_")
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    outputs = [str(out / "grades.csv"), str(out / "report.json")]
+    named = [str(p) for p in folder.iterdir() if p.name not in LINKERS]
+    named += [p for student in LINKERS for p in glob.glob(str(folder / student / "*.ipynb"))]  # as a shell would
     started = time.monotonic()
-    result, stdout = run_grader([*sorted(str(p) for p in folder.iterdir()), "--reference", str(REFERENCE),
-                                 "--jobs", "2", "--timeout", str(TIMEOUT), "--csv", outputs[0], "--json-file",
-                                 outputs[1]])
+    result, stdout = run_grader([*sorted(named), "--reference", str(REFERENCE), "--jobs", "2", "--timeout",
+                                 str(TIMEOUT), "--csv", outputs[0], "--json-file", outputs[1]], grader)
     seconds = time.monotonic() - started
-    alone_result, _ = run_grader([str(alone), "--reference", str(REFERENCE), "--jobs", "2", "--timeout",
-                                  str(TIMEOUT), "--json-file", str(open_base / "alone.json")])
+    run_grader([str(alone), "--reference", str(REFERENCE), "--jobs", "2", "--timeout", str(TIMEOUT), "--json-file",
+                str(out / "alone.json")], grader)
     doc = json.loads(Path(outputs[1]).read_text(encoding="utf-8"))
     rows: dict = {}
     for r in doc["notebooks"]:
         rows.setdefault(r["student"], []).append(r)
     alone_rows = {(r["student"], Path(r["notebook"]).stem): r for r in
-                  json.loads((open_base / "alone.json").read_text())["notebooks"]}
+                  json.loads((out / "alone.json").read_text())["notebooks"]}
     return {"result": result, "stdout": stdout, "rows": rows, "want": want, "alone": alone_rows, "seconds": seconds,
             "csv": Path(outputs[0]).read_text(encoding="utf-8"), "json": Path(outputs[1]).read_text(encoding="utf-8"),
-            "core_pattern": core_pattern}
+            "core_pattern": core_pattern, "grader": grader}
 
 
 def statuses(row) -> list[str]:
@@ -264,8 +388,9 @@ def test_the_class_is_graded_within_the_memory_budget_and_every_row_is_there(cla
     got = {(s, Path(r["notebook"]).stem) for s, rs in class_run["rows"].items() for r in rs}
     assert honest_keys <= got and {one_line(s) for s in class_run["want"]} <= {s for s, _ in got}
     peak, loaded = class_run["result"]["max_rss"] >> 20, class_run["result"]["loaded"] >> 20
-    print(f"\n[attacks] {len(got)} rows in {class_run['seconds']:.0f} s; grader peak memory {peak} MB, {loaded} MB "
-          f"of it the loaded interpreter (budget above it {GRADER_MEMORY >> 20} MB)")
+    print(f"\n[attacks, grader started as {class_run['grader']}] {len(got)} rows in {class_run['seconds']:.0f} s; "
+          f"grader peak memory {peak} MB, {loaded} MB of it the loaded interpreter (budget above it "
+          f"{GRADER_MEMORY >> 20} MB)")
 
 
 @needs_sandbox
@@ -344,11 +469,37 @@ def test_names_are_escaped_flagged_and_never_taken_from_deeper_folders(class_run
     assert {"new\\nline", "c1\\x9bcontrol", "rlo\\u202eevil", "sep\\u2028arator"} <= {row[0] for row in book}
 
 
+@needs_sandbox
+def test_no_memory_that_no_limit_counts_can_be_held(class_run):
+    (row,) = class_run["rows"]["holds_memory_outside_limits"]
+    seen = _seen(row)
+    refused = ("memfd", "socketpair", "shmget", "msgget", "semget", "mq_open")
+    assert {k: seen[k] for k in refused} == dict.fromkeys(refused, "EPERM"), seen
+    count, why, held = seen["pipes"]  # pipes: up to the open-file limit, their buffers within the user's allowance
+    allowance = int(Path("/proc/sys/fs/pipe-user-pages-soft").read_text()) * 4096
+    assert why == "EMFILE" and count <= OPEN_FILES // 2 and held <= allowance + (1 << 20) + count * (8 << 10), seen
+
+
+@needs_sandbox
+def test_a_returned_module_is_held_without_its_recomputed_buffers_and_bounded(class_run):
+    rows = class_run["rows"]
+    assert statuses(rows["module_with_nonpersistent_88_mb"][0]) == ["passed", "passed"]  # its formula is right
+    detail = rows["module_with_persistent_88_mb"][0]["exercises"][1]["detail"]
+    assert f"at most {MAX_MODULE_BYTES >> 20} MB" in detail and "a module of 84 MB" in detail, detail
+
+
+@needs_sandbox
+def test_no_link_is_followed_out_of_a_students_folder(class_run):
+    for student in LINKERS:
+        (row,) = class_run["rows"][student]
+        assert row["status"] == "error" and row["exercises"] == [] and "symbolic link" in row["error"], row
+
+
 # ---- the sandbox as root and as an ordinary user ----------------------------------------------------------
 
 UID_PROBE = """import json, sys, time
-from modern_block.classroom.grading.sandbox import Launcher
-launcher = Launcher()
+from modern_block.classroom.grading.sandbox import Launcher, Limits
+launcher = Launcher(limits=Limits(without_cgroup=True))  # a cgroup where one may be made
 box = launcher.spawn(frozenset(), None)
 reply = box.request({"op": "exec", "source": sys.argv[1]}, time.monotonic() + 60)
 uid = int(open(f"/proc/{box.pid}/status").read().split("Uid:")[1].split()[0])
@@ -363,7 +514,7 @@ print("@@", json.dumps({"uid": uid, "seccomp": seccomp, "error": reply["error"]}
 def test_the_students_process_never_runs_as_host_root(user):
     if user == "an ordinary user" and os.geteuid() != 0:
         pytest.skip("the suite already runs as an ordinary user")
-    nobody = pwd.getpwnam("nobody")
+    nobody = ORDINARY
     prefix = [] if user == "the grader's" else ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
                                                 "--clear-groups"]
     done = subprocess.run([*prefix, sys.executable, "-c", UID_PROBE, ROOT_PROBE], capture_output=True, text=True,
@@ -373,8 +524,73 @@ def test_the_students_process_never_runs_as_host_root(user):
     seen = json.loads(last[-1][3:])
     expected_uid = nobody.pw_uid if prefix else (sandbox_user() or (os.getuid(), 0))[0]
     assert seen["uid"] == expected_uid != 0 and seen["seccomp"] == "2", seen  # 2: a seccomp filter is loaded
+    assert prefix or os.geteuid() != 0 or seen["uid"] != nobody.pw_uid  # a root grader's sandboxes: never nobody
     inside = json.loads(seen["error"][1].split("seen: ", 1)[1])
     assert inside["core_pattern"] in ("PermissionError", "OSError") and set(inside["calls"].values()) == {"EPERM"}, \
         inside
     assert inside["writable"] == [], inside
     assert inside["AF_INET"] == "EAFNOSUPPORT" and inside["/proc/self/oom_score_adj"] == "OSError", inside
+
+
+ZYGOTE_PROBE = """import json, os, pwd, subprocess, sys
+from modern_block.classroom.grading.sandbox import Launcher, Limits
+launcher = Launcher(limits=Limits(without_cgroup=True))
+box = launcher.spawn(frozenset(), b'{"cells": []}')
+(folder,) = box.files
+zygote = launcher.zygote.pid
+targets = {"mem": f"/proc/{zygote}/mem", "environ": f"/proc/{zygote}/environ", "run folder": str(launcher.run_dir),
+           "notebook": str(folder / "notebook.ipynb"), "guessed": str(launcher.run_dir / "notebook-1.ipynb")}
+others = {"the same user": []}
+if os.geteuid() == 0:  # nobody, and another process of the sandbox's own user
+    nobody = pwd.getpwnam("nobody")
+    others = {"nobody": ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"],
+              "the sandbox user": ["setpriv", f"--reuid={launcher.uid}", f"--regid={launcher.user[1]}",
+                                   "--clear-groups"]}
+seen = {}
+for who, prefix in others.items():
+    done = subprocess.run([*prefix, sys.executable, "-c", sys.argv[1], json.dumps(targets), str(zygote)],
+                          capture_output=True, text=True, cwd="/")
+    seen[who] = json.loads(done.stdout.splitlines()[-1]) if done.stdout else done.stderr[-2000:]
+box.close()
+launcher.close()
+print("@@", json.dumps({"uid": launcher.uid, "seen": seen}))"""
+ATTEMPT = """import ctypes, errno, json, os, sys
+targets, zygote = json.loads(sys.argv[1]), int(sys.argv[2])
+out = {}
+for name, path in targets.items():
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            os.close(os.open(path, os.O_RDONLY))
+        out[name] = "opened"
+    except OSError as err:
+        out[name] = errno.errorcode[err.errno]
+libc = ctypes.CDLL(None, use_errno=True)
+attached = libc.ptrace(16, zygote, 0, 0)  # PTRACE_ATTACH
+out["ptrace"] = "attached" if attached == 0 else errno.errorcode[ctypes.get_errno()]
+if attached == 0:
+    libc.ptrace(17, zygote, 0, 0)  # PTRACE_DETACH
+print(json.dumps(out))"""
+
+
+@needs_sandbox
+@pytest.mark.parametrize("grader", GRADERS)
+def test_no_other_process_reads_the_preloaded_interpreter_or_finds_the_notebooks(grader):
+    if grader == "root" and os.geteuid() != 0:
+        pytest.skip("the suite runs as an ordinary user")
+    prefix = ["setpriv", f"--reuid={ORDINARY.pw_uid}", f"--regid={ORDINARY.pw_gid}", "--clear-groups"] \
+        if grader != "root" and os.geteuid() == 0 else []
+    done = subprocess.run([*prefix, sys.executable, "-c", ZYGOTE_PROBE, ATTEMPT], capture_output=True, text=True,
+                          timeout=300, cwd="/", env={**os.environ, "HOME": "/tmp"})
+    last = [line for line in done.stdout.splitlines() if line.startswith("@@ ")]
+    assert last, done.stderr[-3000:]
+    result = json.loads(last[-1][3:])
+    for who, seen in result["seen"].items():  # the zygote is not dumpable: no process of any user may trace it
+        assert isinstance(seen, dict) and seen["mem"] == seen["environ"] == "EACCES" and seen["ptrace"] == "EPERM", \
+            (who, seen)
+    if grader == "root":  # a user of its own, not nobody's; its run folder unlistable, each notebook's name random
+        assert result["uid"] not in (0, ORDINARY.pw_uid)
+        nobody, own = result["seen"]["nobody"], result["seen"]["the sandbox user"]
+        assert nobody["run folder"] == nobody["notebook"] == own["run folder"] == "EACCES", result
+        assert nobody["guessed"] == own["guessed"] == "ENOENT", result

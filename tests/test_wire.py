@@ -6,7 +6,9 @@ import json
 import os
 import pickle
 import socket
+import threading
 import time
+import tracemalloc
 
 import pytest
 import torch
@@ -47,7 +49,7 @@ def test_the_wire_is_safetensors_with_the_message_as_json_and_nothing_to_unpack(
     message = {"x": torch.arange(6.0).view(2, 3), "pair": (1, "a"), "flags": [True, None, 2.5],
                "h": torch.ones(2, dtype=torch.bfloat16), "empty": torch.zeros(0, 4), "scalar": torch.tensor(3)}
     data = wire.encode(message)
-    tensors = load(data)  # the library reads the frame's payload as it is
+    tensors = load(bytes(data))  # the library reads the frame's payload as it is
     assert torch.equal(tensors["0"], message["x"]) and tensors["2"].shape == (0, 4)
     out = wire.clean(message)
     assert out["pair"] == (1, "a") and out["flags"] == [True, None, 2.5] and out["scalar"].item() == 3
@@ -96,3 +98,30 @@ def test_a_module_description_is_bounded_before_it_is_built():
     with pytest.raises(ValueError, match="submodules"):
         RemoteModule(link=None, number=1, desc={"module": desc})
     assert time.perf_counter() - started < 5.0
+
+
+def test_a_frame_is_built_with_one_copy_of_its_tensors():
+    """Sending 40 MB of tensors allocates the frame once (no joined copy, no length-prefixed copy)."""
+    a, b = socket.socketpair()
+    big = torch.ones(10_000_000)  # 40 MB
+    sink = bytearray(48 << 20)  # the reader's buffer, allocated before memory is traced
+    got = [0]
+
+    def drain():
+        view = memoryview(sink)
+        while k := b.recv_into(view[got[0]:]):
+            got[0] += k
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    tracemalloc.start()
+    try:
+        wire.send(a, {"x": big, "y": [big[:10]]})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        a.close()
+        reader.join()
+    assert peak < 1.1 * big.numel() * 4, peak
+    message = wire.decode(sink[wire._HEADER.size:got[0]])
+    assert torch.equal(message["x"], big) and message["y"][0].shape == (10,)

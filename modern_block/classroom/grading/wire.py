@@ -61,24 +61,32 @@ class Unsupported:
 # ---- writing ---------------------------------------------------------------------------------------------
 
 
-def encode(message) -> bytes:
-    """The payload of one frame (raises ProtocolError for a message over the limits)."""
+def encode(message) -> bytearray:
+    """The payload of one frame, its tensors' bytes copied once, straight into it (raises ProtocolError for a
+    message over the limits)."""
     tensors: list[torch.Tensor] = []
     budget = {"nodes": MAX_NODES, "elements": MAX_ELEMENTS}
     tree = _encode(message, 0, budget, tensors)
     header: dict = {"__metadata__": {"message": json.dumps(tree, separators=(",", ":"))}}
-    blobs, offset = [], 0
+    offset = 0
     for i, t in enumerate(tensors):
-        blob = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[str(i)] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape),
-                          "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
+        size = t.numel() * t.element_size()
+        header[str(i)] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-    if len(text) > MAX_HEADER or _ST_HEADER.size + len(text) + offset > MAX_FRAME:
-        raise ProtocolError(f"a message of {_ST_HEADER.size + len(text) + offset:,} bytes is over the limits")
-    return b"".join([_ST_HEADER.pack(len(text)), text, *blobs])
+    start = _ST_HEADER.size + len(text)
+    if len(text) > MAX_HEADER or start + offset > MAX_FRAME:
+        raise ProtocolError(f"a message of {start + offset:,} bytes is over the limits")
+    data = bytearray(start + offset)
+    view = memoryview(data)  # (a bytearray's own slice assignment would copy the source first)
+    view[:start] = _ST_HEADER.pack(len(text)) + text
+    for i, t in enumerate(tensors):
+        begin, end = header[str(i)]["data_offsets"]
+        if end > begin:
+            view[start + begin:start + end] = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data
+    view.release()
+    return data
 
 
 def _encode(v, depth: int, budget: dict, tensors: list):
@@ -120,7 +128,8 @@ def _encode(v, depth: int, budget: dict, tensors: list):
 def send(sock: socket.socket, message, timeout: float | None = None) -> None:
     data = encode(message)
     sock.settimeout(timeout)
-    sock.sendall(_HEADER.pack(len(data)) + data)
+    sock.sendall(_HEADER.pack(len(data)))
+    sock.sendall(data)
 
 
 # ---- reading ---------------------------------------------------------------------------------------------
