@@ -4,16 +4,15 @@ weight within half a scale step, bf16 and int8 models decode the fp32 model's gr
 stays within the format's budget), a tied head stays tied, the bytes per token shrink as the format says, bad
 input is refused."""
 
-import warnings
-
 import pytest
 import torch
 import torch.nn as nn
+from decodes import assert_decodes_agree
 from test_fast import model_for, prompts
 
 from modern_block import generate
 from modern_block.fast import decoding as fast
-from modern_block.fast.agreement import compare_decodes, new_token_logits
+from modern_block.fast.agreement import new_token_logits
 from modern_block.fast.profiling import decode_weight_bytes
 from modern_block.fast.weights import (
     FORMATS,
@@ -73,15 +72,12 @@ LOGIT_BUDGET = {"bf16": 0.02, "int8": 0.08}
 
 def hold_to_fp32(model, fast_model, idx, n, fmt):
     """Decode n tokens with the plain fp32 model and the format's; hold them to the margin rule
-    (modern_block/fast/agreement.py) and the logit error to the format's budget. Flips the rule explains are
-    reported as warnings."""
+    (tests/decodes.py) with the logit error within the format's budget."""
     want, got = generate(model, idx, n), fast.generate(fast_model, idx, n)  # [B, T0 + n] each
-    cmp = compare_decodes(model, fast_model.model, want, got, idx.shape[1], what=f"{fmt} against fp32")
     with torch.no_grad():
         largest = model(want).abs().amax().item()
-    assert cmp.err < LOGIT_BUDGET[fmt] * largest, f"{fmt}: {cmp} (budget {LOGIT_BUDGET[fmt]:.0%} of {largest:.1f})"
-    if not cmp.same:
-        warnings.warn(f"{fmt} against fp32, a flip the margin rule explains: {cmp}", stacklevel=2)
+    cmp = assert_decodes_agree(model, fast_model.model, want, got, idx.shape[1], LOGIT_BUDGET[fmt] * largest,
+                               f"{fmt} against fp32")
     return want, got, cmp
 
 
