@@ -1,13 +1,12 @@
 """Shared by the tests that compare two greedy decodes computed by different kernels (weight formats, fused or
 plain, cached or not, compiled or eager, ours or transformers'): the margin rule of modern_block/fast/agreement.py
-with the logit error held to a stated budget, and the plain model's logits through its own KV cache."""
+with the logit error held to a stated budget."""
 
 import warnings
 
-import torch
+from modern_block.fast.agreement import DecodeComparison, cached_logits, compare_decodes
 
-from modern_block import KVCache
-from modern_block.fast.agreement import DecodeComparison, compare_decodes
+__all__ = ["assert_decodes_agree", "cached_logits"]
 
 
 def assert_decodes_agree(ref_forward, other_forward, ref_seq, other_seq, prompt_len, max_err, what) -> DecodeComparison:
@@ -19,13 +18,3 @@ def assert_decodes_agree(ref_forward, other_forward, ref_seq, other_seq, prompt_
     if not cmp.same:
         warnings.warn(f"{what}, a flip the margin rule explains: {cmp}", stacklevel=2)
     return cmp
-
-
-def cached_logits(model, idx: torch.Tensor, prefill: int) -> torch.Tensor:
-    """The plain model's logits at every position of idx [B, T] through its own KV cache: the first ``prefill``
-    tokens at once, then one at a time, as ``generate`` computes them. [B, T, V]"""
-    cache = KVCache(len(model.blocks), idx.shape[1])
-    with torch.inference_mode():
-        first = model(idx[:, :prefill], cache)
-        steps = [model(idx[:, t:t + 1], cache) for t in range(prefill, idx.shape[1])]
-    return torch.cat([first, *steps], 1)

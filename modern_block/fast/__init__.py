@@ -12,6 +12,7 @@ tools that measure where decoding time goes. The model files never import it.
 from .agreement import (
     Agreement,
     DecodeComparison,
+    cached_logits,
     check_agreement,
     compare_decodes,
     greedy_agreement,
@@ -28,5 +29,5 @@ __all__ = ["prepare", "generate", "FastLM", "cache_capacity", "COMPILE_OPTIONS",
            "fused_copy", "fuse_linears", "FusedGQAttention", "FusedSwiGLU", "StaticKVCache", "StaticLayerCache",
            "profile_ops", "OpProfile", "decode_weight_bytes", "memory_bandwidth",
            "decode_step_seconds", "FORMATS", "Agreement", "greedy_agreement", "check_agreement", "logit_error",
-           "DecodeComparison", "compare_decodes", "new_token_logits",
+           "DecodeComparison", "compare_decodes", "new_token_logits", "cached_logits",
            "convert_weights", "quantize_int8", "dequantize_int8"]

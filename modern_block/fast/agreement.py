@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kv_cache import KVCache
+
 
 def logit_error(ref_logits: torch.Tensor, other_logits: torch.Tensor) -> float:
     """The largest absolute difference between two models' logits on the same tokens (any shape, same for both)."""
@@ -97,6 +99,17 @@ class DecodeComparison:
         parts = [f"sequence {b}: {a}" for b, a in enumerate(self.outcomes) if not a.same]
         return (f"largest logit difference {self.err:.2e}; "
                 + ("; ".join(parts) if parts else f"the same tokens in all {len(self.outcomes)} sequences"))
+
+
+def cached_logits(model, idx: torch.Tensor, prefill: int) -> torch.Tensor:
+    """A plain model's logits at every position of idx [B, T] through its own KV cache, as ``generate`` computes
+    them: the first ``prefill`` tokens at once, then one at a time (a forward for ``compare_decodes`` that holds a
+    cached decode to the margin rule). [B, T, V]"""
+    cache = KVCache(len(model.blocks), idx.shape[1])
+    with torch.inference_mode():
+        first = model(idx[:, :prefill], cache)  # [B, prefill, V]
+        steps = [model(idx[:, t:t + 1], cache) for t in range(prefill, idx.shape[1])]  # [B, 1, V] each
+    return torch.cat([first, *steps], 1)
 
 
 def new_token_logits(forward, seq: torch.Tensor, prompt_len: int) -> torch.Tensor:
