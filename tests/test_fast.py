@@ -9,7 +9,7 @@ Most tests run the fast model uncompiled (fused projections and the static cache
 import pytest
 import torch
 import torch.nn as nn
-from decodes import assert_decodes_agree
+from decodes import assert_decodes_agree, cached_logits
 
 from modern_block import GPT2LM, KVCache, LlamaStyleLM, MLAConfig, generate
 from modern_block.fast import decoding as fast
@@ -68,8 +68,14 @@ def step_by_step(fm: fast.FastLM, idx: torch.Tensor, prefill: int, capacity: int
     fm.setup_cache(idx.shape[0], capacity or idx.shape[1])
     with torch.inference_mode():
         first = fm(idx[:, :prefill])  # [B, prefill, V]
-        steps = [fm.step(idx[:, t:t + 1]) for t in range(prefill, idx.shape[1])]  # [B, V] each
-    return torch.cat([first, torch.stack(steps, 1)], 1)
+        steps = [fm.step(idx[:, t:t + 1])[:, None] for t in range(prefill, idx.shape[1])]  # [B, 1, V] each
+    return torch.cat([first, *steps], 1)
+
+
+def through_cache(model: nn.Module, prefill: int = 5):
+    """The plain model's forward for the margin rule: its logits through its own KV cache, as ``generate``
+    computes them (with dynamic NTK they follow the length processed, not the whole sequence's)."""
+    return lambda s: cached_logits(model, s, prefill)
 
 
 def plain_step_by_step(model: nn.Module, idx: torch.Tensor, prefill: int) -> torch.Tensor:
@@ -108,7 +114,7 @@ def test_same_tokens_as_the_plain_model_greedy_and_sampled(name):
     idx = prompts()
     for prompt, new in ((idx, 20), (idx[:1], 1)):  # one token: the prefill alone, no step at all
         want, got = generate(model, prompt, new), fast.generate(fm, prompt, new)
-        assert_decodes_agree(model, lambda s: step_by_step(fm, s, 5, fm.capacity), want, got, 5, 1e-5,
+        assert_decodes_agree(through_cache(model), lambda s: step_by_step(fm, s, 5, fm.capacity), want, got, 5, 1e-5,
                              f"{name}: fused and static cache against plain")
     same_kernels = fast.prepare(model, compile=False, fuse=False, static_cache=False)
     new = model.max_len - idx.shape[1] + 1  # the cache both decoders allocate holds max_len positions
@@ -129,7 +135,7 @@ def test_prepare_swaps_modules_and_keeps_nothing_else():
     idx = prompts()
     plain = fast.prepare(model, compile=False, fuse=False, static_cache=True)  # step 2 alone: plain modules
     assert type(plain.model.blocks[0].attn).__name__ == "GQAttention" and not fm.static_cache
-    assert_decodes_agree(model, lambda s: step_by_step(plain, s, 5, 64), generate(model, idx, 12),
+    assert_decodes_agree(through_cache(model), lambda s: step_by_step(plain, s, 5, 64), generate(model, idx, 12),
                          fast.generate(plain, idx, 12), 5, 1e-5, "the static cache against the plain one")
     fast.generate(fm, idx, 12)
     assert type(fm.cache) is KVCache and type(plain.cache) is not KVCache  # uncompiled: the plain cache is faster
@@ -154,8 +160,8 @@ def test_the_static_cache_is_allocated_once_per_shape():
     assert fm.cache[0].buffers[0] is k
     out = fast.generate(fm, idx[:1], 10)  # another batch size: new buffers, same tokens as before
     assert fm.cache[0].buffers[0].shape[0] == 1
-    assert_decodes_agree(model, lambda s: step_by_step(fm, s, 5, 64), generate(model, idx[:1], 10), out, 5, 1e-5,
-                         "batch 1 against the plain model")
+    assert_decodes_agree(through_cache(model), lambda s: step_by_step(fm, s, 5, 64), generate(model, idx[:1], 10),
+                         out, 5, 1e-5, "batch 1 against the plain model")
 
 
 def test_bad_input_is_refused_clearly():
@@ -211,7 +217,7 @@ def test_compiled_decoding_gives_the_plain_models_and_hugging_faces_tokens(case)
     torch.testing.assert_close(steps, ref, atol=1e-4, rtol=0)  # compiled step logits = plain
     want = generate(model, idx, new)  # the plain model's tokens: the reference of the margin rule
     compiled = lambda s: step_by_step(fm, s, 5, fm.capacity)  # noqa: E731
-    assert_decodes_agree(model, compiled, want, ours, 5, 1e-4, f"{case}: compiled against plain")
+    assert_decodes_agree(through_cache(model), compiled, want, ours, 5, 1e-4, f"{case}: compiled against plain")
     assert_decodes_agree(model, lambda s: hf(s).logits, want, theirs, 5, ATOL, f"{case}: transformers against ours")
 
 
@@ -225,7 +231,7 @@ def test_compiled_decoding_of_the_other_models(name):
     fm = fast.prepare(model)
     idx = prompts()
     ours, want = fast.generate(fm, idx, 12), generate(model, idx, 12)
-    assert_decodes_agree(model, lambda s: step_by_step(fm, s, 5, fm.capacity), want, ours, 5, 1e-4,
+    assert_decodes_agree(through_cache(model), lambda s: step_by_step(fm, s, 5, fm.capacity), want, ours, 5, 1e-4,
                          f"{name}: compiled against plain")
     idx = prompts(length=12)
     ours = step_by_step(fm, idx, 8, fm.capacity)  # the capacity generate used: the step compiled for it
