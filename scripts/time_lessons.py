@@ -75,12 +75,14 @@ def run_lesson(path: Path, mode: str, timeout: int) -> dict:
         env["MODERN_BLOCK_QUICK"] = "1"
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=True,
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}},
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"])  # no start-up chatter
     start = time.perf_counter()
     try:
         client.execute(env=env)
     except Exception as exc:  # a failing cell, a timeout, a dead kernel: recorded, the next lesson runs
-        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200] if str(exc) else ''}"}
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # without the traceback's colours
+        return {"error": f"{type(exc).__name__}: {text.splitlines()[-1][:200] if text else ''}"}
     seconds = time.perf_counter() - start
     cells = [(i, cell_seconds(c)) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     slowest = max(cells, key=lambda c: c[1])

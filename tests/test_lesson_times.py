@@ -42,7 +42,7 @@ def test_each_lesson_runs_in_a_fresh_kernel_in_both_modes_and_lands_in_the_table
     first = results["lessons"]["00"]
     assert set(first) == {"full", "quick"} and all(0 < e["seconds"] < 60 for e in first.values())
     assert first["full"]["slowest_cell"] in (0, 1) and "load_before" in first["quick"]
-    assert "ValueError" in results["lessons"]["01"]["quick"]["error"]
+    assert "ValueError: a broken lesson" in results["lessons"]["01"]["quick"]["error"]
     assert results["machine"]["cores"] >= 1 and results["machine"]["torch"]
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{times.BEGIN}\nold\n{times.END}\nafter\n")
