@@ -456,9 +456,9 @@ def test_right_values_in_the_wrong_dtype_are_named_as_such():
         cos, sin = rope_tables_variant(None)(positions, dh, base)
         return cos.double(), sin.double()
 
-    with pytest.raises(CheckFailed, match="values are right but the dtype is float64; return float32"):
+    with pytest.raises(CheckFailed, match="values are right but the dtype is float64; return the float32"):
         checks.check_rms(rms_float64)
-    with pytest.raises(CheckFailed, match="values are right but cos is float64; return float32 tables"):
+    with pytest.raises(CheckFailed, match="values are right but it is not float32; return float32 tables"):
         checks.check_rope_cache(rope_cache_float64)
 
 
