@@ -198,7 +198,8 @@ class CheckRun:
             return list(public)
         drawn = list(secret(self.rng(seed)))
         for case in drawn:
-            case.secret = True
+            for part in [case, *(v for v in case.facts.values() if isinstance(v, Case))]:  # its judged parts too
+                part.secret = True
         return list(public) + drawn
 
     @staticmethod
