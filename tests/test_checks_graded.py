@@ -191,8 +191,9 @@ def test_every_check_has_its_row_in_the_table_and_names_only_real_pieces():
 @pytest.mark.parametrize("check, oracle", [
     (checks.check_rope_cache, lambda positions, dh, base=10000.0: mb.RotaryEmbedding(dh, 4096, base, scaling={
         "rope_type": "linear", "factor": 1.0})(positions)),
-    (checks.check_llama_param_count, lambda V, d, L, h, kv, d_ff, tie=False, qk_norm=True, qkv_bias=False: mb.ModelPreset(
-        "x", L, h, kv, d // h, d_model=d, d_ff=d_ff, vocab_size=V, tied=tie, qk_norm=qk_norm).parameters()),
+    (checks.check_llama_param_count, lambda V, d, L, h, kv, d_ff, tie=False, qk_norm=True, qkv_bias=False:
+     mb.ModelPreset("x", L, h, kv, d // h, d_model=d, d_ff=d_ff, vocab_size=V, tied=tie,
+                    qk_norm=qk_norm).parameters()),
     (checks.check_mla_cache_bytes, lambda L, dc, dr, b=2: mb.kv_cache_bytes_per_token(L, 1, dc + dr, b) // 2),
 ], ids=["RotaryEmbedding for 03 ex1", "ModelPreset for 07 ex3", "kv_cache_bytes_per_token for 05 ex1"])
 def test_the_packages_oracles_are_hidden_for_their_exercise(check, oracle):

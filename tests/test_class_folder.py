@@ -44,7 +44,7 @@ MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)
                                   "gate and up swapped"),
     ("02_swiglu", "ex3_weights"): ("def ffn_weight_count(d, d_ff, gated):\n    return 3 * d * d_ff",
                                    "a GELU MLP has two matrices"),
-    ("02_swiglu", "ex4_llama3_70b_d_ff"): ("llama3_70b_d_ff = 4 * 8192", "GPT-2's width"),
+    ("02_swiglu", "ex4_llama3_70b_d_ff"): ("d = 8192\nllama3_70b_d_ff = 4 * d", "GPT-2's width"),
     ("05_mla", "ex1_cache_bytes"): ("def mla_cache_bytes(n_layers, kv_latent_dim, rope_dim, bytes_per_elem=2):\n"
                                     "    return 2 * n_layers * (kv_latent_dim + rope_dim) * bytes_per_elem",
                                     "counted two tensors"),
@@ -62,7 +62,8 @@ MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)
         "    q = torch.einsum('bhtn,hnc->bhtc', q_nope, w_uk)\n"
         "    s = (q @ latent.unsqueeze(1).transpose(-1, -2) + q_rope @ k_rope.unsqueeze(1).transpose(-1, -2)) * scale\n"
         "    return torch.einsum('bhtc,hvc->bhtv', s.softmax(-1) @ latent.unsqueeze(1), w_uv)", "no causal mask"),
-    ("05_mla", "ex5_kimi_k2_cache"): ("kimi_k2_cache_bytes = 61 * (512 + 64) * 2 // 2",
+    ("05_mla", "ex5_kimi_k2_cache"): ("n_layers, d_c, d_r = 61, 512, 64\n"
+                                      "kimi_k2_cache_bytes = n_layers * (d_c + d_r) * 2 // 2",
                                       "the head count does not enter"),
     ("08_train_llama_vs_gpt2", "ex1_lr_at"): (
         "def lr_at(step, lr, min_lr, warmup_steps, max_steps):\n    if step < warmup_steps:\n"
@@ -75,7 +76,8 @@ MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)
         "def unfair_differences(a, b, compared=('arch',), size_tolerance=0.02):\n"
         "    return sorted(k for k in set(a) | set(b) if k not in compared and a.get(k, None) != b.get(k, None))",
         "n_params was compared exactly"),
-    ("08_train_llama_vs_gpt2", "ex4_train_flops"): ("llama3_8b_train_flops = 2 * 8.03e9 * 15e12", "forward pass only"),
+    ("08_train_llama_vs_gpt2", "ex4_train_flops"): ("N, D = 8.03e9, 15e12\nllama3_8b_train_flops = 2 * N * D",
+                                                    "forward pass only"),
 }
 LESSONS = sorted({lesson for lesson, _ in MISTAKES})
 STUDENTS = [f"student{k:02d}" for k in range(8)]

@@ -25,7 +25,6 @@ from .hiding import HIDES, USES, grader_view
 from .mode import Mode
 from .verdict import Verdict, how_off, shown, where_differs
 
-
 M = TypeVar("M", bound=nn.Module)
 
 

@@ -72,14 +72,26 @@ def summary() -> None:
 # ---- value items ---------------------------------------------------------------------------------------
 
 
+def _statements(body: list[ast.stmt]):
+    """The statements of a cell that run in its namespace: the top level and the blocks of with, if, for, while
+    and try (not the bodies of functions and classes)."""
+    for stmt in body:
+        yield stmt
+        if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for field in ("body", "orelse", "finalbody"):
+                yield from _statements(getattr(stmt, field, []))
+            for handler in getattr(stmt, "handlers", []):
+                yield from _statements(handler.body)
+
+
 def _assignments(source: str, name: str) -> list[ast.expr]:
-    """The values a cell assigns to ``name`` at its top level, in order."""
+    """The values a cell assigns to ``name`` in its namespace, in order."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # a student's cell: any parse failure
         return []
     found = []
-    for stmt in tree.body:
+    for stmt in _statements(tree.body):
         if isinstance(stmt, ast.Assign):
             targets, value = stmt.targets, stmt.value
         elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
@@ -92,7 +104,7 @@ def _assignments(source: str, name: str) -> list[ast.expr]:
 
 
 def answer_cell(sources, name: str) -> tuple[str, ast.expr] | None:
-    """The latest cell that assigns ``name`` at its top level, and the value it assigns last."""
+    """The latest cell that assigns ``name`` (outside a function), and the value it assigns last."""
     for source in reversed(list(sources)):
         if name in source and (values := _assignments(source, name)):
             return source, values[-1]

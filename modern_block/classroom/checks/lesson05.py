@@ -13,7 +13,7 @@ from .core import Case, CheckRun, Mistake, exercise_check
 # ---- exercise 1: the latent cache's size ---------------------------------------------------------------------
 
 
-def _mla_bytes(L: int, dc: int, dr: int, b: int, *, tensors=1, latent=True, rope=True, layers=True,
+def _mla_bytes(L: int, dc: int, dr: int, b: int = 2, *, tensors=1, latent=True, rope=True, layers=True,
                bytes_per=True, bits=False) -> int:
     per_layer = (dc if latent else 0) + (dr if rope else 0)
     return tensors * (L if layers else 1) * per_layer * (b if bytes_per else 1) * (8 if bits else 1)
@@ -237,7 +237,12 @@ KIMI_MISTAKES = [
             "shared by all heads, so the head count does not enter.", lambda c: c.want * 64 // 128),
     Mistake("the cache of full multi-head attention (64 heads, 192-dim keys, 128-dim values): MLA caches the latent "
             "instead.", lambda c: 61 * 64 * (192 + 128) * 2),
-    *MLA_BYTES_MISTAKES,
+    Mistake("twice the answer: the latent and the RoPE key are cached once per layer (not as a K and a V).",
+            dict(tensors=2)),
+    Mistake("the RoPE key (64 numbers per layer) was left out.", dict(rope=False)),
+    Mistake("one layer only: every one of the 61 layers caches its own latent and RoPE key.", dict(layers=False)),
+    Mistake("one byte per number: bf16 takes 2.", dict(b=1)),
+    Mistake("bits, not bytes: a bf16 number is 2 bytes.", dict(bits=True)),
 ]
 
 
@@ -246,5 +251,5 @@ def check_kimi_k2_cache_bytes(run: CheckRun, n_bytes) -> str:
     """``kimi_k2_cache_bytes``: Kimi K2's MLA cache per token in bf16 (61 layers, latent 512, RoPE key 64, 64
     heads)."""
     __tracebackhide__ = True
-    run.judge_int(Case("kimi_k2_cache_bytes", partial(_mla_bytes, 61, 512, 64, 2)), n_bytes, KIMI_MISTAKES)
+    run.judge_int(Case("kimi_k2_cache_bytes", partial(_mla_bytes, 61, 512, 64)), n_bytes, KIMI_MISTAKES)
     return f"{mla_cache_bytes_per_token(61, 512, 64):,} bytes per token, the same as DeepSeek-V3"
