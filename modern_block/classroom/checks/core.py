@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from . import in_notebook
-from .hiding import HIDES, USES, grader_view
+from .hiding import HIDES, TABLES, USES, grader_view
 from .mode import Mode
 from .verdict import Verdict, how_off, shown, where_differs
 
@@ -406,13 +406,6 @@ def call_student(name: str, what: str, fn, *args, **kwargs):
 # ---- the decorator ---------------------------------------------------------------------------------------
 
 
-def _tables(hidden: tuple[str, ...]) -> tuple[str, ...]:
-    """The data tables among an exercise's hidden pieces (``PRESETS``): a value read from one is looked up."""
-    import modern_block
-
-    return tuple(n for n in hidden if "." not in n and not callable(getattr(modern_block, n, len)))
-
-
 def exercise_check(fn=None, *, value: str | None = None):
     """Make ``fn(run, answer)`` a check: ``check_x(answer, mode=None)``. The pieces it hides and uses come from
     ``hiding``'s table by the check's name. ``value`` makes a value item: the name the notebook assigns; ``None``
@@ -452,7 +445,7 @@ def _run(fn, run: CheckRun, value: str | None, answer, args, kwargs) -> str:
             if answer is None:
                 raise NotImplementedError(f"{value} is still None: set it to your answer")
             if mode.sources is not None:
-                why = in_notebook.not_computed(mode.sources, value, _tables(run.hidden))
+                why = in_notebook.not_computed(mode.sources, value, TABLES.get(run.name, ()))
                 if why is not None:
                     run.fail(why)
                 found = in_notebook.answer_cell(mode.sources, value)

@@ -1,7 +1,7 @@
 """What each exercise hides, and the package as the grader shows it to a submission.
 
 ``HIDES`` is the table: for each check, the pieces that compute its exercise's answer (a model file's function or
-class, ``Class.method``, a data table such as ``PRESETS``, or a torch function the exercise's text forbids).
+class, ``Class.method``, or a torch function the exercise's text forbids).
 While the grader grades the exercise they are not available to the submission; ``USES`` names what a right
 answer may build on, never hidden while that exercise is graded. The grader's copy of the package
 (``grading.package_copy``) is built from this module: the model files with the hidden pieces' code replaced by a
@@ -10,8 +10,9 @@ package, and ``sandbox_stub``'s checks module, which also hides the torch functi
 
 In a notebook, ``grader_view`` makes this process look the same while the student's code runs: the hidden pieces
 raise, every module outside the model files raises (the grader's copy does not have them), the hidden torch
-functions raise. A data table cannot be hidden (the model files import it); a value item that reads one is
-refused by the value check as looked up, in the notebook and the grader alike (``in_notebook``).
+functions raise. A table that holds a value item's answer (``TABLES``: ``PRESETS``) cannot be hidden (the model
+files import it); a value that reads one is refused as looked up, in the notebook and the grader alike
+(``in_notebook``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from pathlib import Path
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 _CACHE_MATH = ("kv_cache_bytes_per_token", "mla_cache_bytes_per_token", "ModelPreset", "cache_size", "KVCache",
                "LayerCache")
-_TABLES = ("rope_cache", "rope_frequencies", "RotaryEmbedding", "scaled_frequencies", "dynamic_ntk_frequencies",
-           "yarn_frequencies")
+_ROPE_TABLES = ("rope_cache", "rope_frequencies", "RotaryEmbedding", "scaled_frequencies", "dynamic_ntk_frequencies",
+                "yarn_frequencies")
 _ROTATION = ("apply_rope", "apply_rope_interleaved", "_broadcast_tables", "interleaved_to_half_split",
              "permute_qk_weight")
 _COUNTING = ("count_parameters", "parameter_breakdown", "ModelPreset")
@@ -45,8 +46,8 @@ HIDES: dict[str, tuple[str, ...]] = {
     "check_swiglu_hidden_dim": ("swiglu_hidden_dim",),
     "check_swiglu": ("SwiGLU",),
     "check_ffn_weight_count": ("SwiGLU", "GeluMLP", *_COUNTING),
-    "check_llama3_70b_d_ff": ("swiglu_hidden_dim", "PRESETS"),
-    "check_rope_cache": _TABLES,
+    "check_llama3_70b_d_ff": ("swiglu_hidden_dim",),
+    "check_rope_cache": _ROPE_TABLES,
     "check_apply_rope": _ROTATION,
     "check_apply_rope_interleaved": _ROTATION,
     "check_repeat_kv": ("GQAttention", "causal_attention"),
@@ -56,7 +57,7 @@ HIDES: dict[str, tuple[str, ...]] = {
     "check_absorb_query": ("MLAttention",),
     "check_absorbed_scores": ("MLAttention",),
     "check_mla_absorption": ("MLAttention",),
-    "check_kimi_k2_cache_bytes": (*_CACHE_MATH, "PRESETS"),
+    "check_kimi_k2_cache_bytes": _CACHE_MATH,
     "check_qk_norm_rope": ("GQAttention",),
     "check_qk_norm_attention": ("GQAttention", "causal_attention"),
     "check_block": ("Block",),
@@ -68,10 +69,10 @@ HIDES: dict[str, tuple[str, ...]] = {
     "check_llama3_8b_train_flops": ("flops_per_token",),
     "check_verdict": ("verdict", "PairedDifference", "holm_verdicts"),
     "check_holm": ("holm", "holm_verdicts"),
-    "check_smollm2_cache_bytes": (*_CACHE_MATH, "PRESETS"),
+    "check_smollm2_cache_bytes": _CACHE_MATH,
     "check_dequantize_q4_0": ("dequantize",),
     "check_unpermute_qk": ("permute_qk_weight", "interleaved_to_half_split"),
-    "check_llama3_rope_scaling": ("llama3_frequencies", *_TABLES),
+    "check_llama3_rope_scaling": ("llama3_frequencies", *_ROPE_TABLES),
     "check_ntk_scaled_base": ("dynamic_ntk_frequencies", "scaled_frequencies", "rope_cache", "RotaryEmbedding"),
     "check_bytes_per_token": ("decode_weight_bytes",),
     "check_floor_ms": ("memory_bandwidth",),
@@ -79,6 +80,12 @@ HIDES: dict[str, tuple[str, ...]] = {
     "check_kv_bytes_per_token": (*_CACHE_MATH, "config_card"),
     "check_smallest_multiple_of": ("swiglu_hidden_dim", "ffn_rule"),
     "check_active_parameters": ("active_parameters", "config_card"),
+}
+
+TABLES: dict[str, tuple[str, ...]] = {  # a value item: the package's tables that hold its answer
+    "check_llama3_70b_d_ff": ("PRESETS",),
+    "check_kimi_k2_cache_bytes": ("PRESETS",),
+    "check_smollm2_cache_bytes": ("PRESETS",),
 }
 
 USES: dict[str, tuple[str, ...]] = {
