@@ -1301,3 +1301,8 @@ def test_a_value_items_message_has_no_number_of_the_answer():
     assert "38,597,376" not in message and "6/7" not in message and "exactly" not in message
     message = rejects(checks.check_smollm2_cache_bytes, SMOLLM2_CACHE_BYTES * 3)
     assert "a third" not in message and "exactly" not in message and "23,040" not in message
+
+
+def test_eight_d_squared_for_any_gelu_width_fails_in_the_notebook_too():
+    rejects(checks.check_ffn_weight_count, lambda d, d_ff, gated: 3 * d * d_ff if gated else 8 * d * d,
+            "the GELU MLP was counted as 8d², which holds only when d_ff = 4d")

@@ -64,6 +64,8 @@ CASES = [  # (lesson, answer cell, answer, the verdict both must give, what it i
     ("00_gpt2_block", "ex4_gpt2_small", "gpt2_small_params = int('124439808')", "failed", "int of a string"),
     ("00_gpt2_block", "ex4_gpt2_small", GPT2_BY_THE_PACKAGE, "failed", "the package's count in a value cell"),
     ("02_swiglu", "ex1_hidden_dim", MULTIPLIER_ON_D, "failed", "the multiplier applied to d"),
+    ("02_swiglu", "ex3_weights", "def ffn_weight_count(d, d_ff, gated):\n"
+                                 "    return 3 * d * d_ff if gated else 8 * d * d", "failed", "8d² whatever d_ff"),
     ("02_swiglu", "ex4_llama3_70b_d_ff", "d, m, mult = 8192, 4096, 1.3\n"
                                          "llama3_70b_d_ff = m * (int(mult * int(8 * d / 3)) // m)", "failed",
      "rounded down"),

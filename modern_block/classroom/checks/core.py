@@ -346,19 +346,17 @@ class CheckRun:
         __tracebackhide__ = True
         want = case.want if want is None else want
         value = _number(got)
-        if value is None and not (got is None and want is None):
+        if value is None:
             self.fail(f"{case.text}: expected an int, got {type(got).__name__} {shown(got)}.")
 
         def same(a, b):
-            return a == b and (a is None) == (b is None)
+            return a == b
 
         def detail() -> str:
-            if want is None or value is None:
-                return f"got {shown(value)}." + (f" {hint}" if hint else "")
             return f"got {shown(value)}: {how_off(value, want)}." + (f" {hint}" if hint else "")
 
         ok = self._judge(case, value, want, mistakes, same, same, detail)
-        if ok and got is not None and type(got) is not int:
+        if ok and type(got) is not int:
             self.require(False, case.text, f"the value is right but it is a {type(got).__name__}; return a plain "
                                            "int (wrap it in int(...)).")
         return ok

@@ -168,8 +168,10 @@ FFN_MISTAKES = [
             when=lambda c: c.gated),
     Mistake("biases were counted; the modern FFN has none (and the exercise counts weights only).",
             dict(biases=True)),
-    Mistake("d_ff was ignored and 4d used: count with the d_ff you are given.", lambda c: _ffn_weights(
-        c.d, c.d_ff, c.gated, width=4 * c.d)),
+    Mistake("d_ff was ignored and 4d used: count with the d_ff you are given.",
+            lambda c: _ffn_weights(c.d, c.d_ff, c.gated, width=4 * c.d)),
+    Mistake("the GELU MLP was counted as 8d², which holds only when d_ff = 4d: count 2·d·d_ff with the d_ff you are "
+            "given.", lambda c: 8 * c.d * c.d, when=lambda c: not c.gated),
     Mistake("only one matrix counted.", dict(matrices=1)),
     Mistake("the sizes are squared: each matrix is d × d_ff, not d_ff × d_ff or d × d.", dict(square="d_ff"),
             dict(square="d")),
@@ -187,7 +189,7 @@ def check_ffn_weight_count(run: CheckRun, ffn_weight_count) -> str:
     (SwiGLU)."""
     __tracebackhide__ = True
     public = [_ffn_case(*c) for c in [(4096, 16384, False), (4096, 11008, True), (5120, 13824, True), (64, 256, False),
-                                      (64, 170, True)]]
+                                      (64, 170, True), (1024, 2816, False)]]
 
     def secret(g):
         return [_ffn_case(run.randint(g, 8, 9000), run.randint(g, 8, 30000), run.pick(g, [False, True]))
@@ -196,7 +198,7 @@ def check_ffn_weight_count(run: CheckRun, ffn_weight_count) -> str:
     for case in run.cases(public, secret, seed=21):
         got = run.call(case.text, ffn_weight_count, *case.args)
         run.judge_int(case, got, FFN_MISTAKES)
-    return "5 cases incl. 8d² = 134,217,728 and Llama's 135,266,304"
+    return "6 cases incl. 8d² = 134,217,728, Llama's 135,266,304 and a GELU MLP narrower than 4d"
 
 
 # ---- exercise 4: Llama 3 70B's width, by value ------------------------------------------------------------
