@@ -212,6 +212,44 @@ def test_every_known_mistake_is_named_with_only_what_no_case_tells_apart(check, 
     assert set(unmapped) <= {m.diagnosis for m in COUNT_MISTAKES}, unmapped  # the LM's count: test_exercises
 
 
+def _pieces(check_name: str, case) -> list[tuple[int, int]]:
+    """The slices of an assembled case's judged output that its calls return: a schedule's value per step, or a
+    decoding step's tokens."""
+    if check_name == "check_lr_schedule":
+        return [(k, k + 1) for k in range(len(case.steps))]
+    starts = [sum(case.schedule[:k]) for k in range(len(case.schedule))]
+    return [(a, a + t) for a, t in zip(starts, case.schedule, strict=True)]
+
+
+@pytest.mark.parametrize("name", sorted(ASSEMBLED))
+def test_every_mistake_of_an_output_assembled_from_several_calls_is_named(name):
+    """The learning-rate schedule (a value per step) and decoding with a cache (a chunk per step): each mistake's
+    output, handed back one call at a time, is named (the cache itself is filled rightly)."""
+    check, impl = next((c, i) for c, i in RIGHT if c.__name__ == name)
+    seen = observe(check, impl)
+    problems = []
+    for diagnosis in dict.fromkeys(d for *_, outputs, _ in seen for d, _ in outputs):
+        wrong = behaviour(seen, diagnosis)
+        if all(w is None for w in wrong):
+            continue
+        answers = []
+        for (case, _, want, _, _), w in zip(seen, wrong, strict=True):
+            out = want if w is None else w
+            for a, b in _pieces(name, case):
+                answers.append(out[a:b].item() if name == "check_lr_schedule" else out[:, a:b].float())
+        given = iter(answers)
+
+        def wrong_answer(*args, given=given):
+            impl(*args)  # the right one, for what it leaves in the cache
+            return next(given)
+
+        with pytest.raises(CheckFailed) as info:
+            check(wrong_answer, mode=Mode.script())
+        if diagnosis not in named(str(info.value)):
+            problems.append(f"{diagnosis!r}: named {named(str(info.value))}\n{info.value}")
+    assert not problems, "\n\n".join(problems)
+
+
 VALUES = [(check, value) for check, value in RIGHT if not callable(value)]
 
 
