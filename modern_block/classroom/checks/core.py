@@ -286,27 +286,24 @@ class CheckRun:
 
     def _judge(self, case: Case, got, want, mistakes: Sequence[Mistake], same, same_wrong, detail: Callable[[], str],
                known: bool | None = None) -> bool:
-        outputs: dict[str, list] = {m.diagnosis: [] for m in mistakes}
-        computed: list[bool] = []
+        outputs: dict[str, list] = {}
 
-        def of(diagnosis: str) -> list:
-            if not computed:
-                for m in mistakes:
-                    outputs[m.diagnosis] += m.outputs(case)
-                computed.append(True)
-            return outputs.get(diagnosis, [])
+        def of(diagnosis: str) -> list:  # what the mistake(s) with this diagnosis compute here, once
+            if diagnosis not in outputs:
+                outputs[diagnosis] = [o for m in mistakes if m.diagnosis == diagnosis for o in m.outputs(case)]
+            return outputs[diagnosis]
 
+        def explains(diagnosis: str) -> bool:
+            return any(not same(o, want) and same_wrong(got, o) for o in of(diagnosis))
+
+        diagnoses = list(dict.fromkeys(m.diagnosis for m in mistakes))
         if self.mode.observer is not None:  # the audit of the diagnoses (tests/test_verdict.py)
-            self.mode.observer(case, got, want, [(d, of(d)) for d in dict.fromkeys(m.diagnosis for m in mistakes)],
-                               same_wrong)
+            self.mode.observer(case, got, want, [(d, of(d)) for d in diagnoses], same_wrong)
         if same(got, want):
             # a mistake is contradicted here when every way of making it would have failed this case
             self.verdict.passed(lambda d: bool(of(d)) and all(not same(o, want) for o in of(d)))
             return True
-        explained = [m.diagnosis for m in mistakes if any(not same(o, want) and same_wrong(got, o)
-                                                          for o in of(m.diagnosis))]
-        self.verdict.failed(case.text, detail(), list(dict.fromkeys(explained)),
-                            bool(mistakes) if known is None else known)
+        self.verdict.failed(case.text, detail(), diagnoses, explains, bool(mistakes) if known is None else known)
         return False
 
     def judge(self, case: Case, got, mistakes: Sequence[Mistake] = (), *, want=None, rtol: float = 1e-4,

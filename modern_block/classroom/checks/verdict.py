@@ -28,20 +28,23 @@ SEVERAL_NOTE = "(Each of these computes your output in every failing case; no ca
 class Failure:
     case: str
     detail: str  # how the output is off, in words
-    explained: list[str] = field(default_factory=list)  # the mistakes whose output equals the student's here
+    diagnoses: list[str] = field(default_factory=list)  # the check's known mistakes for this case, in its order
+    explains: Callable[[str], bool] = lambda diagnosis: False  # whether a mistake computes the student's output here
     known: bool = True  # whether the check knows mistakes for this case (not for a precision-only case)
 
 
 class Verdict:
-    """The failing and passing cases of one run of a check, in order."""
+    """The failing and passing cases of one run of a check, in order. What a mistake computes in a case is asked
+    only when it matters (a check may know hundreds of mistakes, two at a time)."""
 
     def __init__(self, name: str):
         self.name = name
         self.failures: list[Failure] = []
         self.passes: list[Callable[[str], bool]] = []  # per passing case: would this mistake have failed it?
 
-    def failed(self, case: str, detail: str, explained: list[str], known: bool = True) -> None:
-        self.failures.append(Failure(case, detail, explained, known))
+    def failed(self, case: str, detail: str, diagnoses: list[str], explains: Callable[[str], bool],
+               known: bool = True) -> None:
+        self.failures.append(Failure(case, detail, diagnoses, explains, known))
 
     def passed(self, would_fail: Callable[[str], bool]) -> None:
         self.passes.append(would_fail)
@@ -52,7 +55,8 @@ class Verdict:
         judged = [f for f in self.failures if f.known]
         if not judged:
             return []
-        named = [d for d in judged[0].explained if all(d in f.explained for f in judged[1:])]
+        named = [d for d in judged[0].diagnoses if judged[0].explains(d)]
+        named = [d for d in named if all(f.explains(d) for f in judged[1:])]
         named = [d for d in named if not any(would_fail(d) for would_fail in self.passes)]
         return [d for d in named if not any(e != d and e in d for e in named)]  # the simpler explanation wins
 
@@ -68,7 +72,7 @@ class Verdict:
             text += f"{ONE}{named[0]}\n{ONE_NOTE}"
         elif named:
             text += SEVERAL + "".join(f"\n- {d}" for d in named) + f"\n{SEVERAL_NOTE}"
-        elif any(f.explained for f in self.failures):
+        elif any(f.explains(d) for f in self.failures for d in f.diagnoses[:64]):
             text += "\n(No single known mistake explains every failing case.)"
         return text
 
