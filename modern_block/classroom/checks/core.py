@@ -40,7 +40,8 @@ class Case:
     """One input of a check: ``text`` (how a message names it: the call, or the inputs' shapes), ``expect`` (the
     right output; called with a mistake's knobs, that mistake's output), the arguments the student's code gets,
     whether it was drawn from the grader's secret, and named facts the mistakes' conditions read
-    (``case.h``)."""
+    (``case.h``). What its formulas read must not change once it is judged: a mistake's output is computed when it
+    matters, possibly after the check has moved on (clone a module's weights the check converts later)."""
 
     def __init__(self, text: str, expect: Callable[..., Any], args: Sequence = (), kwargs: dict | None = None, *,
                  secret: bool = False, **facts):

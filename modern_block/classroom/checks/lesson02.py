@@ -123,7 +123,7 @@ def check_swiglu(run: CheckRun, SwiGLUClass) -> str:
     student = run.call(f"SwiGLU({d}, {d_ff})", SwiGLUClass, d, d_ff)
     run.load_weights(student, ref, {"w_gate": "Name the layers w_gate, w_up (d → d_ff) and w_down (d_ff → d).",
                                     "w_down": "w_down maps d_ff back to d: nn.Linear(d_ff, d, bias=False)."})
-    weights = (ref.w_gate.weight, ref.w_up.weight, ref.w_down.weight)
+    weights = tuple(w.detach().clone() for w in (ref.w_gate.weight, ref.w_up.weight, ref.w_down.weight))
     g = run.rng(3)
 
     def case(x, text):
