@@ -250,6 +250,39 @@ def test_every_mistake_of_an_output_assembled_from_several_calls_is_named(name):
     assert not problems, "\n\n".join(problems)
 
 
+def test_every_parameter_count_mistake_of_the_lm_is_named():
+    """07 ex2 counts the chapter's model's parameters before any forward: each known count mistake, built as a
+    model with those parameters, is named alone."""
+    from test_exercises import LMVariant
+
+    def extra(n):  # a model that holds n parameters more than the chapter's
+        class More(LMVariant):
+            def __init__(self, V, *args, **kwargs):
+                super().__init__(V, *args, **kwargs)
+                if V == 1000:
+                    self.more = torch.nn.Parameter(torch.zeros(n))
+        return More
+
+    class TiedByDefault(LMVariant):
+        def __init__(self, V, *args, tie=True, **kwargs):
+            super().__init__(V, *args, tie=tie, **kwargs)
+
+    class NoFinalNorm(LMVariant):
+        def __init__(self, V, *args, **kwargs):
+            super().__init__(V, *args, **kwargs)
+            if V == 1000:
+                self.norm = torch.nn.Identity()
+
+    built = {-256_000: TiedByDefault, -256: NoFinalNorm, 1000: extra(1000), 262_144: extra(262_144),
+             256_000: extra(256_000)}
+    for mistake in COUNT_MISTAKES:
+        case = checks.core.Case("count", lambda: 3_283_456)
+        delta = mistake.outputs(case)[0] - 3_283_456
+        with pytest.raises(CheckFailed) as info:
+            checks.check_llama_lm(built[delta], mode=Mode.script())
+        assert named(str(info.value)) == [mistake.diagnosis], str(info.value)
+
+
 VALUES = [(check, value) for check, value in RIGHT if not callable(value)]
 
 

@@ -134,9 +134,9 @@ ATTENTION_MISTAKES = [
     Mistake("softmax over the wrong axis (over queries); normalise each query's scores over the keys (last dim).",
             dict(softmax_dim=-2)),
 ]
-IGNORED_TABLES = Mistake("your forward ignores the cos/sin it is given (it rotates as if the tokens were at positions "
-                         "0..T-1): use the tables passed to forward.", lambda c: c.from_zero(), when=lambda c: c.offset)
-ALL_ATTENTION_MISTAKES = [IGNORED_TABLES, *ATTENTION_MISTAKES, *Mistake.pairs(ATTENTION_MISTAKES)]
+# (tables that start at position 0 instead of the ones given change nothing here: RoPE's scores depend on the
+# distance between two positions only, and a forward without a cache shifts queries and keys alike)
+ALL_ATTENTION_MISTAKES = [*ATTENTION_MISTAKES, *Mistake.pairs(ATTENTION_MISTAKES)]
 
 
 def _params(ref: GQAttention) -> dict:
@@ -165,8 +165,7 @@ def grade_attention_module(run: CheckRun, make_student, qk_norm: bool | None = N
         cos, sin = (t[offset:] for t in rope_cache(offset + T, d // h))
         run_ = partial(_attention64, _params(ref), x, h=h, kv=kv, dh=d // h, eps=1e-6, qk_norm=on)
         text = f"forward(x, cos, sin) with {desc}" + (f", qk_norm={on}" if qk_norm is None else "")
-        return Case(text, partial(run_, cos, sin), (x, cos, sin), ref=ref, h=h, kv=kv, qk_norm=on, offset=offset,
-                    from_zero=partial(run_, *rope_cache(T, d // h)))
+        return Case(text, partial(run_, cos, sin), (x, cos, sin), ref=ref, h=h, kv=kv, qk_norm=on)
 
     def secret(g):
         kv = run.pick(g, [1, 2])
