@@ -18,15 +18,17 @@ MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)
                                             "    return 4 * d * d + 2 * d * (d_ff or 4 * d)",
                                             "no biases and no LayerNorms"),
     ("00_gpt2_block", "ex2_causal_attention"): ("def causal_attention(q, k, v):\n"
-                                                "    return F.scaled_dot_product_attention(q, k, v)", "no causal mask"),
+                                                "    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5\n"
+                                                "    return s.softmax(-1) @ v",
+                                                "no causal mask"),
     ("00_gpt2_block", "ex3_gpt2_attention"): (
         "def gpt2_attention(x, w_qkv, b_qkv, w_proj, b_proj, n_heads):\n    B, T, d = x.shape\n"
         "    q, k, v = ((x @ w_qkv.T + b_qkv).split(d, -1))\n"
         "    q, k, v = (t.view(B, T, n_heads, -1).transpose(1, 2) for t in (q, k, v))\n"
         "    out = F.scaled_dot_product_attention(q, k, v, is_causal=True).reshape(B, T, d)\n"
         "    return out @ w_proj.T + b_proj", "without transposing back"),
-    ("00_gpt2_block", "ex4_gpt2_small"): ("gpt2_small_params = 50257 * 768 * 2 + 1024 * 768 + 12 * (12 * 768 ** 2 + "
-                                          "13 * 768) + 2 * 768", "ties it to the token embedding"),
+    ("00_gpt2_block", "ex4_gpt2_small"): ("V, T, d = 50257, 1024, 768\ngpt2_small_params = V * d * 2 + T * d + "
+                                          "12 * (12 * d ** 2 + 13 * d) + 2 * d", "ties it to the token embedding"),
     ("01_rmsnorm", "ex1_rms"): ("def rms(x, eps=1e-6):\n    return (x.float().var(-1, unbiased=False, keepdim=True) "
                                 "+ eps).sqrt()", "the mean was subtracted"),
     ("01_rmsnorm", "ex2_rmsnorm"): ("class RMSNorm(nn.Module):\n    def __init__(self, d, eps=1e-6):\n"
