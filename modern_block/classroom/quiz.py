@@ -91,7 +91,8 @@ def _widget(q: Question, number: int = 1):
     letters = list(LETTERS[:len(q.options)])
     choices = widgets.ToggleButtons(options=[(x, i) for i, x in enumerate(letters)], value=None,
                                     description="Your answer:", tooltips=q.options,
-                                    style={"button_width": "3em", "description_width": "initial"})
+                                    style={"button_width": "3em", "description_width": "initial"},
+                                    layout=widgets.Layout(display="flex", align_items="center"))
     panes = [widgets.HTML(q.feedback(i)) for i in range(len(letters))]
     reveal = widgets.Accordion(children=[widgets.HTML(q.reveal())], selected_index=None)
     reveal.set_title(0, "Show answer")

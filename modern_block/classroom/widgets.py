@@ -37,7 +37,6 @@ def widget_bundle(widget, fallback_html: str | None = None, fallback_png: bytes 
 @functools.cache
 def _panel_class():
     import ipywidgets as widgets
-    from IPython.display import display
 
     class Panel(widgets.VBox):
         """A VBox displayed with a static version of its current state beside the widget view."""
@@ -47,6 +46,8 @@ def _panel_class():
             self.static = static  # () -> {"fallback_html": str} or {"fallback_png": bytes}
 
         def _ipython_display_(self, **kwargs):
+            from IPython.display import display
+
             display(widget_bundle(self, **self.static()), raw=True)
 
     return Panel
@@ -180,6 +181,13 @@ def _value_text(value) -> str:
     return text if len(text) <= 40 else text[:39] + "…"
 
 
+def _value_html(value) -> str:
+    """A value cell: short values stay on one line, long ones may wrap anywhere (they are data, not words)."""
+    text = _value_text(value)
+    wrap = "white-space:nowrap" if len(text) <= 24 else "overflow-wrap:anywhere"
+    return f"<code style='{wrap}'>{html.escape(text)}</code>"
+
+
 def _card_html(card, context: int, gpu: str) -> str:
     """The card as HTML that wraps at words: the summary, then one table row per field."""
     lines = card.summary(context, gpu).splitlines()
@@ -188,7 +196,7 @@ def _card_html(card, context: int, gpu: str) -> str:
     cell = "style='padding:1px 8px 1px 0; vertical-align:top; text-align:left'"
     rows = "".join(
         f"<tr><td {cell}><code>{html.escape(f.key)}</code></td><td {cell}>{html.escape(f.lesson or '?')}</td>"
-        f"<td {cell}><code style='overflow-wrap:anywhere'>{html.escape(_value_text(f.value))}</code></td>"
+        f"<td {cell}>{_value_html(f.value)}</td>"
         f"<td {cell}>{html.escape(f.meaning)}{' → ' + html.escape(f.implies) if f.implies else ''}</td></tr>"
         for f in card.fields)
     head = "".join(f"<th {cell}>{h}</th>" for h in ("field", "lesson", "value", "what it means"))
