@@ -263,3 +263,11 @@ if __name__ == "__main__":
 ])
 def test_the_harness_finds_the_names_a_cell_needs_from_earlier_cells(source, defined, used):
     assert harness.cell_names(source) == (defined, used)
+
+
+def test_the_harness_finds_the_widget_cells_of_a_notebook_saved_without_outputs():
+    cells = ["x = 1", 'quiz("03_rope")', 'config_reader("Llama 3.1 8B")', "rope_explorer()", "print(reader)",
+             'cache_calculator(preset="Llama 3 70B")']
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in cells])
+    assert harness.widget_cells(nb, "quiz") == [1]
+    assert harness.widget_cells(nb, "lesson") == [2, 3, 5]

@@ -21,6 +21,9 @@ from .widgets import widget_bundle
 
 LETTERS = "abcdefgh"
 GREEN, RED = "46, 125, 50", "198, 40, 40"  # rgb: readable on JupyterLab's light and dark themes at 12-15% alpha
+# A quiz restored from a saved notebook works without a kernel: no "disconnected" mark on its parts
+QUIZ_CSS = ("<style>.course-quiz.jupyter-widgets-disconnected::before, .course-quiz "
+            ".jupyter-widgets-disconnected::before { content: none; }</style>")
 
 
 @dataclass
@@ -81,7 +84,7 @@ def load_questions(lesson: str) -> list[Question]:
     """The questions of ``lesson`` (a notebook's name without .ipynb, e.g. "03_rope")."""
     if lesson not in lessons():
         raise ValueError(f"lesson must be one of {lessons()}, got {lesson!r}")
-    text = resources.files(__package__).joinpath("quizzes", f"{lesson}.json").read_text(encoding="utf-8")
+    text = resources.files(__package__).joinpath("quizzes").joinpath(f"{lesson}.json").read_text(encoding="utf-8")
     return [Question(**q) for q in json.loads(text)]
 
 
@@ -106,7 +109,7 @@ def _widget(q: Question, number: int = 1):
             feedback.children = [] if change["new"] is None else [panes[change["new"]]]
 
         choices.observe(show, names="index")
-    box = widgets.VBox([widgets.HTML(q.body(number)), choices, feedback, reveal])
+    box = widgets.VBox([widgets.HTML(QUIZ_CSS + q.body(number)), choices, feedback, reveal])
     box.add_class("course-quiz")
     return box
 

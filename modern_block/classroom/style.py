@@ -21,6 +21,6 @@ COURSE_STYLE = {
 
 def use_course_style() -> None:
     """Apply ``COURSE_STYLE`` to matplotlib (after ``%matplotlib inline``, which sets its own defaults)."""
-    import matplotlib
+    import matplotlib.style
 
-    matplotlib.rcParams.update(COURSE_STYLE)
+    matplotlib.style.use(COURSE_STYLE)
