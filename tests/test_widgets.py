@@ -247,3 +247,16 @@ def test_the_reader_table_has_one_row_per_field_and_short_values():
     values = [html.unescape(v) for v in re.findall(r"<code style='[^']*'>(.*?)</code>", r.out.value)]
     assert values and max(map(len, values)) <= 40
     assert "<pre" not in r.out.value  # prose wraps at words; no fixed-width lines
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: config_reader(preset="GPT-5"), r"preset must be one of \['Llama 3.1 8B'"),
+    (lambda: config_reader(gpu="TPU"), r"gpu must be one of \['H100 SXM'"),
+    (lambda: config_reader(context_len=0), "context_len must be a positive int, got 0"),
+    (lambda: figure_explorer(lambda: None), "controls must be one or more widgets with a value"),
+])
+def test_the_widgets_refuse_bad_arguments_by_name(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+    with pytest.raises(TypeError, match="draw must be a function that returns a figure, got int"):
+        figure_explorer(3)

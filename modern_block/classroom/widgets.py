@@ -72,6 +72,10 @@ def figure_explorer(draw, **controls):
     import matplotlib.pyplot as plt
     from IPython.display import Image, clear_output, display
 
+    if not callable(draw):
+        raise TypeError(f"draw must be a function that returns a figure, got {type(draw).__name__}")
+    if not controls or not all(isinstance(c, widgets.ValueWidget) for c in controls.values()):
+        raise ValueError(f"controls must be one or more widgets with a value, as keywords, got {controls!r}")
     out = widgets.Output()
     shown = {}
 
@@ -213,6 +217,11 @@ def config_reader(preset: str = "Llama 3.1 8B", gpu: str = "H100 SXM", context_l
 
     from ..interop.config_card import CONFIG_PRESETS, GPU_BANDWIDTH, config_card
 
+    for name, value, allowed in (("preset", preset, CONFIG_PRESETS), ("gpu", gpu, GPU_BANDWIDTH)):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+    if not isinstance(context_len, int) or context_len < 1:
+        raise ValueError(f"context_len must be a positive int, got {context_len!r}")
     preset_w = widgets.Dropdown(options=list(CONFIG_PRESETS), value=preset, description="preset")
     gpu_w = widgets.Dropdown(options=list(GPU_BANDWIDTH), value=gpu, description="GPU")
     context_w = widgets.Dropdown(options=[(f"{n:,}", n) for n in sorted(set(CONTEXT_LENGTHS) | {context_len})],
@@ -269,16 +278,15 @@ def config_reader(preset: str = "Llama 3.1 8B", gpu: str = "H100 SXM", context_l
 
     def read_path():
         text = path_w.value.strip()
-        state["read_path"] = text
         path = Path(text).expanduser()
-        if path.is_dir():
-            if not (path / "config.json").is_file():
-                return fail(f"The folder {path} holds no config.json.")
-            path = path / "config.json"
-        elif not path.is_file():
-            return fail(f"No file or folder at {path}.")
-        read(str(path), f"the file {path}", path_w, name=path.parent.name if path.name == "config.json" else None)
-        state["read_at"] = time.monotonic()
+        if path.is_dir() and not (path / "config.json").is_file():
+            fail(f"The folder {path} holds no config.json.")
+        elif path.is_dir() or path.is_file():
+            path = path / "config.json" if path.is_dir() else path
+            read(str(path), f"the file {path}", path_w, name=path.parent.name if path.name == "config.json" else None)
+        else:
+            fail(f"No file or folder at {path}.")
+        state.update(read_path=text, read_at=time.monotonic())
 
     def on_preset(change):
         if not resetting and change["new"] is not None:
