@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine with Python >= 3.10 (see README):
-#   make lab   - create .venv, install the course and its tools, open JupyterLab on notebooks/
+#   make lab   - create .venv, install the course and its tools and JupyterLab settings, open JupyterLab on notebooks/
 #   make test  - create .venv, install the course and its dev tools, run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -28,7 +28,16 @@ $(INSTALLED): pyproject.toml | $(BIN)/python
 
 install: $(INSTALLED)
 
-lab: install
+# The course's JupyterLab defaults (scripts/jupyterlab_overrides.json), installed as an overrides.d file of this
+# environment's JupyterLab, so a learner's own Settings still win: the widgets' state is saved with the notebook, so a
+# lesson reopened after a run shows its widgets instead of "Error displaying widget: model not found"
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.d/modern-block.json
+
+$(LAB_OVERRIDES): scripts/jupyterlab_overrides.json | $(INSTALLED)
+	mkdir -p $(dir $@)
+	cp $< $@
+
+lab: install $(LAB_OVERRIDES)
 	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
 
 test: install
