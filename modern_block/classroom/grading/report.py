@@ -48,6 +48,13 @@ def printable(text: str, newlines: bool = True) -> str:
     return "".join(out)
 
 
+def bounded(text: str, limit: int, newlines: bool = True) -> str:
+    """``text`` escaped as in ``printable``, then cut to ``limit`` characters: escaping first, since one format
+    character grows to six (no character beyond ``limit`` can be shown, so only those are escaped)."""
+    shown = printable(text[:limit], newlines)
+    return shown if len(shown) <= limit and len(text) <= limit else shown[:limit] + " [... cut]"
+
+
 def one_line(text: str) -> str:
     """A student's text inside a message or a field: one line, nothing a terminal would act on."""
     return printable(text, newlines=False)
