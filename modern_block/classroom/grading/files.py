@@ -53,6 +53,7 @@ class Submission:
     student: str  # as shown in the report (escaped)
     read_error: str | None = None  # set at collection: the row is an error, nothing is read
     follow: bool = False  # a file the instructor named: read through a link
+    name: str = ""  # the student's folder name as it is (rows are keyed by it; ``student`` shows it)
 
     def read(self) -> tuple[bytes | None, str | None]:
         """The notebook's bytes now, or why there are none."""
@@ -240,7 +241,7 @@ def collect(paths, exclude=()) -> list[Submission]:
                 with os.scandir(path) as it:
                     tops = []
                     for entry in it:
-                        if not entry.name.startswith("."):
+                        if entry.name != ".ipynb_checkpoints":  # a hidden one gets a row (below), never none
                             tops.append(entry.path)
                         if len(tops) > MAX_FILES:
                             raise CollectionError(f"{path} holds more than {MAX_FILES:,} entries: grade it in parts")
@@ -256,7 +257,13 @@ def collect(paths, exclude=()) -> list[Submission]:
             student = students.setdefault(_student_of(top, root), _Student(_student_of(top, root)))
             if student.over:
                 continue
-            if top in named:
+            beside = os.path.dirname(os.path.abspath(top)) == root and not os.path.isdir(top) and \
+                os.path.isdir(os.path.splitext(top)[0])
+            if os.path.basename(top).startswith(".") or beside:
+                student.found.append((top, "a notebook at the class root beside the folder of the same name: not "
+                                           "graded (move it into that folder)" if beside else "a hidden name (it "
+                                           "starts with a dot): not graded (rename it to grade it)"))
+            elif top in named:
                 student.found.append((top, None))
             else:
                 _add(student, top)
@@ -279,7 +286,7 @@ def _submission(path: str, name: str, refusal: str | None, follow: bool = False)
     problem = name_problem(name)
     if problem and not refusal:
         refusal = f"the name {one_line(name)!r} has {problem}: not graded (rename the folder)"
-    return Submission(path, one_line(path), one_line(name), refusal, follow)
+    return Submission(path, one_line(path), one_line(name), refusal, follow, name)
 
 
 def refuse_target(path: str, option: str) -> None:

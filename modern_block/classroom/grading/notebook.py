@@ -195,8 +195,8 @@ def read_notebook(data: bytes) -> list[Cell]:
         if not isinstance(source, str):
             raise NotebookError(f"not a valid notebook: cell {i} has no source text")
         cell_id = cell.get("id") if isinstance(cell.get("id"), str) else None
-        meta = cell.get("metadata")
-        grader = meta.get("nbgrader") if isinstance(meta, dict) else None
+        cell_meta = cell.get("metadata")
+        grader = cell_meta.get("nbgrader") if isinstance(cell_meta, dict) else None
         out.append(Cell(i, cell["cell_type"], source, cell_id, nbgrader=grader if isinstance(grader, dict) else {}))
     if out:
         out[0].generated_from = generated if isinstance(generated, str) else None

@@ -286,8 +286,3 @@ def render_csv(header, rows) -> str:
     writer.writerow(header)
     writer.writerows(rows)
     return out.getvalue()
-
-
-def gradebook(reports: list[Report], graded_at: str = "") -> str:
-    """The long CSV gradebook of ``reports``: one row per student and exercise."""
-    return render_csv(COLUMNS, gradebook_rows(reports, graded_at))
