@@ -13,7 +13,11 @@ and every honest row must be exactly what the honest students alone get. The att
 * reuse: lesson 07's LM built on the package's ``DecoderLM``;
 * no cgroup: a writable ``/dev`` filled, processes started past the limit;
 * names: a newline, a Cyrillic look-alike, a C1 control, U+202E and U+2028 in a folder name, a nested folder
-  named like another student; a 5,000-digit integer in the notebook's JSON.
+  named like another student; a 5,000-digit integer in the notebook's JSON;
+* round 3: 3,000 cells that each raise and print format characters (the grader's memory, the report's bytes);
+  names that differ only by case, surrounding space, an invisible character, or in another script (all
+  Cyrillic, all Greek); a BEL in one folder's name and the letters ``\x07`` in another's; a notebook at the
+  class root beside the folder of the same name; a hidden folder.
 
 Then the sandbox itself, started as root and as an ordinary user: the student's process runs under a non-zero
 host uid.
@@ -31,11 +35,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
-from submissions import RIGHT_RMS, ROOT, WRONG_RMS, answered, sandbox_problem, solution_source, write
+from submissions import RIGHT_RMS, ROOT, WRONG_RMS, answered, read_report, sandbox_problem, solution_source, write
 
+from modern_block.classroom.grading.engine import MAX_CELL_ROWS, MAX_REPORT_BYTES
 from modern_block.classroom.grading.files import MAX_STUDENT_BYTES, MAX_STUDENT_ENTRIES
-from modern_block.classroom.grading.report import one_line
+from modern_block.classroom.grading.names import shown as one_line
 from modern_block.classroom.grading.sandbox_user import sandbox_user
 
 REFERENCE = ROOT / "exercises"
@@ -137,10 +143,18 @@ ON_DECODER_LM = """class LlamaStyleLM(mb.DecoderLM):
                          norm=mb.RMSNorm(d), rope=mb.RotaryEmbedding(d // n_heads, max_len, rope_base),
                          max_len=max_len, tie=tie)"""
 BAD_NAMES = {"h\u043enest01": "more than one script", "new\nline": "control", "c1\x9bcontrol": "control",
-             "rlo\u202eevil": "control", "sep\u2028arator": "control", "\uff41lice": "stand for others"}
+             "rlo\u202eevil": "control", "sep\u2028arator": "control", "\uff41lice": "stand for others",
+             "honest01 ": "space before or after", " honest01": "space before or after",
+             "honest01\ufe0f": "invisible (default-ignorable) characters (U+FE0F)",
+             "honest01\u115f": "invisible (default-ignorable) characters (U+115F)", "zed\x07": "control"}
+# by case, all Cyrillic, all Greek
+LOOK_ALIKES = {"HONEST01": "honest01", "\u0430\u0441\u0435": "ace", "\u0391\u0392\u0395": "ABE"}
+THREE_THOUSAND = 3000  # cells that each raise, printing format characters (each is escaped to six characters)
 
 
 def honest(folder: Path) -> None:
+    write(folder, "ace", L01, answered(L01, base="solutions"))  # names that other scripts can copy
+    write(folder, "ABE", L01, answered(L01, dict(ex1_rms=RIGHT_RMS)))
     write(folder, "honest01", L01, answered(L01, base="solutions"))
     write(folder, "honest01", L07, answered(L07, base="solutions"))
     write(folder, "honest02", L01, answered(L01, dict(ex1_rms=WRONG_RMS, ex2_rmsnorm=solution_source(L01,
@@ -185,6 +199,20 @@ def attackers(folder: Path) -> dict:
         want[name] = why
     write(folder / "nested_in_alice", "honest02", L01, answered(L01, right))  # a nested folder named like another
     want["nested_in_alice"] = ["passed", "not attempted"]
+    for name in LOOK_ALIKES:  # graded as themselves, flagged
+        write(folder, name, L01, answered(L01, right))
+        want[name] = ["passed", "not attempted"]
+    write(folder, "zed\\x07", L01, answered(L01, right))  # the letters: not the BEL of "zed\x07"
+    want["zed\\x07"] = ["passed", "not attempted"]
+    many_cells = answered(L01, right)
+    first = next(i for i, c in enumerate(many_cells.cells) if c.cell_type == "markdown" and "## Exercise" in c.source)
+    flood = "print('\\u202e' * 5000)\nraise ValueError('\\u2066' * 3000)"
+    many_cells.cells[first:first] = [nbformat.v4.new_code_cell(flood) for _ in range(THREE_THOUSAND)]
+    write(folder, "three_thousand_cells", L01, many_cells)
+    want["three_thousand_cells"] = ["passed", "not attempted"]
+    write(folder, ".sneaky", L01, answered(L01, base="solutions"))
+    want[".sneaky"] = "a hidden name"
+    (folder / "honest01.ipynb").write_text(json.dumps(answered(L01, dict(ex1_rms=WRONG_RMS))))  # beside honest01/
     return want
 
 
@@ -237,12 +265,12 @@ def class_run(open_base):
     seconds = time.monotonic() - started
     alone_result, _ = run_grader([str(alone), "--reference", str(REFERENCE), "--jobs", "2", "--timeout",
                                   str(TIMEOUT), "--json-file", str(open_base / "alone.json")])
-    doc = json.loads(Path(outputs[1]).read_text(encoding="utf-8"))
+    doc = read_report(Path(outputs[1]).read_text(encoding="utf-8"))
     rows: dict = {}
     for r in doc["notebooks"]:
         rows.setdefault(r["student"], []).append(r)
     alone_rows = {(r["student"], Path(r["notebook"]).stem): r for r in
-                  json.loads((open_base / "alone.json").read_text())["notebooks"]}
+                  read_report((open_base / "alone.json").read_text())["notebooks"]}
     return {"result": result, "stdout": stdout, "rows": rows, "want": want, "alone": alone_rows, "seconds": seconds,
             "csv": Path(outputs[0]).read_text(encoding="utf-8"), "json": Path(outputs[1]).read_text(encoding="utf-8"),
             "core_pattern": core_pattern}
@@ -282,7 +310,7 @@ def test_every_honest_row_is_what_the_honest_students_alone_get(class_run):
 def test_each_attacker_gets_its_own_row_and_nothing_more(class_run):
     rows = class_run["rows"]
     for student, want in class_run["want"].items():
-        (row,) = rows[one_line(student)]
+        (row,) = [r for r in rows[one_line(student)] if not r["notebook"].endswith(f"{student}.ipynb")]
         if isinstance(want, list):
             assert row["status"] == "graded" and statuses(row) == want, (student, json.dumps(row)[:2000])
         else:
@@ -342,6 +370,32 @@ def test_names_are_escaped_flagged_and_never_taken_from_deeper_folders(class_run
     records = 1 + sum(max(1, len(report["exercises"])) for reports in rows.values() for report in reports)
     assert len(class_run["csv"].splitlines()) == len(book) == records  # one line per record: nothing forged
     assert {"new\\nline", "c1\\x9bcontrol", "rlo\\u202eevil", "sep\\u2028arator"} <= {row[0] for row in book}
+
+
+@needs_sandbox
+def test_one_notebook_of_3000_raising_cells_costs_the_grader_a_bounded_report(class_run):
+    """Round 3: 3,000 cells each printing 5,000 format characters (30,000 once escaped) and raising with 3,000
+    more took the grader to 1.3 GB and report.json to 174 MB. Escaped before cut, the first cells listed."""
+    (row,) = class_run["rows"]["three_thousand_cells"]
+    assert len(row["cells"]) == MAX_CELL_ROWS and f"{THREE_THOUSAND - MAX_CELL_ROWS:,} more cells" in row["notes"][0]
+    assert len(json.dumps(row["cells"] + row["notes"])) < MAX_REPORT_BYTES
+    line = next(x for x in class_run["json"].splitlines() if '"three_thousand_cells"' in x)
+    assert len(line.encode()) < 2 * MAX_REPORT_BYTES  # the whole report of the notebook, as written
+    assert all(len(c["output"]) <= 2_000 + 20 and "\\u202e" in c["output"] for c in row["cells"])
+
+
+@needs_sandbox
+def test_look_alike_names_are_flagged_and_keep_their_own_rows(class_run):
+    rows = class_run["rows"]
+    for name, honest_name in LOOK_ALIKES.items():
+        (row,) = rows[name]
+        assert f"looks like {honest_name!r}" in " ".join(row["notes"]), row["notes"]
+        honest_notes = " ".join(n for r in rows[honest_name] for n in r["notes"])
+        assert f"looks like {name!r}" in honest_notes, honest_notes  # both are told, neither loses its grade
+    assert rows["zed\\\\x07"][0]["status"] == "graded" and rows["zed\\x07"][0]["status"] == "error"  # two rows
+    beside = [r for r in rows["honest01"] if r["notebook"].endswith("class/honest01.ipynb")]
+    assert len(beside) == 1 and "beside the folder of the same name" in beside[0]["error"]
+    assert "a hidden name" in rows[".sneaky"][0]["error"]
 
 
 # ---- the sandbox as root and as an ordinary user ----------------------------------------------------------

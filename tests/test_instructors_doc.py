@@ -59,10 +59,10 @@ def exercise_table() -> str:
         answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in nbformat.read(path, as_version=4).cells
                    if c.metadata.get("nbgrader", {}).get("solution")}
         for k, ex in enumerate(ref.exercises):
-            ident = ref.scheme.ids[ex.number]
+            ident = ex.id
             lines.append(f"| {path.stem if k == 0 else ''} | {ex.number}. {ex.title} | "
                          f"{signature(answers.get(ident, ''))} | `{ident}` | "
-                         f"{number_text(sum(ref.scheme.weights[ex.number]))} | "
+                         f"{number_text(sum(ex.weights))} | "
                          f"{', '.join(f'`{c.check}`' for c in ex.calls)} |")
     return "\n".join(lines)
 

@@ -286,3 +286,8 @@ def render_csv(header, rows) -> str:
     writer.writerow(header)
     writer.writerows(rows)
     return out.getvalue()
+
+
+def gradebook(reports: list[Report], graded_at: str = "") -> str:
+    """The long CSV of ``reports``: one row per student and exercise, with its header."""
+    return render_csv(COLUMNS, gradebook_rows(reports, graded_at))
