@@ -432,3 +432,25 @@ def test_the_students_process_never_runs_as_host_root(user):
         inside
     assert inside["writable"] == [], inside
     assert inside["AF_INET"] == "EAFNOSUPPORT" and inside["/proc/self/oom_score_adj"] == "OSError", inside
+
+
+@needs_sandbox
+def test_round_3_as_an_ordinary_user_grades_within_the_budget(open_base):
+    """The grader started by an ordinary user: the 3,000-cell notebook and a look-alike beside an honest student."""
+    if os.geteuid() != 0:
+        pytest.skip("the suite already runs as an ordinary user (the class run above is this case)")
+    folder = open_base / "ordinary"
+    write(folder, "honest01", L01, answered(L01, base="solutions"))
+    write(folder, "HONEST01", L01, answered(L01, dict(ex1_rms=RIGHT_RMS)))
+    many = answered(L01, dict(ex1_rms=RIGHT_RMS))
+    many.cells[1:1] = [nbformat.v4.new_code_cell("print('\\u202e' * 5000)\nraise ValueError('x')")
+                       for _ in range(THREE_THOUSAND)]
+    write(folder, "many", L01, many)
+    out = open_base / "ordinary.json"
+    result, _ = run_grader([str(folder), "--reference", str(REFERENCE), "--jobs", "2", "--timeout", str(TIMEOUT),
+                            "--json-file", str(out)], user="nobody")
+    rows = {r["student"]: r for r in read_report(out.read_text(encoding="utf-8"))["notebooks"]}
+    assert [e["status"] for e in rows["honest01"]["exercises"]] == ["passed", "passed"]
+    assert "looks like 'HONEST01'" in " ".join(rows["honest01"]["notes"])
+    assert len(rows["many"]["cells"]) == MAX_CELL_ROWS and result["status"] == 1
+    assert result["max_rss"] - result["loaded"] < GRADER_MEMORY, result

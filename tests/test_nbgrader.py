@@ -119,7 +119,7 @@ def test_autograde_runs_the_course_engine_with_partial_credit_and_the_late_polic
     assert got["alice"] == (4.0, 4.0, 0.0)
     assert got["carol"][:2] == (0.0, 4.0)  # the replaced check: 0 here (nbgrader's kernel gives it the point)
     assert got["bob"][:2] == (2.5, 4.0)  # rms right (1), RMSNorm wrong: 1.5 of exercise 2's 3 (check_rms passes)
-    assert got["eve"] == (0.0, 4.0, 4.0)  # handed in after the due date: the penalty takes all 4 points
+    assert got["eve"] == (4.0, 4.0, 4.0)  # right, but after the due date: the penalty takes all 4 (exported as 0)
     assert got["fay"][:2] == (4.0, 4.0)  # the deleted check cell was put back and graded
     assert "dan" not in got  # nothing handed in: no submission (the export gives the roster's row)
     assert "alice: exercise 1 passed 1/1; exercise 2 passed 3/3" in term["autograde"].stderr
