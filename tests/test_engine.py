@@ -104,3 +104,18 @@ def test_a_report_is_bounded_whatever_the_notebook_did():
     assert all(len(c["output"]) <= 2_000 + 10 and len(c["error"]) <= 500 + 10 for c in report.cells)
     assert len(report.exercises[0].detail) <= 4_000 + 10 and "\u200b" not in report.exercises[0].detail
     assert bounded("\x1b" * 10, 8) == "\\x1b\\x1b [... cut]"  # escaped first, then cut
+
+
+def test_names_are_compared_as_a_person_reads_them():
+    names = pytest.importorskip("modern_block.classroom.grading.names")
+    pytest.importorskip("icu")
+    assert names.shown("zed\x07") == "zed\\x07" != names.shown("zed\\x07") == "zed\\\\x07"  # never shown the same
+    assert names.invisible("ada\ufe0f") == "invisible (default-ignorable) characters (U+FE0F)"
+    assert "U+115F" in names.invisible("ada\u115f") and "U+200B" in names.invisible("a\u200bda")
+    assert names.invisible(" ada") == names.invisible("ada ") == "space before or after it"
+    assert names.invisible("Ada Lovelace") is None and names.invisible("Zoë") is None
+    found = names.look_alikes(["honest01", "HONEST01", "honestOl", "ace", "\u0430\u0441\u0435", "ABE",
+                               "\u0391\u0392\u0395", "ada", "bob"])
+    assert found == {"honest01": ["HONEST01", "honestOl"], "HONEST01": ["honest01", "honestOl"],
+                     "honestOl": ["HONEST01", "honest01"], "ace": ["\u0430\u0441\u0435"],
+                     "\u0430\u0441\u0435": ["ace"], "ABE": ["\u0391\u0392\u0395"], "\u0391\u0392\u0395": ["ABE"]}
