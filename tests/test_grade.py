@@ -707,3 +707,27 @@ def test_a_renamed_notebook_is_matched_to_its_lesson_by_its_prefix_08_or_08b():
                          ("08_mine.ipynb", "08_train_llama_vs_gpt2.ipynb")):
         ref, problem = grade._reference_for(Submission(name, name, "ada"), empty, refs, own=False)
         assert problem is None and ref is refs[lesson], (name, problem)
+
+
+@needs_sandbox
+def test_a_run_stopped_midway_keeps_what_it_graded(tmp_path):
+    """Round 3: the outputs were written only at the end, so a grader stopped by one endless submission lost the
+    class's grades. Each notebook's rows are written as soon as it is graded."""
+    write(tmp_path / "class", "ada", "01_rmsnorm", answered("01_rmsnorm", base="solutions"))
+    write(tmp_path / "class", "zed", "01_rmsnorm", answered("01_rmsnorm", before_first="import time\ntime.sleep(1000)"))
+    csv_path, json_path = tmp_path / "grades.csv", tmp_path / "report.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "modern_block", "grade", str(tmp_path / "class"), "--reference",
+                             str(REFERENCE), "--timeout", "900", "--csv", str(csv_path), "--json-file", str(json_path)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not (json_path.exists() and json_path.read_text().count("\n") >= 1):
+            time.sleep(1)
+        time.sleep(3)  # zed's notebook is running now, for 1,000 s
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+    rows = csv_path.read_text(encoding="utf-8").splitlines()
+    assert rows[0].startswith("student,") and [r.split(",")[0] for r in rows[1:]] == ["ada", "ada"]
+    assert [r["student"] for r in read_report(json_path.read_text(encoding="utf-8"))["notebooks"]] == ["ada"]

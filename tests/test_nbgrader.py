@@ -68,12 +68,23 @@ def term(tmp_path_factory):
         f.write(ZIP_CONFIG)
     source = course / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
     nbformat.write(weighted(nbformat.read(source, as_version=4)), source)
-    for name in ("alice", "bob", "carol", "dan", "eve", "fay"):  # the roster: dan hands in nothing
+    for name in ("alice", "bob", "carol", "dan", "eve", "fay", "mallory", "rich"):  # dan hands in nothing
         nbgrader(course, "db", "student", "add", name)
     nbgrader(course, "db", "assignment", "add", ASSIGNMENT, "--duedate=2026-03-01 12:00:00 UTC")
     nbgrader(course, "generate_assignment", ASSIGNMENT)
 
-    for name, nb in {"alice": student(base="solutions"), "carol": student(dict(ex1_rms=CHEAT))}.items():
+    many = student(base="solutions")  # round 3: 3,000 cells that print format characters and raise
+    first = next(i for i, c in enumerate(many.cells) if c.cell_type == "markdown" and "## Exercise" in c.source)
+    many.cells[first:first] = [nbformat.v4.new_code_cell("print('\\u202e' * 5000)\nraise ValueError('\\u2066' * 3000)")
+                               for _ in range(3000)]
+    rich = student(base="solutions")  # round 3: a notebook that sets its own points and adds an exercise
+    for cell in rich.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade"):
+            cell.metadata.nbgrader["points"] = 50
+    rich.cells.append(nbformat.v4.new_markdown_cell("## Exercise 3: free points"))
+    rich.cells.append(nbformat.v4.new_code_cell("checks.check_rms(rms)"))
+    for name, nb in {"alice": student(base="solutions"), "carol": student(dict(ex1_rms=CHEAT)), "mallory": many,
+                     "rich": rich}.items():
         folder = course / "submitted" / name / ASSIGNMENT
         folder.mkdir(parents=True)
         nbformat.write(nb, folder / f"{ASSIGNMENT}.ipynb")
@@ -122,6 +133,9 @@ def test_autograde_runs_the_course_engine_with_partial_credit_and_the_late_polic
     assert got["eve"] == (4.0, 4.0, 4.0)  # right, but after the due date: the penalty takes all 4 (exported as 0)
     assert got["fay"][:2] == (4.0, 4.0)  # the deleted check cell was put back and graded
     assert "dan" not in got  # nothing handed in: no submission (the export gives the roster's row)
+    assert got["mallory"][:2] == got["rich"][:2] == (4.0, 4.0)  # the points are the source's, never the notebook's
+    graded = term["course"] / "autograded" / "mallory" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+    assert graded.stat().st_size < 2 << 20  # 20 of the 3,000 cells' errors written, each bounded
     assert "alice: exercise 1 passed 1/1; exercise 2 passed 3/3" in term["autograde"].stderr
 
 
@@ -142,7 +156,7 @@ def test_manual_grading_feedback_and_export(term):
     with open(course / "grades.csv", newline="") as f:
         rows = {r["student_id"]: r for r in csv.DictReader(f)}
     assert {s: float(r["score"]) for s, r in rows.items()} == {"alice": 4.0, "bob": 4.0, "carol": 0.0, "dan": 0.0,
-                                                               "eve": 0.0, "fay": 4.0}
+                                                               "eve": 0.0, "fay": 4.0, "mallory": 4.0, "rich": 4.0}
     assert {float(r["max_score"]) for r in rows.values()} == {4.0}  # the assignment's maximum, for everyone
 
 
