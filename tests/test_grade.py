@@ -693,7 +693,7 @@ def test_a_typed_in_value_fails_in_the_grader_and_a_computed_one_passes(tmp_path
     for student, answer in (("typed", f"kimi_k2_cache_bytes = {right}"),
                             ("computed", "kimi_k2_cache_bytes = 61 * (512 + 64) * 2")):
         nb = answered("05_mla", dict(ex5_kimi_k2_cache=answer), base="solutions")
-        (reports[student],) = grade.grade_paths([write(tmp_path, student, "05_mla", nb)])
+        (reports[student],) = grade.grade_paths([write(tmp_path, student, "05_mla", nb)], REFERENCE)
     status = {k: {e.number: (e.status, e.detail) for e in r.exercises}[5] for k, r in reports.items()}
     assert status["computed"][0] == "passed", status
     assert status["typed"][0] == "failed" and "typed in as a number" in status["typed"][1], status

@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
                 and not os.path.isdir(args.submissions[0]) else "")
         _emit(f"error: {one_line(str(err))}{hint}\n", sys.stderr)
         return 2
-    except (UsageError, OutputError, OSError) as err:
+    except (UsageError, OutputError, OSError, names.NamesUnavailable) as err:
         _emit(f"error: {one_line(str(err))}\n", sys.stderr)
         return 2
     finally:

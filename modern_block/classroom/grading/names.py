@@ -15,11 +15,15 @@ from __future__ import annotations
 from .report import one_line
 
 
+class NamesUnavailable(RuntimeError):
+    """ICU's binding is missing: a class's names cannot be compared (the grader stops: exit status 2)."""
+
+
 def _icu():
     try:
         import icu
     except ImportError:
-        raise RuntimeError("comparing student names needs ICU's Python binding: pip install "
+        raise NamesUnavailable("comparing student names needs ICU's Python binding: pip install "
                            "'modern-block[classroom]' (or pyicu-wheels)") from None
     return icu
 
