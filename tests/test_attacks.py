@@ -39,7 +39,7 @@ import nbformat
 import pytest
 from submissions import RIGHT_RMS, ROOT, WRONG_RMS, answered, read_report, sandbox_problem, solution_source, write
 
-from modern_block.classroom.grading.engine import MAX_CELL_ROWS, MAX_REPORT_BYTES
+from modern_block.classroom.grading.engine import MAX_CELL_ROWS, MAX_REPORT_CHARS
 from modern_block.classroom.grading.files import MAX_STUDENT_BYTES, MAX_STUDENT_ENTRIES
 from modern_block.classroom.grading.names import shown as one_line
 from modern_block.classroom.grading.sandbox_user import sandbox_user
@@ -146,7 +146,8 @@ BAD_NAMES = {"h\u043enest01": "more than one script", "new\nline": "control", "c
              "rlo\u202eevil": "control", "sep\u2028arator": "control", "\uff41lice": "stand for others",
              "honest01 ": "space before or after", " honest01": "space before or after",
              "honest01\ufe0f": "invisible (default-ignorable) characters (U+FE0F)",
-             "honest01\u115f": "invisible (default-ignorable) characters (U+115F)", "zed\x07": "control"}
+             "honest01\u034f": "invisible (default-ignorable) characters (U+034F)", "honest01\u115f": "not graded",
+             "zed\x07": "control"}
 # by case, all Cyrillic, all Greek
 LOOK_ALIKES = {"HONEST01": "honest01", "\u0430\u0441\u0435": "ace", "\u0391\u0392\u0395": "ABE"}
 THREE_THOUSAND = 3000  # cells that each raise, printing format characters (each is escaped to six characters)
@@ -378,10 +379,10 @@ def test_one_notebook_of_3000_raising_cells_costs_the_grader_a_bounded_report(cl
     more took the grader to 1.3 GB and report.json to 174 MB. Escaped before cut, the first cells listed."""
     (row,) = class_run["rows"]["three_thousand_cells"]
     assert len(row["cells"]) == MAX_CELL_ROWS and f"{THREE_THOUSAND - MAX_CELL_ROWS:,} more cells" in row["notes"][0]
-    assert len(json.dumps(row["cells"] + row["notes"])) < MAX_REPORT_BYTES
+    assert len(json.dumps(row["cells"] + row["notes"])) < MAX_REPORT_CHARS
     line = next(x for x in class_run["json"].splitlines() if '"three_thousand_cells"' in x)
-    assert len(line.encode()) < 2 * MAX_REPORT_BYTES  # the whole report of the notebook, as written
-    assert all(len(c["output"]) <= 2_000 + 20 and "\\u202e" in c["output"] for c in row["cells"])
+    assert len(line.encode()) < 2 * MAX_REPORT_CHARS  # the whole report of the notebook, as written
+    assert all(len(c["output"]) <= 1_500 + 20 and "\\u202e" in c["output"] for c in row["cells"])
 
 
 @needs_sandbox
@@ -389,9 +390,10 @@ def test_look_alike_names_are_flagged_and_keep_their_own_rows(class_run):
     rows = class_run["rows"]
     for name, honest_name in LOOK_ALIKES.items():
         (row,) = rows[name]
-        assert f"looks like {honest_name!r}" in " ".join(row["notes"]), row["notes"]
+        note = " ".join(row["notes"])
+        assert "looks like" in note and repr(honest_name) in note, note
         honest_notes = " ".join(n for r in rows[honest_name] for n in r["notes"])
-        assert f"looks like {name!r}" in honest_notes, honest_notes  # both are told, neither loses its grade
+        assert repr(name) in honest_notes, honest_notes  # both are told, neither loses its grade
     assert rows["zed\\\\x07"][0]["status"] == "graded" and rows["zed\\x07"][0]["status"] == "error"  # two rows
     beside = [r for r in rows["honest01"] if r["notebook"].endswith("class/honest01.ipynb")]
     assert len(beside) == 1 and "beside the folder of the same name" in beside[0]["error"]
@@ -448,9 +450,10 @@ def test_round_3_as_an_ordinary_user_grades_within_the_budget(open_base):
     write(folder, "many", L01, many)
     out = open_base / "ordinary.json"
     result, _ = run_grader([str(folder), "--reference", str(REFERENCE), "--jobs", "2", "--timeout", str(TIMEOUT),
-                            "--json-file", str(out)], user="nobody")
+                            "--json-file", str(out)], user=str(pwd.getpwnam("nobody").pw_uid))
     rows = {r["student"]: r for r in read_report(out.read_text(encoding="utf-8"))["notebooks"]}
     assert [e["status"] for e in rows["honest01"]["exercises"]] == ["passed", "passed"]
     assert "looks like 'HONEST01'" in " ".join(rows["honest01"]["notes"])
+    assert [e["status"] for e in rows["HONEST01"]["exercises"]] == ["passed", "not attempted"]
     assert len(rows["many"]["cells"]) == MAX_CELL_ROWS and result["status"] == 1
     assert result["max_rss"] - result["loaded"] < GRADER_MEMORY, result

@@ -101,7 +101,7 @@ def test_a_report_is_bounded_whatever_the_notebook_did():
     report = finish(Report("n", "s", cells=rows, exercises=[Exercise(1, "a", ["check_rms"], "failed",
                                                                      "\u200b" * 100_000)]), None)
     assert len(report.cells) == MAX_CELL_ROWS and "2,980 more cells raised errors" in report.notes[0]
-    assert all(len(c["output"]) <= 2_000 + 10 and len(c["error"]) <= 500 + 10 for c in report.cells)
+    assert all(len(c["output"]) <= 1_500 + 10 and len(c["error"]) <= 1_200 + 10 for c in report.cells)
     assert len(report.exercises[0].detail) <= 4_000 + 10 and "\u200b" not in report.exercises[0].detail
     assert bounded("\x1b" * 10, 8) == "\\x1b\\x1b [... cut]"  # escaped first, then cut
 

@@ -11,7 +11,8 @@ notebook is graded against its own check cells at 1 point per check, under no le
 
 What one notebook may cost the grader is bounded whatever it holds: ``notebook.MAX_CELLS`` cells, the rows of
 ``MAX_CELL_ROWS`` cells that raised (the rest counted), every student text escaped first and then cut
-(``bounded``), so a report holds at most about ``MAX_REPORT_BYTES`` plus the exercises' diagnoses.
+(``bounded``), so the cells and notes of a report stay under ``MAX_REPORT_CHARS``; each exercise's diagnosis
+is cut at ``MAX_DETAIL`` characters.
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ import sys
 import threading
 
 from .notebook import Reference
-from .report import NOT_GRADED, PASSED, Report, bounded, one_line, short_traceback
+from .report import MAX_ERROR, MAX_OUTPUT, NOT_GRADED, PASSED, Report, bounded, one_line, short_traceback
 from .sandbox import Launcher, Limits, SandboxError
 from .session import Options, grade_submission
 
 MAX_CELL_ROWS = 20  # cells that raised, listed per notebook (the rest are counted in a note)
-MAX_OUTPUT = 2_000  # characters of one listed cell's output, after escaping
 MAX_DETAIL = 4_000  # characters of one exercise's diagnosis, after escaping
-MAX_REPORT_BYTES = 64 << 10  # cells and notes of one report, as JSON: with the caps above, never more
+MAX_REPORT_CHARS = 64_000  # cells and notes of one report: 20 x (1,200 + 1,500) + 10 notes x 500 characters
 
 _LAUNCHERS: dict[tuple, Launcher] = {}
 _LAUNCHER_LOCK = threading.Lock()
@@ -64,7 +64,7 @@ def finish(report: Report, reference: Reference | None) -> Report:
     for e in report.exercises:
         e.detail = bounded(e.detail, MAX_DETAIL)
     rows = report.cells
-    report.cells = [{**row, "error": bounded(str(row.get("error", "")), 500),
+    report.cells = [{**row, "error": bounded(str(row.get("error", "")), MAX_ERROR),
                      "output": bounded(short_traceback(str(row.get("output", ""))), MAX_OUTPUT)}
                     for row in rows[:MAX_CELL_ROWS]]
     if len(rows) > MAX_CELL_ROWS:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from .notebook import Cell, sections
 
 PASSED, FAILED, NOT_ATTEMPTED, NOT_GRADED = "passed", "failed", "not attempted", "not graded"
+MAX_ERROR, MAX_OUTPUT = 1_200, 1_500  # characters of a cell's error and output kept, after escaping
 STATUSES = (PASSED, FAILED, NOT_ATTEMPTED)
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 _ESCAPED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})  # C0 and C1 controls, format characters (bidirectional
