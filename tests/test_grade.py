@@ -41,6 +41,7 @@ from submissions import (
 )
 
 from modern_block.classroom import grade
+from modern_block.classroom.grading import engine, sandbox
 from modern_block.classroom.grading.files import Submission
 
 REFERENCE = ROOT / "exercises"
@@ -636,6 +637,30 @@ def test_without_the_sandbox_flag_the_submissions_run_as_plain_processes(tmp_pat
     (report,) = grade.grade_all(grade.collect([tmp_path]), grade.load_reference(REFERENCE / "01_rmsnorm.ipynb"),
                                 limits=grade.Limits(sandbox=False))
     assert report.all_passed, grade.format_report(report)
+
+
+@needs_sandbox
+def test_without_a_cgroup_only_the_flag_or_self_grades_in_the_sandbox(tmp_path, monkeypatch, capsys):
+    """No cgroup can be made: a class is refused with the flag named; --no-cgroup-i-accept-per-process-limits
+    grades it in the sandbox, and so does --self (one notebook of the student's own), never as plain processes."""
+    monkeypatch.setattr(sandbox.Cgroups, "open", classmethod(lambda cls, base=None: None))
+    monkeypatch.setattr(sandbox, "scope_command", lambda argv, user: None)
+    monkeypatch.setattr(engine, "_LAUNCHERS", {})  # launchers of their own, closed at the end
+    notebook = write(tmp_path, "ada", "01_rmsnorm", answered("01_rmsnorm", base="solutions"))
+    reference = str(REFERENCE / "01_rmsnorm.ipynb")
+    try:
+        assert grade.main([str(tmp_path), "--reference", reference]) == 2
+        err = capsys.readouterr().err
+        assert sandbox.NO_CGROUP_FLAG in err and "Traceback" not in err
+        assert grade.main([str(tmp_path), "--reference", reference, sandbox.NO_CGROUP_FLAG, "--json"]) == 0
+        assert grade.main([str(notebook), "--self", "--json"]) == 0
+        for line in capsys.readouterr().out.splitlines():
+            assert json.loads(line)["exercises"] and "WITHOUT isolation" not in line, line
+        (used,) = engine._LAUNCHERS.values()  # one sandboxed launcher served both, without a cgroup
+        assert used.limits == sandbox.Limits(without_cgroup=True) and used.cgroups is None and used.bwrap
+    finally:
+        for launcher in engine._LAUNCHERS.values():
+            launcher.close()
 
 
 # ---- the command line -----------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
     python -m modern_block grade SUBMISSIONS [SUBMISSIONS ...] [--reference REF] [--jobs N] [--csv FILE]
         [--feedback DIR] [--json] [--json-file FILE] [--timeout S] [--notebook-timeout S] [--memory-mb M]
-        [--kernel NAME] [--self] [--no-sandbox-i-trust-these-notebooks]
+        [--kernel NAME] [--self] [--no-cgroup-i-accept-per-process-limits] [--no-sandbox-i-trust-these-notebooks]
 
 A term's gradebook, roster, due dates, late penalties, manual grading and LMS export are nbgrader's: the course
 ships an nbgrader course whose autograde step runs this same engine (``python -m modern_block exercises course
@@ -20,6 +20,10 @@ notebook's report is printed, and written to ``--csv`` (one row per student and 
 JSON line per notebook) and ``--feedback`` (a Markdown file per student and notebook) as soon as it is graded,
 so a run that is stopped keeps what it graded.
 
+Each sandbox is bounded by a cgroup (memory, processes, CPU); where none can be made the grader refuses, unless
+``--no-cgroup-i-accept-per-process-limits`` accepts limits on each process only. ``--self`` accepts them (one
+notebook of the student's own, on their machine).
+
 Exit status: 0 every exercise of every submission passed; 1 some did not, some submission got an error row, or
 an output file could not be written (one line says which); 2 the grader could not run (bad arguments, an
 unusable reference, no notebooks found, no sandbox).
@@ -28,6 +32,7 @@ unusable reference, no notebooks found, no sandbox).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -54,7 +59,7 @@ from .grading.report import (
     one_line,
     render_csv,
 )
-from .grading.sandbox import UNSAFE_FLAG, Limits, SandboxError
+from .grading.sandbox import NO_CGROUP_FLAG, UNSAFE_FLAG, Limits, SandboxError
 from .grading.session import Options
 
 __all__ = ["PASSED", "FAILED", "NOT_ATTEMPTED", "Options", "Limits", "Report", "Submission", "collect",
@@ -270,6 +275,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--self", dest="self_grade", action="store_true",
                    help="grade one notebook of your own: in the sandbox where it can start, else (macOS has none, "
                         "nor has Colab) as a plain process of yours, labelled not isolated")
+    p.add_argument(NO_CGROUP_FLAG, dest="without_cgroup", action="store_true",
+                   help="where no cgroup can be made: grade in the sandbox with limits on each process only (address "
+                        "space, CPU time, processes, open files), so that a submission's processes together may hold "
+                        "more memory than --memory-mb")
     p.add_argument(UNSAFE_FLAG, dest="no_sandbox", action="store_true",
                    help="where bubblewrap cannot run: grade in plain processes of your user, which can read, change "
                         "and send anything your user can (only for notebooks you trust)")
@@ -281,12 +290,14 @@ SELF_NOTE = ("self-graded WITHOUT isolation ({why}): your notebook ran as a plai
 
 
 def _self_limits(args, limits: Limits, python: str) -> tuple[Limits, str | None]:
-    """--self: one notebook file only; the sandbox where it starts, else plain processes (and why)."""
+    """--self: one notebook file only; the sandbox where it starts (with a cgroup, else with limits on each
+    process: the student's own notebook on their own machine), else plain processes (and why)."""
     if len(args.submissions) != 1 or os.path.isdir(args.submissions[0]):
         raise UsageError("--self grades one notebook of your own, named as a file; grading a folder or several "
                          "notebooks (other people's code) needs the sandbox")
     if not limits.sandbox:
         return limits, "you passed " + UNSAFE_FLAG
+    limits = dataclasses.replace(limits, without_cgroup=True)
     try:
         launcher_for(python, limits)
         return limits, None
@@ -374,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"no notebooks found in {', '.join(args.submissions)}")
         python = python_of_kernel(args.kernel)
         limits = Limits(memory_mb=args.memory_mb, cpu_seconds=int(args.notebook_timeout) + 30,
-                        sandbox=not args.no_sandbox)
+                        sandbox=not args.no_sandbox, without_cgroup=args.without_cgroup)
         if args.self_grade:
             limits, self_why = _self_limits(args, limits, python)
         outputs = _Outputs(args)
