@@ -190,23 +190,27 @@ raise RuntimeError("seen: " + json.dumps(seen))"""
 
 
 def _reply(payload: str) -> str:
-    """A setup cell after which every reply of the student's process is the frame ``payload`` builds."""
+    """A setup cell after which every reply of the student's process is the frame ``payload`` builds
+    (``_frame(text, tensors, data)``: the message's text, then ``data``, the tensors' offsets after the text)."""
     return ("import modern_block.classroom.grading.wire as _wire, struct, json\n"
+            "def _frame(text, tensors={}, data=b''):\n"
+            "    text = text.encode()\n"
+            "    head = {'message': {'dtype': 'U8', 'shape': [len(text)], 'data_offsets': [0, len(text)]}}\n"
+            "    head.update({k: {**v, 'data_offsets': [len(text) + o for o in v['data_offsets']]}\n"
+            "                 for k, v in tensors.items()})\n"
+            "    head = json.dumps(head).encode()\n"
+            "    return struct.pack('<Q', len(head)) + head + text + data\n"
             f"_evil = {payload}\n"
             "_encode = _wire.encode\n"
             "_wire.encode = lambda message: _evil if 'values' in message or 'value' in message else _encode(message)")
 
 
-def _frame(header: str, data: str = "b''") -> str:
-    return f"(lambda text: struct.pack('<Q', len(text)) + text + {data})(json.dumps({header}).encode())"
-
-
 REPLIES = {  # student -> the frame every reply becomes
-    "reply_claims_4_gib": _frame('{"__metadata__": {"message": "{\\"T\\": 0}"}, "0": {"dtype": "F32", "shape": '
-                                 '[1 << 30], "data_offsets": [0, 4 << 30]}}', "bytes(4096)"),
-    "reply_of_a_million_lists": _frame('{"__metadata__": {"message": "[" + "[]," * 1_000_000 + "[]]"}}'),
-    "reply_of_a_huge_int": _frame('{"__metadata__": {"message": "{\\"d\\": {\\"values\\": {\\"d\\": {\\"rms\\": " + '
-                                  '"7" * 5000 + ", \\"RMSNorm\\": 7}}}}"}}'),
+    "reply_claims_4_gib": """_frame('{"T": 0}',
+                                  {"0": {"dtype": "F32", "shape": [1 << 30], "data_offsets": [0, 4 << 30]}},
+                                  bytes(4096))""",
+    "reply_of_a_million_lists": '_frame("[" + "[]," * 1_000_000 + "[]]")',
+    "reply_of_a_huge_int": """_frame('{"d": {"values": {"d": {"rms": ' + "7" * 5000 + ', "RMSNorm": 7}}}}')""",
 }
 DEEP_MODULE = """import modern_block.classroom.grading.runner as _runner
 _runner.Runner.describe_module = staticmethod(lambda module: {"params": [], "buffers": [], "attrs": {},
@@ -468,7 +472,7 @@ def test_a_reply_that_would_cost_the_grader_only_fails_its_exercise(class_run):
             continue
         assert all("sent a reply the grader cannot read" in d for d in details), (student, details)
     assert "a name longer than" in rows["reply_of_a_deep_module"][0]["exercises"][1]["detail"]
-    assert "byte range" in rows["reply_claims_4_gib"][0]["exercises"][0]["detail"]
+    assert "not a valid safetensors frame" in rows["reply_claims_4_gib"][0]["exercises"][0]["detail"]
     assert "too many values" in rows["reply_of_a_million_lists"][0]["exercises"][0]["detail"]
 
 
