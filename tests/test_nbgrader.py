@@ -68,7 +68,7 @@ def term(tmp_path_factory):
         f.write(ZIP_CONFIG)
     source = course / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
     nbformat.write(weighted(nbformat.read(source, as_version=4)), source)
-    for name in ("alice", "bob", "carol", "dan", "eve", "fay", "mallory", "rich"):  # dan hands in nothing
+    for name in ("alice", "bob", "carol", "dan", "eve", "fay", "lin", "mallory", "ned", "rich"):  # dan: nothing
         nbgrader(course, "db", "student", "add", name)
     nbgrader(course, "db", "assignment", "add", ASSIGNMENT, "--duedate=2026-03-01 12:00:00 UTC")
     nbgrader(course, "generate_assignment", ASSIGNMENT)
@@ -89,6 +89,15 @@ def term(tmp_path_factory):
         folder.mkdir(parents=True)
         nbformat.write(nb, folder / f"{ASSIGNMENT}.ipynb")
         (folder / "timestamp.txt").write_text("2026-02-28 10:00:00 UTC")
+    # links in submitted/ (a folder copied with its links): a notebook linked to the source with its solutions,
+    # an assignment folder that is a link to a right answer outside the course
+    (course / "submitted" / "lin" / ASSIGNMENT).mkdir(parents=True)
+    (course / "submitted" / "lin" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").symlink_to(source)
+    outside = base / "outside"
+    outside.mkdir()
+    nbformat.write(student(base="solutions"), outside / f"{ASSIGNMENT}.ipynb")
+    (course / "submitted" / "ned").mkdir()
+    (course / "submitted" / "ned" / ASSIGNMENT).symlink_to(outside, target_is_directory=True)
     deleted = student(dict(ex1_rms=RIGHT_RMS, ex2_rmsnorm=solution_source(ASSIGNMENT, "ex2_rmsnorm")))
     deleted.cells = [c for c in deleted.cells if c.metadata.get("nbgrader", {}).get("grade_id") != "ex1_rms_check"]
     download = {  # an LMS download: student, submission time, file
@@ -134,6 +143,10 @@ def test_autograde_runs_the_course_engine_with_partial_credit_and_the_late_polic
     assert got["fay"][:2] == (4.0, 4.0)  # the deleted check cell was put back and graded
     assert "dan" not in got  # nothing handed in: no submission (the export gives the roster's row)
     assert got["mallory"][:2] == got["rich"][:2] == (4.0, 4.0)  # the points are the source's, never the notebook's
+    assert got["lin"][:2] == got["ned"][:2] == (0.0, 4.0)  # no link in submitted/ is followed
+    for name in ("lin", "ned"):
+        text = (term["course"] / "autograded" / name / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text()
+        assert "a symbolic link" in text and "BEGIN SOLUTION" not in text and "def rms(" not in text, text[:2000]
     graded = term["course"] / "autograded" / "mallory" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
     assert graded.stat().st_size < 2 << 20  # 20 of the 3,000 cells' errors written, each bounded
     assert "alice: exercise 1 passed 1/1; exercise 2 passed 3/3" in term["autograde"].stderr
@@ -156,7 +169,8 @@ def test_manual_grading_feedback_and_export(term):
     with open(course / "grades.csv", newline="") as f:
         rows = {r["student_id"]: r for r in csv.DictReader(f)}
     assert {s: float(r["score"]) for s, r in rows.items()} == {"alice": 4.0, "bob": 4.0, "carol": 0.0, "dan": 0.0,
-                                                               "eve": 0.0, "fay": 4.0, "mallory": 4.0, "rich": 4.0}
+                                                               "eve": 0.0, "fay": 4.0, "lin": 0.0, "mallory": 4.0,
+                                                               "ned": 0.0, "rich": 4.0}
     assert {float(r["max_score"]) for r in rows.values()} == {4.0}  # the assignment's maximum, for everyone
 
 
