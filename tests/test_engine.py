@@ -8,6 +8,7 @@ import nbformat
 import pytest
 from submissions import ROOT
 
+from modern_block.classroom.grading import names
 from modern_block.classroom.grading.engine import MAX_CELL_ROWS, annotate, finish, score
 from modern_block.classroom.grading.notebook import read_notebook, reference_from
 from modern_block.classroom.grading.report import Exercise, Report, bounded
@@ -107,7 +108,6 @@ def test_a_report_is_bounded_whatever_the_notebook_did():
 
 
 def test_names_are_compared_as_a_person_reads_them():
-    names = pytest.importorskip("modern_block.classroom.grading.names")
     pytest.importorskip("icu")
     assert names.shown("zed\x07") == "zed\\x07" != names.shown("zed\\x07") == "zed\\\\x07"  # never shown the same
     assert names.invisible("ada\ufe0f") == "invisible (default-ignorable) characters (U+FE0F)"

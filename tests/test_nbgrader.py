@@ -202,6 +202,33 @@ def test_the_config_puts_the_engine_in_place_of_nbgraders_kernel(tmp_path):
     shutil.rmtree(tmp_path / "c")
 
 
+def test_a_submission_is_read_again_without_following_a_link(tmp_path):
+    """nbgrader's own read (which follows links) is replaced: a regular file as it is, a link by a notebook of
+    empty cells that keeps only nbgrader's ids (nothing of the file it names), the refusal in the metadata."""
+    from traitlets.config import Config
+
+    from modern_block.classroom.grading.autograde import NOT_READ, ReadSubmission
+
+    config = Config()
+    config.CourseDirectory.root = str(tmp_path)
+    folder = tmp_path / "submitted" / "ada" / ASSIGNMENT
+    folder.mkdir(parents=True)
+    forged = student(base="solutions")
+    forged.metadata[NOT_READ] = "a note of the student's own"  # only the step sets it
+    nbformat.write(forged, folder / f"{ASSIGNMENT}.ipynb")
+    resources = {"nbgrader": {"student": "ada", "assignment": ASSIGNMENT, "notebook": ASSIGNMENT}}
+    read, _ = ReadSubmission(config=config).preprocess(nbformat.v4.new_notebook(), resources)
+    assert NOT_READ not in read.metadata and [c.source for c in read.cells] == [c.source for c in forged.cells]
+    (folder / f"{ASSIGNMENT}.ipynb").unlink()
+    (folder / f"{ASSIGNMENT}.ipynb").symlink_to(ROOT / "solutions" / f"{ASSIGNMENT}.ipynb")
+    followed = nbformat.read(folder / f"{ASSIGNMENT}.ipynb", as_version=4)  # what nbgrader read through it
+    refused, _ = ReadSubmission(config=config).preprocess(followed, resources)
+    assert "a symbolic link" in refused.metadata[NOT_READ] and "a symbolic link" in refused.cells[0].source
+    assert all(c.source == "" for c in refused.cells[1:]) and len(refused.cells) == len(followed.cells) + 1
+    assert [c.metadata.get("nbgrader") for c in refused.cells[1:]] == [c.metadata.get("nbgrader")
+                                                                       for c in followed.cells]
+
+
 def test_the_exercise_notebooks_carry_nbgraders_cell_metadata():
     """Handing out exercises/ instead of nbgrader's release copy works because the cells keep nbgrader's ids."""
     for path in sorted((ROOT / "exercises").glob("*.ipynb")):
