@@ -26,13 +26,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 MPLBACKEND=Agg MPLCONFIGDIR=/tm
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends bubblewrap \
     libseccomp2 && rm -rf /var/lib/apt/lists/* && useradd --system --no-create-home modern-block-sandbox
 
-# CPU PyTorch first (the CPU wheel index keeps the image small), then the course package, installed as a
-# package (not editable) so that no checkout, and no solution notebook, is in the image; the sandboxes see
+# CPU PyTorch first (the CPU wheel index keeps the image small), then the course package with its classroom
+# extra (the seccomp binding, ICU for students' names), installed as a package (not editable) so that no checkout, and no solution notebook, is in the image; the sandboxes see
 # /usr (the interpreter is /usr/local) with the installed package itself hidden
 RUN pip install torch --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md /tmp/course/
 COPY modern_block /tmp/course/modern_block
-RUN pip install /tmp/course && rm -rf /tmp/course
+RUN pip install "/tmp/course[classroom]" && rm -rf /tmp/course
 
 WORKDIR /grades
 ENTRYPOINT ["python", "-m", "modern_block", "grade"]

@@ -3,9 +3,9 @@
 One class folder holds honest students and one attacker per attack class; the grader grades it as the command
 line does (``grade class/*``, so each student's folder is given by name, and ``class/*/*.ipynb`` for the
 attackers that plant links), twice: started as root (a cgroup per sandbox where one may be made) and as an
-ordinary user (no cgroup: with ``Limits(without_cgroup=True)``, what ``--no-cgroup-i-accept-per-process-limits``
-asks for). Every attacker's row is asserted, and every honest row must be exactly what the honest students alone
-get from the same grader. The attack classes:
+ordinary user (no cgroup: with ``--no-cgroup-i-accept-per-process-limits``). Every attacker's row is asserted,
+and every honest row must be exactly what the honest students alone get from the same grader. The attack
+classes:
 
 * root's powers from a cell: ``/proc/sys`` written, the host uid, system calls of the deny list (io_uring,
   keyrings, ptrace, mounts, namespaces, BPF, perf, userfaultfd, kexec, modules), sockets other than AF_UNIX;
@@ -20,7 +20,11 @@ get from the same grader. The attack classes:
 * a returned module with a 22-million-element (88 MB) buffer, non-persistent (its data is not kept) and
   persistent (over the module limit);
 * names: a newline, a Cyrillic look-alike, a C1 control, U+202E and U+2028 in a folder name, a nested folder
-  named like another student; a 5,000-digit integer in the notebook's JSON.
+  named like another student; a 5,000-digit integer in the notebook's JSON;
+* round 3: 3,000 cells that each raise and print format characters (the grader's memory, the report's bytes);
+  names that differ only by case, surrounding space, an invisible character, or in another script (all
+  Cyrillic, all Greek); a BEL in one folder's name and the letters ``\x07`` in another's; a notebook at the
+  class root beside the folder of the same name; a hidden folder.
 
 Then the sandbox itself, started as root and as an ordinary user: the student's process runs under a non-zero
 host uid that is not ``nobody``'s, and another process of ``nobody`` or of the sandbox's own user can neither
@@ -40,17 +44,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
-from submissions import RIGHT_RMS, ROOT, WRONG_RMS, answered, sandbox_problem, solution_source, write
+from submissions import RIGHT_RMS, ROOT, WRONG_RMS, answered, read_report, sandbox_problem, solution_source, write
 
+from modern_block.classroom.grading.engine import MAX_CELL_ROWS, MAX_REPORT_CHARS
 from modern_block.classroom.grading.files import MAX_STUDENT_BYTES, MAX_STUDENT_ENTRIES
+from modern_block.classroom.grading.names import shown as one_line
 from modern_block.classroom.grading.remote import MAX_MODULE_BYTES
-from modern_block.classroom.grading.report import one_line
 from modern_block.classroom.grading.sandbox import OPEN_FILES
 from modern_block.classroom.grading.sandbox_user import sandbox_user
 
 REFERENCE = ROOT / "exercises"
-TIMEOUT = 60  # per cell and check: an exercise whose module sends 88 MB 11 times on a loaded machine
+TIMEOUT = 20  # per cell and check
 L01, L07 = "01_rmsnorm", "07_llama_block"
 GRADER_MEMORY = 768 << 20  # the grader's peak above its loaded interpreter in this class run (--jobs 2): its budget
 # (the interpreter with torch is about 350 MB with the CPU build, about 0.6 GB more with PyPI's CUDA build)
@@ -184,23 +190,27 @@ raise RuntimeError("seen: " + json.dumps(seen))"""
 
 
 def _reply(payload: str) -> str:
-    """A setup cell after which every reply of the student's process is the frame ``payload`` builds."""
+    """A setup cell after which every reply of the student's process is the frame ``payload`` builds
+    (``_frame(text, tensors, data)``: the message's text, then ``data``, the tensors' offsets after the text)."""
     return ("import modern_block.classroom.grading.wire as _wire, struct, json\n"
+            "def _frame(text, tensors={}, data=b''):\n"
+            "    text = text.encode()\n"
+            "    head = {'message': {'dtype': 'U8', 'shape': [len(text)], 'data_offsets': [0, len(text)]}}\n"
+            "    head.update({k: {**v, 'data_offsets': [len(text) + o for o in v['data_offsets']]}\n"
+            "                 for k, v in tensors.items()})\n"
+            "    head = json.dumps(head).encode()\n"
+            "    return struct.pack('<Q', len(head)) + head + text + data\n"
             f"_evil = {payload}\n"
             "_encode = _wire.encode\n"
             "_wire.encode = lambda message: _evil if 'values' in message or 'value' in message else _encode(message)")
 
 
-def _frame(header: str, data: str = "b''") -> str:
-    return f"(lambda text: struct.pack('<Q', len(text)) + text + {data})(json.dumps({header}).encode())"
-
-
 REPLIES = {  # student -> the frame every reply becomes
-    "reply_claims_4_gib": _frame('{"__metadata__": {"message": "{\\"T\\": 0}"}, "0": {"dtype": "F32", "shape": '
-                                 '[1 << 30], "data_offsets": [0, 4 << 30]}}', "bytes(4096)"),
-    "reply_of_a_million_lists": _frame('{"__metadata__": {"message": "[" + "[]," * 1_000_000 + "[]]"}}'),
-    "reply_of_a_huge_int": _frame('{"__metadata__": {"message": "{\\"d\\": {\\"values\\": {\\"d\\": {\\"rms\\": " + '
-                                  '"7" * 5000 + ", \\"RMSNorm\\": 7}}}}"}}'),
+    "reply_claims_4_gib": """_frame('{"T": 0}',
+                                  {"0": {"dtype": "F32", "shape": [1 << 30], "data_offsets": [0, 4 << 30]}},
+                                  bytes(4096))""",
+    "reply_of_a_million_lists": '_frame("[" + "[]," * 1_000_000 + "[]]")',
+    "reply_of_a_huge_int": """_frame('{"d": {"values": {"d": {"rms": ' + "7" * 5000 + ', "RMSNorm": 7}}}}')""",
 }
 DEEP_MODULE = """import modern_block.classroom.grading.runner as _runner
 _runner.Runner.describe_module = staticmethod(lambda module: {"params": [], "buffers": [], "attrs": {},
@@ -223,10 +233,19 @@ RMSNORM_WITH_BUFFER = """class RMSNorm(nn.Module):
         x32 = x.float()
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight"""
 BAD_NAMES = {"h\u043enest01": "more than one script", "new\nline": "control", "c1\x9bcontrol": "control",
-             "rlo\u202eevil": "control", "sep\u2028arator": "control", "\uff41lice": "stand for others"}
+             "rlo\u202eevil": "control", "sep\u2028arator": "control", "\uff41lice": "stand for others",
+             "honest01 ": "space before or after", " honest01": "space before or after",
+             "honest01\ufe0f": "invisible (default-ignorable) characters (U+FE0F)",
+             "honest01\u034f": "invisible (default-ignorable) characters (U+034F)", "honest01\u115f": "not graded",
+             "zed\x07": "control"}
+# by case, all Cyrillic, all Greek
+LOOK_ALIKES = {"HONEST01": "honest01", "\u0430\u0441\u0435": "ace", "\u0391\u0392\u0395": "ABE"}
+THREE_THOUSAND = 3000  # cells that each raise, printing format characters (each is escaped to six characters)
 
 
 def honest(folder: Path) -> None:
+    write(folder, "ace", L01, answered(L01, base="solutions"))  # names that other scripts can copy
+    write(folder, "ABE", L01, answered(L01, dict(ex1_rms=RIGHT_RMS)))
     write(folder, "honest01", L01, answered(L01, base="solutions"))
     write(folder, "honest01", L07, answered(L07, base="solutions"))
     write(folder, "honest02", L01, answered(L01, dict(ex1_rms=WRONG_RMS, ex2_rmsnorm=solution_source(L01,
@@ -285,6 +304,20 @@ def attackers(folder: Path) -> dict:
     (folder / "folder_is_a_link").symlink_to(outside / "copy", target_is_directory=True)
     for student in ("links_to_the_solution", "folder_is_a_link"):
         want[student] = "a symbolic link"
+    for name in LOOK_ALIKES:  # graded as themselves, flagged
+        write(folder, name, L01, answered(L01, right))
+        want[name] = ["passed", "not attempted"]
+    write(folder, "zed\\x07", L01, answered(L01, right))  # the letters: not the BEL of "zed\x07"
+    want["zed\\x07"] = ["passed", "not attempted"]
+    many_cells = answered(L01, right)
+    first = next(i for i, c in enumerate(many_cells.cells) if c.cell_type == "markdown" and "## Exercise" in c.source)
+    flood = "print('\\u202e' * 5000)\nraise ValueError('\\u2066' * 3000)"
+    many_cells.cells[first:first] = [nbformat.v4.new_code_cell(flood) for _ in range(THREE_THOUSAND)]
+    write(folder, "three_thousand_cells", L01, many_cells)
+    want["three_thousand_cells"] = ["passed", "not attempted"]
+    write(folder, ".sneaky", L01, answered(L01, base="solutions"))
+    want[".sneaky"] = "a hidden name"
+    (folder / "honest01.ipynb").write_text(json.dumps(answered(L01, dict(ex1_rms=WRONG_RMS))))  # beside honest01/
     return want
 
 
@@ -292,16 +325,18 @@ LINKERS = ("links_to_the_solution", "folder_is_a_link")  # named by the shell's 
 
 
 # the grader's own peak: VmHWM of its memory since exec (getrusage's ru_maxrss also counts the RSS of the process
-# that started it, here a test worker's: 2 GB in a full suite run). Without a cgroup it grades as
-# --no-cgroup-i-accept-per-process-limits asks (Limits(without_cgroup=True)).
-GRADER = """import functools, json, re, sys
+# that started it, here a test worker's: 2 GB in a full suite run). Without a cgroup (none made, even where
+# one could be) it grades with --no-cgroup-i-accept-per-process-limits.
+GRADER = """import json, re, sys
 from modern_block.classroom import grade
 from modern_block.classroom.grading import cgroups, sandbox
+args = json.loads(sys.argv[1])
 if sys.argv[2] == "no cgroup":
     cgroups.Cgroups.open = classmethod(lambda cls, base=None: None)
-    grade.Limits = functools.partial(sandbox.Limits, without_cgroup=True)
+    sandbox.scope_command = lambda argv, user: None
+    args.append(sandbox.NO_CGROUP_FLAG)
 base = int(re.search(r"VmRSS:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) << 10
-status = grade.main(json.loads(sys.argv[1]))
+status = grade.main(args)
 peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) << 10
 print("@@", json.dumps({"status": status, "max_rss": peak, "loaded": base}))"""
 ORDINARY = pwd.getpwnam("nobody")  # the ordinary user a root suite starts the grader as
@@ -361,12 +396,12 @@ def class_run(request, open_base, class_folder):
     seconds = time.monotonic() - started
     run_grader([str(alone), "--reference", str(REFERENCE), "--jobs", "2", "--timeout", str(TIMEOUT), "--json-file",
                 str(out / "alone.json")], grader)
-    doc = json.loads(Path(outputs[1]).read_text(encoding="utf-8"))
+    doc = read_report(Path(outputs[1]).read_text(encoding="utf-8"))
     rows: dict = {}
     for r in doc["notebooks"]:
         rows.setdefault(r["student"], []).append(r)
     alone_rows = {(r["student"], Path(r["notebook"]).stem): r for r in
-                  json.loads((out / "alone.json").read_text())["notebooks"]}
+                  read_report((out / "alone.json").read_text())["notebooks"]}
     return {"result": result, "stdout": stdout, "rows": rows, "want": want, "alone": alone_rows, "seconds": seconds,
             "csv": Path(outputs[0]).read_text(encoding="utf-8"), "json": Path(outputs[1]).read_text(encoding="utf-8"),
             "core_pattern": core_pattern, "grader": grader}
@@ -407,7 +442,7 @@ def test_every_honest_row_is_what_the_honest_students_alone_get(class_run):
 def test_each_attacker_gets_its_own_row_and_nothing_more(class_run):
     rows = class_run["rows"]
     for student, want in class_run["want"].items():
-        (row,) = rows[one_line(student)]
+        (row,) = [r for r in rows[one_line(student)] if not r["notebook"].endswith(f"{student}.ipynb")]
         if isinstance(want, list):
             assert row["status"] == "graded" and statuses(row) == want, (student, json.dumps(row)[:2000])
         else:
@@ -439,7 +474,7 @@ def test_a_reply_that_would_cost_the_grader_only_fails_its_exercise(class_run):
             continue
         assert all("sent a reply the grader cannot read" in d for d in details), (student, details)
     assert "a name longer than" in rows["reply_of_a_deep_module"][0]["exercises"][1]["detail"]
-    assert "byte range" in rows["reply_claims_4_gib"][0]["exercises"][0]["detail"]
+    assert "not a valid safetensors frame" in rows["reply_claims_4_gib"][0]["exercises"][0]["detail"]
     assert "too many values" in rows["reply_of_a_million_lists"][0]["exercises"][0]["detail"]
 
 
@@ -493,6 +528,34 @@ def test_no_link_is_followed_out_of_a_students_folder(class_run):
     for student in LINKERS:
         (row,) = class_run["rows"][student]
         assert row["status"] == "error" and row["exercises"] == [] and "symbolic link" in row["error"], row
+
+
+@needs_sandbox
+def test_one_notebook_of_3000_raising_cells_costs_the_grader_a_bounded_report(class_run):
+    """Round 3: 3,000 cells each printing 5,000 format characters (30,000 once escaped) and raising with 3,000
+    more took the grader to 1.3 GB and report.json to 174 MB. Escaped before cut, the first cells listed."""
+    (row,) = class_run["rows"]["three_thousand_cells"]
+    assert len(row["cells"]) == MAX_CELL_ROWS and f"{THREE_THOUSAND - MAX_CELL_ROWS:,} more cells" in row["notes"][0]
+    kept = sum(len(c["error"]) + len(c["output"]) for c in row["cells"]) + sum(map(len, row["notes"]))
+    assert kept < MAX_REPORT_CHARS, kept
+    line = next(x for x in class_run["json"].splitlines() if '"three_thousand_cells"' in x)
+    assert len(line.encode()) < 3 * MAX_REPORT_CHARS  # the whole report of the notebook, as JSON (backslashes doubled)
+    assert all(len(c["output"]) <= 1_500 + 20 and "\\u202e" in c["output"] for c in row["cells"])
+
+
+@needs_sandbox
+def test_look_alike_names_are_flagged_and_keep_their_own_rows(class_run):
+    rows = class_run["rows"]
+    for name, honest_name in LOOK_ALIKES.items():
+        (row,) = rows[name]
+        note = " ".join(row["notes"])
+        assert "looks like" in note and repr(honest_name) in note, note
+        honest_notes = " ".join(n for r in rows[honest_name] for n in r["notes"])
+        assert repr(name) in honest_notes, honest_notes  # both are told, neither loses its grade
+    assert rows["zed\\\\x07"][0]["status"] == "graded" and rows["zed\\x07"][0]["status"] == "error"  # two rows
+    beside = [r for r in rows["honest01"] if r["notebook"].endswith("class/honest01.ipynb")]
+    assert len(beside) == 1 and "beside the folder of the same name" in beside[0]["error"]
+    assert "a hidden name" in rows[".sneaky"][0]["error"]
 
 
 # ---- the sandbox as root and as an ordinary user ----------------------------------------------------------

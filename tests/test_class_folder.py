@@ -8,7 +8,7 @@ import random
 import time
 
 import pytest
-from submissions import ROOT, answered, solution, write
+from submissions import ROOT, answered, read_report, solution, write
 
 from modern_block.classroom import grade
 
@@ -144,7 +144,7 @@ def test_a_class_of_40_grades_in_parallel_into_the_gradebook(tmp_path, capsys):
     status = grade.main([str(tmp_path / "class"), "--reference", str(ROOT / "exercises"), "--jobs", "2",
                          "--timeout", "15", "--csv", str(tmp_path / "gradebook.csv"), "--json"])
     seconds = time.monotonic() - started
-    doc = json.loads(capsys.readouterr().out)
+    doc = read_report(capsys.readouterr().out)
     assert status == 1
     rows = {(r["student"], r["notebook"].rsplit("/", 1)[-1][:-6]): r for r in doc["notebooks"]}
     assert rows.keys() == expected.keys()

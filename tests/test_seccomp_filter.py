@@ -5,6 +5,7 @@ message queues and semaphores, POSIX message queues, new Unix sockets); and it l
 pipe and a subprocess need working."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -96,3 +97,30 @@ def test_the_filter_denies_the_list_and_leaves_the_rest_working():
         denied
     assert after["AF_INET"] == after["AF_NETLINK"] == "EAFNOSUPPORT"
     assert after["subprocess"] == 0 and after["torch"] == 3.0 and after["pipe"] == 2
+
+
+SYSTEM_BINDING = """import json, sys
+sys.path.append(sys.argv[1])  # the system's site packages, where Debian's python3-seccomp lies
+try:
+    import seccomp
+except ImportError as err:  # built for another Python
+    print(json.dumps(["unavailable", str(err)]))
+    sys.exit(0)
+from modern_block.classroom.grading import seccomp_filter
+print(json.dumps([seccomp_filter.binding().__name__, seccomp_filter.program().hex()]))"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="seccomp is Linux's")
+def test_libseccomps_own_binding_is_used_where_it_is_and_builds_the_same_program():
+    found = subprocess.run(["/usr/bin/python3", "-c", "import os, seccomp; print(os.path.dirname(seccomp.__file__))"],
+                           capture_output=True, text=True) if os.path.exists("/usr/bin/python3") else None
+    if found is None or found.returncode != 0:
+        pytest.skip("the system has no libseccomp Python binding (Debian/Ubuntu: apt-get install python3-seccomp)")
+    done = subprocess.run([sys.executable, "-c", SYSTEM_BINDING, found.stdout.strip()], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    name, program = json.loads(done.stdout)
+    if name == "unavailable":
+        pytest.skip(f"the system's binding is built for another Python: {program}")
+    assert seccomp_filter.binding().__name__ == "pyseccomp"  # this environment's own: the fallback
+    assert name == "seccomp" and bytes.fromhex(program) == seccomp_filter.program()  # the same filter, either way

@@ -10,8 +10,9 @@ notebook in a student folder that is a link, by its path): each notebook is open
 the class root down, with ``O_NOFOLLOW`` (``read_inside``). A link, a pipe, a device, a folder too deep or a
 file over ``MAX_NOTEBOOK_BYTES`` is never opened or followed: it gets an error row of its own. A student
 whose folder holds more than ``MAX_STUDENT_ENTRIES`` entries, ``MAX_STUDENT_FILES`` notebooks or
-``MAX_STUDENT_BYTES`` of them (by their sizes, read from the folder, never
-from the files) gets one error row, and no other row changes; the walk of that folder stops there. A name
+``MAX_STUDENT_BYTES`` of them (by their sizes, read from the folder, never from the files) gets one error
+row, and no other row changes; the walk of that folder stops there. A hidden entry at the class root, and a
+notebook there beside a folder of the same name, get a refusal row each (never silence). A name
 with control characters or letters of look-alike scripts mixed (a Cyrillic ``о`` in a Latin name) is shown
 escaped and its row is an error.
 
@@ -56,6 +57,7 @@ class Submission:
     student: str  # as shown in the report (escaped)
     read_error: str | None = None  # set at collection: the row is an error, nothing is read
     root: str = ""  # the class root: no link below it is followed
+    name: str = ""  # the student's folder name as it is (rows are keyed by it; ``student`` shows it)
 
     def read(self) -> tuple[bytes | None, str | None]:
         """The notebook's bytes now, or why there are none."""
@@ -273,7 +275,7 @@ def collect(paths, exclude=()) -> list[Submission]:
                 with os.scandir(path) as it:
                     tops = []
                     for entry in it:
-                        if not entry.name.startswith("."):
+                        if entry.name != ".ipynb_checkpoints":  # a hidden one gets a row (below), never none
                             tops.append(entry.path)
                         if len(tops) > MAX_FILES:
                             raise CollectionError(f"{path} holds more than {MAX_FILES:,} entries: grade it in parts")
@@ -285,7 +287,15 @@ def collect(paths, exclude=()) -> list[Submission]:
             if left_out(top):
                 continue
             student = students.setdefault(_student_of(top, root), _Student(_student_of(top, root)))
-            if not student.over:
+            if student.over:
+                continue
+            beside = os.path.dirname(os.path.abspath(top)) == root and not os.path.isdir(top) and \
+                os.path.isdir(os.path.splitext(top)[0])
+            if os.path.basename(top).startswith(".") or beside:
+                student.found.append((top, "a notebook at the class root beside the folder of the same name: not "
+                                           "graded (move it into that folder)" if beside else "a hidden name (it "
+                                           "starts with a dot): not graded (rename it to grade it)"))
+            else:
                 _add(student, top, named=top == path and not os.path.isdir(path))
     subs: list[Submission] = []
     seen: set[str] = set()
@@ -305,7 +315,7 @@ def _submission(path: str, name: str, refusal: str | None, root: str = "") -> Su
     problem = name_problem(name)
     if problem and not refusal:
         refusal = f"the name {one_line(name)!r} has {problem}: not graded (rename the folder)"
-    return Submission(path, one_line(path), one_line(name), refusal, root)
+    return Submission(path, one_line(path), one_line(name), refusal, root, name)
 
 
 def refuse_target(path: str, option: str) -> None:

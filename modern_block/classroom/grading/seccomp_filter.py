@@ -1,6 +1,7 @@
-"""The system calls a submission may not make: a seccomp filter built with libseccomp (through ``pyseccomp``),
-as Flatpak builds its own, exported as the classic BPF program that bubblewrap's ``--seccomp FD`` and
-``prctl(PR_SET_SECCOMP)`` load.
+"""The system calls a submission may not make: a seccomp filter built with libseccomp (through its own Python
+binding, ``seccomp``, where the system has it: Debian's ``python3-seccomp`` with the system's site packages;
+else ``pyseccomp``, which calls the same library), as Flatpak builds its own, exported as the classic BPF
+program that bubblewrap's ``--seccomp FD`` and ``prctl(PR_SET_SECCOMP)`` load.
 
 Refused with EPERM: io_uring, the kernel keyring, ptrace and reading or writing other processes' memory,
 every way to mount or to make or enter a namespace (``unshare``, ``setns``, ``clone`` with a namespace flag;
@@ -40,11 +41,7 @@ class SeccompUnavailable(Exception):
 @functools.lru_cache(maxsize=1)
 def program() -> bytes:
     """The filter as a BPF program (8 bytes per instruction). Raises SeccompUnavailable."""
-    try:
-        import pyseccomp as sc
-    except (ImportError, OSError, RuntimeError) as err:
-        raise SeccompUnavailable(f"the seccomp binding is missing ({err}): pip install pyseccomp, and libseccomp "
-                                 "(Debian/Ubuntu: apt-get install libseccomp2)") from None
+    sc = binding()
     rules = sc.SyscallFilter(sc.ALLOW)
     for name in DENIED:
         _add(sc, rules, sc.ERRNO(errno.EPERM), name)
@@ -58,6 +55,22 @@ def program() -> bytes:
         rules.export_bpf(out)
         out.seek(0)
         return out.read()
+
+
+def binding():
+    """libseccomp's own binding where it is importable, else pyseccomp. Raises SeccompUnavailable."""
+    try:
+        import seccomp as sc  # type: ignore[import-not-found]
+
+        return sc
+    except ImportError:
+        pass
+    try:
+        import pyseccomp as sc
+    except (ImportError, OSError, RuntimeError) as err:
+        raise SeccompUnavailable(f"the seccomp binding is missing ({err}): pip install pyseccomp, and libseccomp "
+                                 "(Debian/Ubuntu: apt-get install libseccomp2)") from None
+    return sc
 
 
 def _add(sc, rules, action: int, name: str, *args) -> None:
