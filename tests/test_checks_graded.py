@@ -188,21 +188,42 @@ def test_every_check_has_its_row_in_the_table_and_names_only_real_pieces():
     assert CheckRun("check_rms", Mode.script()).hidden == ("RMSNorm",)
 
 
+def _moe_ffn_by_the_card(L, d, d_ff, first_k_dense, n_routed, top_k, d_expert, n_shared):
+    """11 ex4 answered by the config card: a DeepSeek-V3 config of these sizes, its FFN components read back."""
+    from modern_block.interop.config_card import config_card
+
+    card = config_card({"model_type": "deepseek_v3", "hidden_size": d, "num_hidden_layers": L,
+                        "intermediate_size": d_ff or 1, "first_k_dense_replace": first_k_dense,
+                        "n_routed_experts": n_routed, "num_experts_per_tok": top_k, "moe_intermediate_size": d_expert,
+                        "n_shared_experts": n_shared, "num_attention_heads": 1, "num_key_value_heads": 1,
+                        "vocab_size": 1})
+    held = sum(card.params[k] for k in ("ffn", "router", "experts", "shared_experts"))
+    return held, held - (card.total - card.active)
+
+
+def _kv_cache_at_by_the_card(cfg, context):
+    from modern_block.interop.config_card import config_card
+
+    return config_card(cfg).cache_bytes(context)
+
+
 @pytest.mark.parametrize("check, oracle", [
+    (checks.check_moe_ffn_parameters, _moe_ffn_by_the_card), (checks.check_kv_cache_at, _kv_cache_at_by_the_card),
     (checks.check_rope_cache, lambda positions, dh, base=10000.0: mb.RotaryEmbedding(dh, 4096, base, scaling={
         "rope_type": "linear", "factor": 1.0})(positions)),
     (checks.check_llama_param_count, lambda V, d, L, h, kv, d_ff, tie=False, qk_norm=True, qkv_bias=False:
      mb.ModelPreset("x", L, h, kv, d // h, d_model=d, d_ff=d_ff, vocab_size=V, tied=tie,
                     qk_norm=qk_norm).parameters()),
     (checks.check_mla_cache_bytes, lambda L, dc, dr, b=2: mb.kv_cache_bytes_per_token(L, 1, dc + dr, b) // 2),
-], ids=["RotaryEmbedding for 03 ex1", "ModelPreset for 07 ex3", "kv_cache_bytes_per_token for 05 ex1"])
+], ids=["config_card for 11 ex4", "config_card for 11 ex5", "RotaryEmbedding for 03 ex1", "ModelPreset for 07 ex3",
+         "kv_cache_bytes_per_token for 05 ex1"])
 def test_the_packages_oracles_are_hidden_for_their_exercise(check, oracle):
     """The issue's oracles: each answers the exercise (in a script nothing is hidden; its row in the table lists
     it), and in a notebook the check refuses it."""
     from modern_block.classroom.checks import in_notebook
 
     name = check.__name__
-    assert any(h in HIDES[name] for h in ("RotaryEmbedding", "ModelPreset", "kv_cache_bytes_per_token"))
+    assert any(h in HIDES[name] for h in ("RotaryEmbedding", "ModelPreset", "kv_cache_bytes_per_token", "config_card"))
     if name != "check_llama_param_count":  # (the preset counts no biases: it answers the bias-free cases only)
         check(oracle, mode=Mode.script())
     in_notebook.reset()

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+import modern_block as mb
 from modern_block.classroom.widgets import config_reader
 from modern_block.interop.config_card import (
     CONFIG_PRESETS,
@@ -17,10 +18,12 @@ from modern_block.interop.config_card import (
     load_config,
     transformers_parameter_count,
 )
+from modern_block.interop.config_source import CONFIGS
 from modern_block.interop.gguf import smollm2_path
 from modern_block.presets import cache_size
 
 IN_CI = os.environ.get("CI") == "true"
+GPT2 = CONFIGS / "gpt2.json"  # openai-community/gpt2's config.json: lesson 00's baseline
 
 
 def test_the_issues_seven_configs_are_read_as_transformers_builds_them():
@@ -55,6 +58,33 @@ def test_totals_equal_transformers_on_the_meta_device(name):
     if not IN_CI:
         pytest.importorskip("transformers")
     assert config_card(name).total == transformers_parameter_count(name)
+
+
+def test_gpt2_the_courses_baseline_is_read_exactly():
+    """Lesson 00's GPT-2 small: learned positions, LayerNorms with biases, a GELU MLP of 4·d (n_inner null), biased
+    fused q/k/v and a head tied by default; as many parameters as the course's GPT2LM and transformers'
+    GPT2LMHeadModel, and 2·L·h·d_h·2 cache bytes per token."""
+    card = config_card(GPT2)
+    with __import__("torch").device("meta"):
+        course = mb.count_parameters(mb.GPT2LM(50257, d=768, n_layers=12, n_heads=12, max_len=1024))
+    assert card.total == course == 124_439_808 and card.active == card.total
+    assert card.params["positions"] == 1024 * 768 and card.params["head"] == 0 and card.arch.tied
+    assert (card.arch.d_ff, card.arch.activation, card.arch.spec.norm) == (3072, "gelu_new", "layer")
+    assert card.arch.qkv_bias and card.arch.o_bias and card.arch.mlp_bias and card.unknown == []
+    assert card.kv_bytes_per_token() == mb.kv_cache_bytes_per_token(12, 12, 64) == 36_864
+    assert "learned absolute positions" in card.summary() and "RoPE:" not in card.summary()
+    medium = load_config(GPT2) | {"n_embd": 1024, "n_layer": 24, "n_head": 16}
+    wider = load_config(GPT2) | {"n_inner": 1000, "tie_word_embeddings": False}
+    assert config_card(medium).total == 354_823_168  # GPT-2 medium
+    assert config_card(wider).params["head"] == 50257 * 768
+    if not IN_CI:
+        pytest.importorskip("transformers")
+    for cfg in (load_config(GPT2), medium, wider):
+        assert config_card(cfg).total == transformers_parameter_count(cfg)
+    with pytest.raises(ConfigRefused, match="'add_cross_attention' .True: true adds a cross-attention block"):
+        config_card(load_config(GPT2) | {"add_cross_attention": True})
+    with pytest.raises(ConfigRefused, match="'n_ctx' .2048 differs from n_positions"):
+        config_card(load_config(GPT2) | {"n_ctx": 2048})
 
 
 def test_a_config_the_card_cannot_read_gives_no_totals_and_says_why():
@@ -198,7 +228,8 @@ def test_lesson_04s_presets_agree_with_the_published_configs(preset):
 JUNK = [None, "x", -3, 0, 2.5, [], {}, [1, "a"], {"rope_type": "yarn"}, True]
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIG_PRESETS] + ["Llama 4 Scout (text)", "Phi-4-mini", "Gemma 2 9B"])
+@pytest.mark.parametrize("name", [n for n in CONFIG_PRESETS] + ["Llama 4 Scout (text)", "Phi-4-mini", "Gemma 2 9B",
+                                  str(GPT2)])
 def test_any_value_in_any_field_gives_a_card_or_an_error_naming_the_field(name):
     """Every field of the config, set in turn to values of every wrong kind: the card reads it, refuses it
     naming the fields, or raises a ValueError/TypeError that names the field; never another error."""

@@ -43,16 +43,19 @@ def small_config(model_type: str, **extra) -> dict:
         return json.loads(json.dumps({**base, "model_type": model_type}, default=str))
     if isinstance(base.get("text_config"), dict) and base["text_config"].get("model_type") in CONFIG_MAPPING:
         return {**base, "text_config": small_config(base["text_config"]["model_type"])}
-    over = {k: v for k, v in SMALL.items() if k in base and not (base[k] is None and k in KEEP_NONE)}
+    own = getattr(cls, "attribute_map", {})  # a common name -> the family's own (GPT-2's n_embd for hidden_size)
+    small = {own.get(k, k): v for k, v in SMALL.items()}
+    over = {k: v for k, v in small.items() if k in base and not (base[k] is None and k in KEEP_NONE)}
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if isinstance(base.get(key), int) and base[key] >= SMALL["vocab_size"]:
             over[key] = 0
-    layers = base.get("num_hidden_layers")
+    depth = own.get("num_hidden_layers", "num_hidden_layers")
+    layers = base.get(depth)
     if isinstance(layers, int):
-        over["num_hidden_layers"] = min(layers, 6)
+        over[depth] = min(layers, 6)
         for key, value in base.items():
             if isinstance(value, list) and len(value) == layers and key not in over:
-                over[key] = value[:over["num_hidden_layers"]]
+                over[key] = value[:over[depth]]
     if extra:
         return json.loads(cls(**(over | extra)).to_json_string(use_diff=False))
     try:
@@ -102,6 +105,7 @@ VARIANTS = [  # each changes one thing a family may read; applied where the fami
     {"interleave_moe_layer_step": 2, "moe_layers": None}, {"n_shared_experts": 2}, {"q_lora_rank": None},
     {"no_rope_layer_interval": 2, "no_rope_layers": None, "layer_types": None},
     {"sliding_window_pattern": 3, "layer_types": None}, {"attention_chunk_size": None, "layer_types": None},
+    {"n_inner": 96}, {"add_cross_attention": True},
 ]
 
 

@@ -19,7 +19,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from check_helpers import named, rejects
 from test_lesson10 import bytes_per_token_ok, floor_ms_ok, quantize_row_int8_ok
-from test_lesson11 import active_parameters_ok, kv_bytes_per_token_ok, smallest_multiple_of_ok
+from test_lesson11 import (
+    active_parameters_ok,
+    kv_bytes_per_token_ok,
+    kv_cache_at_ok,
+    moe_ffn_parameters_ok,
+    smallest_multiple_of_ok,
+)
 
 import modern_block as mb
 from modern_block.classroom import checks, exercises
@@ -348,7 +354,9 @@ RIGHT = [
     (checks.check_bytes_per_token, bytes_per_token_ok), (checks.check_floor_ms, floor_ms_ok),
     (checks.check_quantize_row_int8, quantize_row_int8_ok),  # lesson 10's: the mistakes in test_lesson10.py
     (checks.check_kv_bytes_per_token, kv_bytes_per_token_ok), (checks.check_active_parameters, active_parameters_ok),
-    (checks.check_smallest_multiple_of, smallest_multiple_of_ok),  # lesson 11's: the mistakes in test_lesson11.py
+    (checks.check_smallest_multiple_of, smallest_multiple_of_ok),
+    (checks.check_moe_ffn_parameters, moe_ffn_parameters_ok),
+    (checks.check_kv_cache_at, kv_cache_at_ok),  # lesson 11's: the mistakes in test_lesson11.py
 ]
 FUNCTIONS = [(check, impl) for check, impl in RIGHT if callable(impl)]  # the rest are numbers, graded by value
 

@@ -56,6 +56,13 @@ SEARCH = ("def smallest_multiple_of(d, d_ff, ffn_dim_multiplier=None):\n    h = 
           "    h = int(ffn_dim_multiplier * h) if ffn_dim_multiplier else h\n"
           "    for m in [2**k for k in range({powers})]:\n        if -(-h // m) * m == d_ff:\n            return m\n"
           "    return {none}")
+SHARED_NOT_ACTIVE = ("def moe_ffn_parameters(L, d, d_ff, first_k_dense, n_routed, top_k, d_expert, n_shared):\n"
+                     "    expert, moe = 3 * d * d_expert, L - first_k_dense\n"
+                     "    dense, router = first_k_dense * 3 * d * d_ff, d * n_routed\n"
+                     "    return (dense + moe * (router + (n_routed + n_shared) * expert),\n"
+                     "            dense + moe * (router + top_k * expert))")
+KV_AT_BY_THE_CARD = ("def kv_cache_at(cfg, context):\n    from modern_block.interop.config_card import config_card\n\n"
+                     "    return config_card(cfg).cache_bytes(context)")
 
 CASES = [  # (lesson, answer cell, answer, the verdict both must give, what it is)
     ("00_gpt2_block", "ex1_block_params", QKV_BIAS_AS_D, "failed", "q/k/v bias counted as d"),
@@ -90,6 +97,8 @@ CASES = [  # (lesson, answer cell, answer, the verdict both must give, what it i
      "a search that stops at 2,048"),
     ("11_read_any_config", "ex2_smallest_multiple_of", SEARCH.format(powers="4, 13", none="0"), "failed",
      "0 for None"),
+    ("11_read_any_config", "ex4_moe_ffn_parameters", SHARED_NOT_ACTIVE, "failed", "the shared expert not active"),
+    ("11_read_any_config", "ex5_kv_cache_at", KV_AT_BY_THE_CARD, "failed", "the config card as an oracle"),
 ]
 
 

@@ -51,6 +51,7 @@ class Architecture:
     head_bias: bool
     activation: str
     context: int | None = None  # max_position_embeddings: the longest context the config promises
+    positions: int = 0  # learned position vectors (GPT-2's table of max_position_embeddings); 0 with RoPE
     mla: dict | None = None  # kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
     experts: Experts | None = None
     assumptions: tuple[str, ...] = ()
@@ -109,7 +110,10 @@ def _per_layer(f: Fields, key: str, n: int, kind: type) -> list | None:
 
 
 def rope_layers(f: Fields, fam: Family, n: int) -> list[bool]:
-    """Which layers rotate q and k (Llama 4 and SmolLM3 leave every ``no_rope_layer_interval``-th without)."""
+    """Which layers rotate q and k (Llama 4 and SmolLM3 leave every ``no_rope_layer_interval``-th without; with
+    learned positions none does)."""
+    if fam.positions == "learned":
+        return [False] * n
     if fam.rope_layers == "all":
         return [True] * n
     flags = _per_layer(f, "no_rope_layers", n, int)  # 1: the layer uses RoPE, 0: it does not (the field's sense)
@@ -231,8 +235,8 @@ def read_architecture(f: Fields) -> Architecture:
                          {"sliding": window, "chunked": chunk}.get(kind), rope[i], moe[i])
                    for i, kind in enumerate(kinds))
     experts = _experts(f, fam) if any(moe) else None
-    dense_key = fam.moe.dense_width if fam.moe else "intermediate_size"
-    d_ff = f.int(dense_key) if not all(moe) else None
+    dense_key = fam.moe.dense_width if fam.moe else fam.ffn_width
+    d_ff = None if all(moe) else 4 * d if fam.ffn_null_is_4d and f.get(dense_key) is None else f.int(dense_key)
     switch = fam.qk_norm_switch
     qk_norm = fam.qk_norm if fam.qk_norm and (switch is None or f.flag(switch)) else None
     activation = f.get(fam.act_field)
@@ -241,7 +245,8 @@ def read_architecture(f: Fields) -> Architecture:
     tied = f.flag("tie_word_embeddings")
     arch = Architecture(f.model_type, f.family, d, n, vocab, h, kv, head_dim, d_ff, tied, layers, qk_norm,
                         f.flag(fam.qkv_bias), f.flag(fam.o_bias), f.flag(fam.mlp_bias), f.flag(fam.head_bias),
-                        activation, f.optional_int("max_position_embeddings"), mla, experts)
+                        activation, f.optional_int("max_position_embeddings"),
+                        f.int("max_position_embeddings") if fam.positions == "learned" else 0, mla, experts)
     notes = [f"{key} absent: {fam.title}'s default, {value!r} (transformers' own)" for key, value in f.absent.items()
              if value is not None and key in ("tie_word_embeddings", "head_dim", "num_key_value_heads", "mlp_bias",
                                               "attention_bias", "sliding_window", "use_qk_norm", "qkv_bias",

@@ -86,13 +86,16 @@ class ConfigCard:
         return sum(w.values()) - idle
 
     def decode_bytes(self, context: int) -> float | None:
-        """Bytes one decoded token reads at batch 1: its weights (one row of an untied embedding) and the cache."""
+        """Bytes one decoded token reads at batch 1: its weights (one row of an untied embedding, one of learned
+        positions) and the cache."""
         active = self.active_weight_bytes()
         if active is None or self.weight_bytes is None:
             return None
+        a = self.arch
         stored = self.config.get("gguf_embedding_bytes", self.weight_bytes["embedding"])
-        embedding = 0.0 if self.arch.tied else stored * (1 - 1 / self.arch.vocab)  # all rows but one
-        return active - embedding + self.cache_bytes(context)
+        embedding = 0.0 if a.tied else stored * (1 - 1 / a.vocab)  # all rows but one
+        positions = self.weight_bytes["positions"] * (1 - 1 / a.positions) if a.positions else 0.0
+        return active - embedding - positions + self.cache_bytes(context)
 
     def floor_tokens_per_s(self, gpu: str = "H100 SXM", context: int = CONTEXT_128K) -> float | None:
         """The most tokens/s at batch 1 the GPU's published bandwidth allows (every byte read once); None when

@@ -1,12 +1,13 @@
 """What an architecture costs: parameters by component as transformers builds the model (a tied head counts once,
-under the embedding), the parameters one token runs, the cache one token adds (lessons 04 and 05) and what a
-sequence's cache holds at a context (sliding and chunked layers capped), and the weights' stored bytes."""
+under the embedding; GPT-2's learned positions are a component of their own), the parameters one token runs, the
+cache one token adds (lessons 04 and 05) and what a sequence's cache holds at a context (sliding and chunked
+layers capped), and the weights' stored bytes."""
 
 from ..kv_cache import kv_cache_bytes_per_token, mla_cache_bytes_per_token
 from ..presets import BYTES_PER_ELEM
 from .config_arch import Architecture
 
-COMPONENTS = ("embedding", "attention", "norms", "ffn", "router", "experts", "shared_experts", "head")
+COMPONENTS = ("embedding", "positions", "attention", "norms", "ffn", "router", "experts", "shared_experts", "head")
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # torch_dtype -> presets.BYTES_PER_ELEM key
 
 
@@ -50,7 +51,8 @@ def mlp_size(a: Architecture, width: int, bias: bool) -> int:
 def parameter_counts(a: Architecture) -> dict[str, int]:
     """Parameters by component, counted as transformers builds the model."""
     moe, dense = a.moe_layers, a.n_layers - a.moe_layers
-    counts = {"embedding": a.vocab * a.d, "attention": a.n_layers * attention_per_layer(a),
+    counts = {"embedding": a.vocab * a.d, "positions": a.positions * a.d,
+              "attention": a.n_layers * attention_per_layer(a),
               "norms": a.n_layers * norms_per_layer(a) + norm_size(a, a.d),
               "ffn": dense * mlp_size(a, a.d_ff or 0, a.mlp_bias) if dense else 0,
               "router": 0, "experts": 0, "shared_experts": 0,

@@ -1,7 +1,8 @@
 """The decoder families the config card reads, each described by what its block is built from.
 
-A family is read only if its block is one the course teaches: an embedding, ``L`` layers of attention (GQA or MLA)
-and an FFN (dense, gated or plain, or a mixture of experts) with their norms, a final norm and a head. Each entry
+A family is read only if its block is one the course teaches: an embedding (and GPT-2's learned positions), ``L``
+layers of attention (GQA or MLA) and an FFN (dense, gated or plain, or a mixture of experts) with their norms, a
+final norm and a head. Each entry
 says where that family departs from Llama's block (its norms, QK-norm, biases, FFN, experts, windows), read from
 transformers' modeling code; ``tests/test_config_families.py`` checks every entry against the model transformers
 builds. ``configs/transformers-defaults.json`` holds each family's own defaults (what transformers assumes when a
@@ -50,6 +51,9 @@ class Family:
     mla: bool = False
     sinks: bool = False  # one learned attention-sink logit per head (gpt-oss)
     head_dim_read: bool = True  # False: the family's config replaces any head_dim with hidden_size / heads
+    positions: str = "rope"  # rope | learned: a table of max_position_embeddings vectors added to the embedding
+    ffn_width: str = "intermediate_size"  # the field giving the dense FFN's d_ff
+    ffn_null_is_4d: bool = False  # the d_ff field null means 4·d (GPT-2's n_inner)
 
 
 PRE, SANDWICH = ("input_layernorm", "post_attention_layernorm"), (
@@ -58,6 +62,9 @@ POST = ("post_attention_layernorm", "post_feedforward_layernorm")  # OLMo 2's re
 DEEPSEEK_MOE = MoE("n_routed_experts", "moe_intermediate_size", "first_k", shared="count")
 
 FAMILIES: dict[str, Family] = {
+    "gpt2": Family("GPT-2", norm="layer", layer_norms=("ln_1", "ln_2"), qkv_bias=True, o_bias=True, mlp="plain",
+                   act_field="activation_function", mlp_bias=True, head_dim_read=False, positions="learned",
+                   ffn_width="n_inner", ffn_null_is_4d=True),
     "llama": Family("Llama", mlp_bias="mlp_bias"),
     "mistral": Family("Mistral", qkv_bias=False, o_bias=False, windows="all"),
     "ministral": Family("Ministral", qkv_bias=False, o_bias=False, windows="ministral"),

@@ -113,24 +113,31 @@ class Fields:
     def alias_note(self) -> str | None:
         return ALIASES[self.model_type][1] if self.model_type in ALIASES else None
 
+    def names(self, key: str) -> list[str]:
+        """The names a config may write a field under: its own, an alias transformers maps to it, and, for a
+        common name the family stores under its own (GPT-2's ``n_embd`` for ``hidden_size``), that name."""
+        own = self.aliases.get(key)
+        return [key, *(alias for alias, target in self.aliases.items() if target == key), *([own] if own else [])]
+
     def has(self, key: str) -> bool:
-        return key in self.cfg or any(alias in self.cfg for alias, target in self.aliases.items() if target == key)
+        return any(name in self.cfg for name in self.names(key))
 
     def get(self, key: str, default: Any = MISSING) -> Any:
         """The config's value (under the field or an alias transformers maps to it), else the family default."""
-        if key in self.cfg:
-            return self.cfg[key]
-        for alias, target in self.aliases.items():
-            if target == key and alias in self.cfg:
-                return self.cfg[alias]
-        if key in self.defaults:
-            self.absent.setdefault(key, self.defaults[key])
-            return self.defaults[key]
+        for name in self.names(key):
+            if name in self.cfg:
+                return self.cfg[name]
+        for name in (key, self.aliases.get(key, key)):
+            if name in self.defaults:
+                self.absent.setdefault(name, self.defaults[name])
+                return self.defaults[name]
         return None if default is MISSING else default
 
     def written(self, key: str) -> str:
-        """The name the config uses for a field (an alias transformers maps to it, if that is what it wrote)."""
-        return next((alias for alias, target in self.aliases.items() if target == key and alias in self.cfg), key)
+        """The name the config uses for a field (an alias, or the family's own name, if that is what it wrote;
+        the family's own name if it wrote neither)."""
+        return next((name for name in self.names(key) if name in self.cfg),
+                    key if key in self.defaults else self.aliases.get(key, key))
 
     def int(self, key: str, minimum: int = 1, default: Any = MISSING) -> int:
         value = self.get(key, default) if key not in STATED or self.has(key) else None

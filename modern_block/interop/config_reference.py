@@ -73,9 +73,11 @@ def component(name: str) -> str:
     parts = name.split(".")
     if parts[0] == "lm_head":
         return "head"
-    if "embed_tokens" in parts:
+    if "embed_tokens" in parts or "wte" in parts:
         return "embedding"
-    if any("norm" in part for part in parts[:-1]):
+    if "wpe" in parts:  # GPT-2's learned positions
+        return "positions"
+    if any("norm" in part or part.startswith("ln_") for part in parts[:-1]):
         return "norms"
     if "experts" in parts:
         return "experts"
@@ -99,8 +101,8 @@ def components(model: torch.nn.Module) -> dict[str, int]:
 
 
 def kv_widths(model: torch.nn.Module) -> list[int]:
-    """Per attention layer, the numbers one token adds to its cache: K and V widths (GQA), or MLA's latent and
-    RoPE key (``kv_a_proj_with_mqa``: what an absorbed MLA caches)."""
+    """Per attention layer, the numbers one token adds to its cache: K and V widths (GQA; GPT-2's from its fused
+    ``c_attn``), or MLA's latent and RoPE key (``kv_a_proj_with_mqa``: what an absorbed MLA caches)."""
     def linear(module: torch.nn.Module, name: str) -> torch.nn.Linear | None:
         child = getattr(module, name, None)
         return child if isinstance(child, torch.nn.Linear) else None
@@ -115,6 +117,8 @@ def kv_widths(model: torch.nn.Module) -> list[int]:
             widths.append(k.out_features + v.out_features)
         elif qkv is not None and o is not None:  # Phi-3: q, k, v stacked in one matrix
             widths.append(qkv.out_features - o.in_features)
+        elif hasattr(module, "c_attn") and isinstance(split := getattr(module, "split_size", None), int):
+            widths.append(2 * split)  # GPT-2: q, k and v in one Conv1D, split_size wide each
     return widths
 
 

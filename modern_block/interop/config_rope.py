@@ -89,7 +89,10 @@ def _scaled(kind: str, p: dict, dim: int, base: float, context: int | None) -> t
 def rope_summary(f: Fields, a: Architecture) -> dict:
     """Base, rotated dims, wavelengths (tokens) and the scaling of the full-attention layers: its kind, factor,
     the trained and the promised length and the longest wavelength after it; the local layers' base if it
-    differs; the NoPE layers. ``not_interpreted`` names what the card could not read (no total depends on it)."""
+    differs; the NoPE layers. ``not_interpreted`` names what the card could not read (no total depends on it).
+    A family with learned positions (GPT-2) has no RoPE: only the table's length."""
+    if a.positions:
+        return {"learned": a.positions, "scaling": None, "nope_layers": 0}
     params = rope_parameters(f)
     p = params["full"]
     head = a.mla["qk_rope_head_dim"] if a.mla else a.head_dim

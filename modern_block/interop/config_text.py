@@ -16,6 +16,7 @@ NORMS = {"rms": "RMSNorm", "layer": "LayerNorm (weight and bias)", "layer_nobias
          "none": "LayerNorm without learned parameters"}
 PLACEMENT = {  # a family's norms per layer -> where they sit (lessons 01 and 07)
     ("input_layernorm", "post_attention_layernorm"): "pre-norm: one before attention, one before the FFN",
+    ("ln_1", "ln_2"): "pre-norm: one before attention, one before the FFN",
     ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
         "sandwich: before and after attention, before and after the FFN",
     ("post_attention_layernorm", "post_feedforward_layernorm"):
@@ -47,6 +48,8 @@ def block_text(card) -> str:
     parts = [f"{NORMS[spec.norm]}, {len(spec.layer_norms)} per layer ({PLACEMENT[spec.layer_norms]})"]
     parts.append(f"QK-norm: {QK_NORM[a.qk_norm_kind]}" if a.qk_norm_kind else "no QK-norm")
     parts.append("MLA attention" if a.mla else f"GQA {a.n_heads}/{a.n_kv_heads}")
+    if a.positions:
+        parts.append(f"learned absolute positions ({a.positions:,} vectors added to the embedding), no RoPE")
     biases = [name for name, on in (("q/k/v", a.qkv_bias), ("o", a.o_bias), ("FFN", a.mlp_bias),
                                     ("head", a.head_bias)) if on]
     parts.append(f"biases on {', '.join(biases)}" if biases else "no biases")
@@ -66,6 +69,9 @@ def layers_text(card) -> str:
             if isinstance(context, int) and min(windows) >= context:
                 text += f", no shorter than the {context:,}-token context: no effect"
             out.append(text)
+    if a.positions:  # GPT-2: positions enter once, at the embedding
+        return "; ".join(out + [f"all {a.n_layers} layers attend to the whole context; positions are learned "
+                                f"vectors added to the embedding, no RoPE"])
     if a.nope_layers:
         out.append(f"{a.nope_layers} of {a.n_layers} layers without RoPE (NoPE)")
     return "; ".join(out) or f"all {a.n_layers} layers attend to the whole context, all with RoPE"
@@ -94,11 +100,16 @@ def _implications(card) -> dict[str, str]:
         out[spec.qk_norm_switch] = f"QK-norm: {QK_NORM[a.qk_norm_kind]}" if a.qk_norm_kind else "no QK-norm"
     if a.mla is not None:
         out["kv_lora_rank"] = f"{card.kv_bytes_per_token():,} B/token in the cache (latent + RoPE key)"
-    dense_key = spec.moe.dense_width if spec.moe else "intermediate_size"
+    dense_key = spec.moe.dense_width if spec.moe else spec.ffn_width
     if a.d_ff:
         out[dense_key] = ffn_rule(a.d, a.d_ff, a.model_type)
+        if spec.ffn_null_is_4d and card.config.get(dense_key) is None:
+            out[dense_key] = f"null: d_ff = 4·d = {a.d_ff:,}, {spec.title}'s own rule"
     elif dense_key in card.config or dense_key in (card.config.get("text_config") or {}):
         out[dense_key] = "unused: every layer is a mixture of experts"
+    if a.positions:
+        out["max_position_embeddings"] = (f"{a.positions:,} learned position vectors: {p['positions']:,} "
+                                          f"parameters, and no position beyond {a.positions - 1:,}")
     if a.experts is not None:
         e, moe = a.experts, spec.moe
         assert moe is not None
@@ -142,6 +153,8 @@ def field_lines(cfg: dict, f: Fields, card) -> list[FieldLine]:
     if inner:
         items = [(k, v) for k, v in items if k != "text_config"] + [(f"text_config.{k}", v)
                                                                     for k, v in cfg["text_config"].items()]
+    if card is not None:  # a family's own name for a common field (GPT-2's n_embd) reads the common one's line
+        implies = {**{own: implies[common] for common, own in f.aliases.items() if common in implies}, **implies}
     lines = []
     for key, value in items:
         short = key.removeprefix("text_config.")
@@ -202,6 +215,9 @@ def summary(card, context: int, gpu: str) -> str:
                      f"a cache without them would hold")
     lines.append(f"  FFN ({activation_text(a.activation, a.spec.mlp == 'gated', a.family)}): {card.ffn()}")
     r = card.rope
+    if r.get("learned"):
+        lines.append(f"  positions: {r['learned']:,} learned vectors of d = {a.d:,} ({p['positions']:,} "
+                     f"parameters), no RoPE; the longest context is {r['learned']:,} tokens")
     if r.get("longest") is not None:
         text = (f"  RoPE: base {r['base']:,}, {r['dim']} dims; wavelengths {r['shortest']:.2f} to "
                 f"{r['longest']:,.0f} tokens")

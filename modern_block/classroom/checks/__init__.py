@@ -70,7 +70,13 @@ from .lesson08b import check_holm, check_verdict
 from .lesson09 import check_dequantize_q4_0, check_smollm2_cache_bytes, check_unpermute_qk
 from .lesson09b import check_llama3_rope_scaling, check_ntk_scaled_base
 from .lesson10 import check_bytes_per_token, check_floor_ms, check_quantize_row_int8
-from .lesson11 import check_active_parameters, check_kv_bytes_per_token, check_smallest_multiple_of
+from .lesson11 import (
+    check_active_parameters,
+    check_kv_bytes_per_token,
+    check_kv_cache_at,
+    check_moe_ffn_parameters,
+    check_smallest_multiple_of,
+)
 from .mode import Mode, answer_sources, graded
 
 __all__ = [
@@ -89,5 +95,6 @@ __all__ = [
     "check_smollm2_cache_bytes", "check_dequantize_q4_0", "check_unpermute_qk",
     "check_llama3_rope_scaling", "check_ntk_scaled_base",
     "check_bytes_per_token", "check_floor_ms", "check_quantize_row_int8",
-    "check_kv_bytes_per_token", "check_smallest_multiple_of", "check_active_parameters",
+    "check_kv_bytes_per_token", "check_smallest_multiple_of", "check_active_parameters", "check_moe_ffn_parameters",
+    "check_kv_cache_at",
 ]

@@ -80,6 +80,9 @@ HIDES: dict[str, tuple[str, ...]] = {
     "check_kv_bytes_per_token": (*_CACHE_MATH, "config_card"),
     "check_smallest_multiple_of": ("swiglu_hidden_dim", "ffn_rule"),
     "check_active_parameters": ("active_parameters", "config_card"),
+    "check_moe_ffn_parameters": ("config_card", "architecture", "parameter_counts", "active_parameters",
+                                 *_COUNTING),
+    "check_kv_cache_at": (*_CACHE_MATH, "config_card", "architecture", "cache_bytes"),
 }
 
 TABLES: dict[str, tuple[str, ...]] = {  # a value item: the package's tables that hold its answer

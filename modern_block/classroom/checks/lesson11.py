@@ -1,5 +1,6 @@
-"""Lesson 11: what a config implies: the KV cache one token adds (GQA or MLA), the rule behind a d_ff, and the
-parameters a mixture-of-experts model runs per token."""
+"""Lesson 11: what a config implies: the KV cache one token adds (GQA or MLA), the rule behind a d_ff, the
+parameters a mixture-of-experts model runs per token, its FFN's parameters held and active, and the cache a model
+with sliding windows holds at a context."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from functools import partial
 
 from ...ffn import swiglu_hidden_dim
 from ...interop.config_card import load_config
+from ...interop.config_source import language_model
 from ...kv_cache import kv_cache_bytes_per_token, mla_cache_bytes_per_token
 from .core import Case, CheckRun, Mistake, exercise_check
 
@@ -224,3 +226,203 @@ def check_active_parameters(run: CheckRun, active_parameters) -> str:
         run.judge_int(case, got, ACTIVE_MISTAKES)
     L, E, k, d, f = MOE_CASES["DeepSeek-V3"]
     return f"3 models; DeepSeek-V3: {_active(TOTALS['DeepSeek-V3'], L, E, k, d, f) / 1e9:.1f}B active"
+
+
+# ---- exercise 4: a mixture of experts' FFN parameters, held and active ---------------------------------------
+
+MOE_FFN_CASES = {  # name -> (L, d, d_ff, first_k_dense, n_routed, top_k, d_expert, n_shared), as config_card reads it
+    "DeepSeek-V3": (61, 7168, 18432, 3, 256, 8, 2048, 1),
+    "Kimi K2": (61, 7168, 18432, 1, 384, 8, 2048, 1),
+    "Mixtral 8x7B": (32, 4096, 0, 0, 8, 2, 14336, 0),  # every layer MoE: d_ff unused
+}
+MOE_FFN_GRADER = {  # the grader's own published models (d_ff: the config's dense width, unused with no dense layer)
+    "Llama 4 Scout (text)": (48, 5120, 16384, 0, 16, 1, 8192, 1),
+    "Qwen3-235B-A22B": (94, 4096, 12288, 0, 128, 8, 1536, 0),
+}
+
+
+def _moe_ffn(L, d, d_ff, first_k, E, k, f, n_shared, *, part, matrices=3, dense="first_k", router="both",
+             shared="both", routed_active="top_k") -> int:
+    """The FFN sublayers' parameters, held (``part`` 0) or run by one token (1), or with one known mistake."""
+    def swiglu(width):  # gate, up and down
+        return matrices * d * width
+
+    dense_layers = 0 if dense == "none" else first_k
+    moe_layers = L if dense in ("none", "twice") else L - first_k
+    gate = d * E if router != "none" else 0
+    shared_held = n_shared * swiglu(f) if shared != "none" else 0
+    held = dense_layers * swiglu(d_ff) + moe_layers * (gate + E * swiglu(f) + shared_held)
+    if part == 0:
+        return held
+    runs = (E if routed_active == "all" else k) * swiglu(f) + (gate if router == "both" else 0) + (
+        shared_held if shared == "both" else 0)
+    return dense_layers * swiglu(d_ff) + moe_layers * runs
+
+
+MOE_FFN_MISTAKES = [
+    Mistake("every layer was counted as MoE: the first first_k_dense layers keep a dense SwiGLU of width d_ff.",
+            dict(dense="none"), when=lambda c: c.first_k > 0),
+    Mistake("the first first_k_dense layers were counted twice, dense and MoE: only the other "
+            "L - first_k_dense layers are MoE.", dict(dense="twice"), when=lambda c: c.first_k > 0),
+    Mistake("the router was left out: each MoE layer's router is d x E (n_routed), held and run by every token.",
+            dict(router="none")),
+    Mistake("the router was left out of active: every token runs it to pick its experts.", dict(router="held")),
+    Mistake("the shared expert runs for every token: count it in active too.", dict(shared="held"),
+            when=lambda c: c.n_shared > 0),
+    Mistake("the shared experts were left out: each MoE layer holds n_shared of them, SwiGLUs of width d_expert.",
+            dict(shared="none"), when=lambda c: c.n_shared > 0),
+    Mistake("active counts every routed expert: a token runs only top_k of them.", dict(routed_active="all")),
+    Mistake("a SwiGLU has three matrices (gate, up, down): 3·d·width, not 2.", dict(matrices=2)),
+]
+MOE_FFN_ALL = [*MOE_FFN_MISTAKES, *Mistake.pairs(MOE_FFN_MISTAKES)]  # and two slips at once
+
+
+def _moe_ffn_cases(args: tuple, name: str = "") -> tuple[Case, Case]:
+    call = f"moe_ffn_parameters{args}" + (f" ({name})" if name else "")
+    facts = dict(first_k=args[3], n_shared=args[7])
+    return (Case(f"{call}, held", partial(_moe_ffn, *args, part=0), args, **facts),
+            Case(f"{call}, active", partial(_moe_ffn, *args, part=1), args, **facts))
+
+
+@exercise_check
+def check_moe_ffn_parameters(run: CheckRun, moe_ffn_parameters) -> str:
+    """``moe_ffn_parameters(L, d, d_ff, first_k_dense, n_routed, top_k, d_expert, n_shared)`` -> ``(held, active)``:
+    the FFN sublayers' parameters of a DeepSeek-style model (dense SwiGLUs in the first layers; in the others a d x E
+    router, E routed and n_shared shared SwiGLU experts of width d_expert), all of them and those one token runs."""
+    __tracebackhide__ = True
+    public = [_moe_ffn_cases(sizes, name) for name, sizes in MOE_FFN_CASES.items()]
+
+    def secret(g):
+        drawn = [_moe_ffn_cases(sizes, name) for name, sizes in MOE_FFN_GRADER.items()]
+        for _ in range(2):
+            L, E = run.randint(g, 4, 96), run.pick(g, [8, 16, 64, 128, 256])
+            args = (L, 128 * run.randint(g, 8, 64), 256 * run.randint(g, 8, 80), run.randint(g, 0, min(L, 5)), E,
+                    run.pick(g, [1, 2, 4, 8]), 128 * run.randint(g, 2, 24), run.pick(g, [0, 1, 2]))
+            drawn.append(_moe_ffn_cases(args))
+        return [case for pair in drawn for case in pair]
+
+    cases = run.cases([case for pair in public for case in pair], secret, seed=214)
+    for held_case, active_case in zip(cases[::2], cases[1::2], strict=True):
+        got = run.call(held_case.text.removesuffix(", held"), moe_ffn_parameters, *held_case.args)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            run.fail(f"{held_case.text.removesuffix(', held')}: expected a tuple (held, active) of two ints, got "
+                     f"{type(got).__name__} {got!r:.60}.")
+        run.judge_int(held_case, got[0], MOE_FFN_ALL)
+        run.judge_int(active_case, got[1], MOE_FFN_ALL)
+    held, active = (_moe_ffn(*MOE_FFN_CASES["DeepSeek-V3"], part=p) for p in (0, 1))
+    return f"3 models; DeepSeek-V3's FFNs hold {held / 1e9:.1f}B, {active / 1e9:.1f}B run per token"
+
+
+# ---- exercise 5: the KV cache of a model with sliding windows, at a context ---------------------------------
+
+KV_AT_CASES = [("Gemma 3 27B", 32_768), ("Gemma 3 27B", 512), ("gpt-oss-120b", 131_072),
+               ("Mistral Small 3", 32_768)]
+KV_AT_GRADER = ["gpt-oss-20b", "Gemma 3 27B", "Qwen2.5-7B"]  # Qwen2.5-7B: a window, but no layer listed as sliding
+
+
+def _sliding(cfg: dict, pattern: str = "right") -> list[bool]:
+    """Which layers are sliding: ``layer_types``, else every ``sliding_window_pattern``-th layer full (or a known
+    misreading of the pattern), else none."""
+    L, p = cfg["num_hidden_layers"], cfg.get("sliding_window_pattern")
+    if cfg.get("layer_types"):
+        return [t == "sliding_attention" for t in cfg["layer_types"]]
+    if not p or cfg.get("sliding_window") is None:
+        return [False] * L
+    full = {"right": lambda i: (i + 1) % p == 0, "off_by_one": lambda i: i % p == 0,
+            "inverted": lambda i: (i + 1) % p != 0}[pattern]
+    return [not full(i) for i in range(L)]
+
+
+def _kv_at(cfg: dict, context: int, *, windows="listed", clamp=True, pattern="right", head_dim=True, two=2,
+           heads="kv") -> int:
+    """bf16 cache bytes of one sequence after ``context`` tokens, or with one known mistake."""
+    h = cfg["num_attention_heads"]
+    kv = h if heads == "query" else cfg["num_key_value_heads"]
+    dh = (cfg.get("head_dim") if head_dim else None) or cfg["hidden_size"] // h
+    window = cfg.get("sliding_window")
+    sliding = _sliding(cfg, pattern)
+    if windows == "every" and window is not None:
+        sliding = [True] * len(sliding)
+    if windows == "none":
+        sliding = [False] * len(sliding)
+    local = min(context, window or context) if clamp else window or context  # tokens a sliding layer holds
+    return two * kv * dh * 2 * sum(local if s else context for s in sliding)
+
+
+def _has_local(case: Case) -> bool:
+    return any(_sliding(case.cfg))
+
+
+def _pattern_only(case: Case) -> bool:
+    return "sliding_window_pattern" in case.cfg and not case.cfg.get("layer_types")
+
+
+KV_AT_MISTAKES = [
+    Mistake("the window was applied to every layer: only the layers listed as sliding keep a window; a full "
+            "layer holds the whole context.", dict(windows="every"), when=_has_local),
+    Mistake("every layer holds the whole context: a sliding layer keeps only the last sliding_window tokens.",
+            dict(windows="none"), when=_has_local),
+    Mistake("a sliding layer holds min(context, sliding_window) tokens: at a context shorter than the window it "
+            "holds the context, not the whole window.", dict(clamp=False), when=_has_local),
+    Mistake("sliding_window_pattern read off by one: with pattern p the full layers are p - 1, 2p - 1, ... "
+            "(counting from 0), so layer 0 is sliding.", dict(pattern="off_by_one"), when=_pattern_only),
+    Mistake("sliding_window_pattern read inverted: one layer in p is full, the other p - 1 are sliding.",
+            dict(pattern="inverted"), when=_pattern_only),
+    Mistake("d_h taken as hidden_size / num_attention_heads: this config gives head_dim, and it differs.",
+            dict(head_dim=False)),
+    Mistake("the 2 for K and V is missing: each layer caches one key and one value per K/V head.", dict(two=1)),
+    Mistake("that counts every query head: only num_key_value_heads heads are cached.", dict(heads="query")),
+]
+KV_AT_ALL = [*KV_AT_MISTAKES, *Mistake.pairs(KV_AT_MISTAKES)]  # and two slips at once
+
+
+def _kv_at_case(cfg: dict, context: int, name: str) -> Case:
+    return Case(f"kv_cache_at(<{name}>, {context:_})", partial(_kv_at, cfg, context), (cfg, context), cfg=cfg)
+
+
+def _drawn_window_config(run: CheckRun, g) -> tuple[dict, str]:
+    """A config with sliding layers listed in layer_types, or given by a pattern, or none; head_dim given or not."""
+    h = run.pick(g, [8, 16, 32])
+    L, dh, window = run.randint(g, 4, 64), run.pick(g, [64, 128, 256]), run.pick(g, [128, 512, 1024, 4096])
+    cfg = {"num_hidden_layers": L, "hidden_size": h * run.pick(g, [64, 96, 160]), "num_attention_heads": h,
+           "num_key_value_heads": h // run.pick(g, [1, 2, 4, 8]), "sliding_window": window}
+    if run.pick(g, [True, False]):
+        cfg["head_dim"] = dh
+    form, every = run.pick(g, ["layer_types", "pattern", "none"]), run.randint(g, 2, 7)
+    if form == "layer_types":
+        cfg["layer_types"] = ["full_attention" if (i + run.randint(g, 0, 2)) % every == 0 else "sliding_attention"
+                              for i in range(L)]
+    elif form == "pattern":
+        cfg["sliding_window_pattern"] = every
+    else:
+        cfg["sliding_window"] = None
+    shown = {k: v for k, v in cfg.items() if k != "layer_types"}
+    if form == "layer_types":
+        shown["layer_types"] = "".join("S" if t == "sliding_attention" else "F" for t in cfg["layer_types"])
+    return cfg, f"a drawn config {shown}" + (" (S: sliding, F: full)" if form == "layer_types" else "")
+
+
+@exercise_check
+def check_kv_cache_at(run: CheckRun, kv_cache_at) -> str:
+    """``kv_cache_at(cfg, context)``: the bf16 bytes one sequence's cache holds after ``context`` tokens: 2·n_kv·d_h·2
+    per token per layer, a layer listed as sliding_attention in layer_types (or not every sliding_window_pattern-th)
+    holding min(context, sliding_window) tokens, a full layer all of them."""
+    __tracebackhide__ = True
+    public = [_kv_at_case(language_model(load_config(name))[0], context, f"{name}'s config")
+              for name, context in KV_AT_CASES]
+
+    def secret(g):
+        drawn = []
+        for name in KV_AT_GRADER:
+            cfg = language_model(load_config(name))[0]
+            drawn.append(_kv_at_case(cfg, run.pick(g, [100, 777, 4096, 65_536]), f"{name}'s config"))
+        for _ in range(3):
+            cfg, text = _drawn_window_config(run, g)
+            drawn.append(_kv_at_case(cfg, run.pick(g, [cfg["sliding_window"] or 64, 50, 3000, 40_000]), text))
+        return drawn
+
+    for case in run.cases(public, secret, seed=215):
+        got = run.call(case.text, kv_cache_at, dict(case.args[0]), case.args[1])
+        run.judge_int(case, got, KV_AT_ALL)
+    gemma = _kv_at(language_model(load_config("Gemma 3 27B"))[0], 32_768)
+    return f"{len(public)} cases; Gemma 3 27B at 32K holds {gemma / 2**30:.2f} GiB"
