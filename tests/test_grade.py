@@ -365,8 +365,8 @@ def test_changed_inputs_do_not_flow_back(class_run):
 @needs_sandbox
 def test_facts_are_established_by_behaviour(class_run):
     rows = class_run["rows"]
-    assert rows[("forges_the_tie", "07_llama_block")]["exercises"][1]["detail"].startswith("check_llama_lm: with the "
-                                                                                            "same model with tie=True")
+    detail = rows[("forges_the_tie", "07_llama_block")]["exercises"][1]["detail"]
+    assert detail.startswith("check_llama_lm: forward(idx) with the same model with tie=True"), detail
     for student in ("switches_off_reuse_detection", "execs_the_package_source", "imports_the_package_answer",
                     "subclasses_the_package_answer", "searches_for_the_package"):
         detail = rows[(student, "01_rmsnorm")]["exercises"][1]["detail"]
