@@ -117,6 +117,14 @@ def attacks(folder: Path, secret: Path, port: int) -> dict[tuple[str, str], list
     add("mutates_the_tables", "07_llama_block", ["failed", "not attempted", "not attempted"], dict(
         ex1_block=injected("07_llama_block", "ex1_block", "x = x + self.attn", MUTATE_TABLES)))
 
+    # a forbidden torch function with the checks' import deleted: the sandbox's stub hides it all the same
+    dropped = answered("00_gpt2_block", dict(ex2_causal_attention="def causal_attention(q, k, v):\n"
+                       "    return F.scaled_dot_product_attention(q, k, v, is_causal=True)"), base="solutions")
+    dropped.cells[3].source = dropped.cells[3].source.replace("\n\nfrom modern_block.classroom import checks", "")
+    assert "checks" not in dropped.cells[3].source
+    write(folder, "drops_the_checks_import", "00_gpt2_block", dropped)
+    expected[("drops_the_checks_import", "00_gpt2_block")] = ["passed", "failed", "passed", "passed"]
+
     # facts the student's process reports: a tied head, which implementation ran
     untied = solution_source("07_llama_block", "ex2_llama_lm").replace(
         "self.head.weight = self.emb.weight  # one matrix, two uses", "self.tie_claimed = True")
@@ -360,6 +368,12 @@ def test_changed_inputs_do_not_flow_back(class_run):
     assert "was not rotated" in rows[("mutates_the_tables", "06_qk_norm")]["exercises"][0]["detail"]
     for lesson, n in (("04_gqa_kv_cache", 2), ("07_llama_block", 0)):
         assert rows[("mutates_the_tables", lesson)]["exercises"][n]["status"] == "failed"
+
+
+@needs_sandbox
+def test_a_forbidden_torch_function_raises_without_the_checks_import(class_run):
+    detail = class_run["rows"][("drops_the_checks_import", "00_gpt2_block")]["exercises"][1]["detail"]
+    assert "scaled_dot_product_attention is not available in this exercise" in detail, detail
 
 
 @needs_sandbox

@@ -302,7 +302,8 @@ def _self_limits(args, limits: Limits, python: str) -> tuple[Limits, str | None]
         launcher_for(python, limits)
         return limits, None
     except SandboxError as err:
-        return Limits(limits.memory_mb, limits.cpu_seconds, sandbox=False), one_line(str(err)).split(": ", 1)[-1][:200]
+        why = one_line(str(err)).split(": ", 1)[-1].split(". Install ", 1)[0]  # the reason, not the remedies
+        return Limits(limits.memory_mb, limits.cpu_seconds, sandbox=False), why
 
 
 class _Outputs:
