@@ -21,19 +21,12 @@ import torch
 import torch.nn as nn
 
 from . import in_notebook
+from .errors import CheckFailed, NotAttempted
 from .hiding import HIDES, TABLES, USES, grader_view
 from .mode import Mode
 from .verdict import Verdict, how_off, shown, where_differs
 
 M = TypeVar("M", bound=nn.Module)
-
-
-class NotAttempted(AssertionError):
-    """The code under test still raises ``NotImplementedError``: the exercise has not been done yet."""
-
-
-class CheckFailed(AssertionError):
-    """The code runs but disagrees with the reference; the message says what is likely wrong."""
 
 
 class Case:
