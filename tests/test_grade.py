@@ -42,7 +42,7 @@ from submissions import (
 
 from modern_block.classroom import grade
 from modern_block.classroom.grading import engine, sandbox
-from modern_block.classroom.grading.files import Submission
+from modern_block.classroom.grading.class_folder import Submission
 
 REFERENCE = ROOT / "exercises"
 TIMEOUT = 12  # seconds per cell and check in the class run; the endless notebooks cost this much each
@@ -152,7 +152,7 @@ _runner.Runner.describe_module = staticmethod(_forged)"""
     add("execs_the_package_source", l01, ["not attempted", "failed"], dict(
         ex2_rmsnorm="import inspect, modern_block.rmsnorm as _m\nexec(inspect.getsource(_m))"))
     add("uses_the_checks_reference", l01, ["failed", "not attempted"], dict(
-        ex1_rms="from modern_block.classroom.checks.reference import rms_norm64\n\n\ndef rms(x, eps=1e-6):\n"
+        ex1_rms="from modern_block.classroom.checks.formulas import rms_norm64\n\n\ndef rms(x, eps=1e-6):\n"
                 "    return rms_norm64(x, None, eps).float() * 0 + (x.float().pow(2).mean(-1, keepdim=True) "
                 "+ eps).sqrt()"))
     add("searches_for_the_package", l01, ["not attempted", "failed"], dict(
@@ -386,7 +386,7 @@ def test_facts_are_established_by_behaviour(class_run):
         detail = rows[(student, "01_rmsnorm")]["exercises"][1]["detail"]
         assert "modern_block.RMSNorm is not available while this notebook is graded" in detail or \
             "RMSNorm is not defined" in detail, (student, detail)
-    assert "No module named 'modern_block.classroom.checks.reference'" in \
+    assert "No module named 'modern_block.classroom.checks.formulas'" in \
         rows[("uses_the_checks_reference", "01_rmsnorm")]["exercises"][0]["detail"]
 
 
