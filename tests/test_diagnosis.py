@@ -167,6 +167,7 @@ def alike(seen, a: str, b: str) -> bool:
 FUNCTIONS = [(c, i) for c, i in RIGHT if callable(i) and c.__name__ not in ASSEMBLED]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("check, impl", FUNCTIONS, ids=[c.__name__ for c, _ in FUNCTIONS])
 def test_every_known_mistake_is_named_with_only_what_no_case_tells_apart(check, impl):
     answer, calls = recorded(impl)

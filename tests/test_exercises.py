@@ -1244,6 +1244,7 @@ def test_a_size_tolerance_relative_to_b_is_named_so():
                               "a's."], message
 
 
+@pytest.mark.slow
 def test_an_unsorted_set_fails_whatever_order_the_hash_seed_gives():
     """A set's order changes with the process's hash seed: the check holds a case with twelve differing settings, so
     an answer that forgets to sort fails in every order the seed can give (here: 200 shuffles, and three seeds)."""

@@ -87,6 +87,7 @@ def test_the_course_studies_are_configurations_of_one_design():
         assert all(set(p) <= set(study.models) for p in study.pairs)
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_workers_and_identical_runs_train_once():
     configs = [replace(BASE, arch=f"ladder:{r}") for r in ("gpt2_untied", "no_gqa")]
     here = train_many(configs, CORPUS, workers=1)

@@ -209,6 +209,7 @@ def test_train_cli_rejects_bad_arguments_with_exit_code_2(argv, message, capsys)
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_bad_argument_prints_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "modern_block", "train", "--arch", "llama", "--batch-size", "-1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)

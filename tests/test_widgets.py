@@ -204,6 +204,7 @@ def test_the_reader_reports_a_bad_source_in_one_short_line_and_keeps_its_card(tm
         assert len(html.unescape(message)) < 200
 
 
+@pytest.mark.slow
 def test_the_reader_reads_only_when_asked_and_says_it_is_busy(monkeypatch):
     """A path is read when it is committed (Enter, or leaving the box) or on "Read"; GPU and context redraw the card
     without reading again; while a file is read the card says so and the inputs are disabled."""
