@@ -48,7 +48,8 @@ def report_text(results: Results) -> str:
              f"{b.dropout}. Loss: the final validation loss on {b.eval_batches} fixed "
              f"batches of the last 10% of the text. Each model's peak rate is chosen from "
              f"{', '.join(f'{r:g}' for r in s.rates)} on selection seeds {format_seeds(s.selection_seeds)} (lowest "
-             f"mean) and reported on seeds {format_seeds(s.reported_seeds)}; differences are paired by seed, with a "
+             f"mean{_widened(s.widen)}) and reported on seeds {format_seeds(s.reported_seeds)}; differences are "
+             f"paired by seed, with a "
              f"t-based {CONFIDENCE:.0%} interval and a verdict from that interval alone.", ""]
     if not results.complete:
         lines += [f"INCOMPLETE: {len(results.runs)} runs finished; rates chosen so far: "
@@ -73,6 +74,14 @@ def report_text(results: Results) -> str:
     lines += [""] if s.stress and chosen else []
     lines += _throughput(results)
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _widened(widen: int) -> str:
+    """How a sweep grows at an edge, in words (nothing without ``widen``)."""
+    if not widen:
+        return ""
+    return (f"; a sweep whose best rate is an end one is widened by the next rate beyond it, one step of the sweep "
+            f"at a time, at most {widen} per side, so that the chosen rate ends inside its sweep")
 
 
 def selection_table(results: Results) -> str:
@@ -103,10 +112,14 @@ def _anchor_sentence(results: Results) -> str:
 def _stress_sentence(results: Results, model: str, factor: float) -> str:
     """The model at ``factor`` times its chosen rate on the reported seeds: how many runs diverged (an outcome,
     not a failure), and when none did, the paired difference against its chosen rate."""
-    lr, seeds = results.chosen_rates()[model], results.study.reported_seeds
-    hot = {s: results.record(model, lr * factor, s) for s in seeds}
+    lr, seeds, base = results.chosen_rates()[model], results.study.reported_seeds, results.study.stress_base
+    rate = results.stress_rate(model, factor)
+    if rate is None:
+        return f"{model} at {factor:g}x {base}'s chosen rate: not run yet."
+    hot = {s: results.record(model, rate, s) for s in seeds}
     done = {s: final_loss(r) for s, r in hot.items() if r is not None}
-    text = f"{model} at {factor:g}x its chosen rate ({lr * factor:g}) on seeds {format_seeds(seeds)}: "
+    whose = "its" if base in (None, model) else f"{base}'s"
+    text = f"{model} at {rate:g} ({factor:g}x {whose} chosen rate) on seeds {format_seeds(seeds)}: "
     if not done:
         return text + "not run yet."
     diverged = sorted(s for s, v in done.items() if math.isinf(v))
