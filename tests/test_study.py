@@ -16,6 +16,7 @@ from modern_block import files
 from modern_block.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training import cli, report, run_folder
 from modern_block.training import study as S
+from modern_block.training.config import quick_config
 from modern_block.training.report import plot_curve_bands, plot_differences, report_text, write_results
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
 from modern_block.training.study import STUDIES, Anchor, Progress, Results, Study, run_study, time_left
@@ -98,7 +99,8 @@ def test_a_study_is_checked_when_built():
 
 def test_the_course_studies_are_configurations_of_one_design():
     assert set(STUDIES) == {"quick", "laptop", "gpu", "ladder", "ablations", "attention", "ladder_laptop"}
-    assert STUDIES["quick"].base == STUDIES["ladder"].base, "one quick budget"
+    assert STUDIES["ladder"].base == quick_config("gpt2"), "the quick ladder: the 90-step preset, a live demo"
+    assert STUDIES["quick"].base.max_steps == 300 and STUDIES["quick"].widen, "lesson 08: below the bigram loss"
     assert STUDIES["laptop"].anchor.lr == 1e-3 and STUDIES["laptop"].anchor.published == 1.88
     for study in STUDIES.values():
         assert not set(study.selection_seeds) & set(study.reported_seeds)

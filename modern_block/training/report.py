@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,11 +15,13 @@ from ..files import refused_writes, shown, write_atomic, write_text_atomic
 from ..statistics import (
     CONFIDENCE,
     PairedDifference,
+    adjusted_verdict,
     band,
     format_seeds,
-    holm_verdicts,
+    holm,
     markdown_table,
     mean_interval,
+    p_value,
     paired_difference,
     selection_row,
 )
@@ -35,7 +38,7 @@ def report_text(results: Results) -> str:
     """report.md: the design, each model's chosen rate and reported loss, the paired differences with their
     verdicts, the anchor against its published loss, and the throughput."""
     s, b, mach = results.study, results.study.base, results.machine
-    chosen, sel = results.chosen_rates(), results.selections
+    chosen = results.chosen_rates()
     own = any(get_rung(m).n_kv_heads or get_rung(m).kv_latent for m in s.models)  # each model fixes its K/V heads
     kv = "K/V heads or latent: each model's own" if own else f"{b.n_kv_heads} K/V heads where a model shares them"
     lines = [f"# Study `{s.name}`: {', '.join(s.models)}", "",
@@ -57,21 +60,21 @@ def report_text(results: Results) -> str:
                   + f"; reported seeds finished by every model: {format_seeds(results.complete_seeds) or 'none'}.", ""]
     if len(results.complete_seeds) > 1:
         lines += [selection_table(results), ""]
-    pairs = [(a, b_) for a, b_ in s.pairs if a in sel and b_ in sel]
-    if pairs and len(results.complete_seeds) > 1:
-        diffs = [results.difference(a, b_) for a, b_ in pairs]
-        rows = [{"b minus a": f"{b_} minus {a}", f"difference ± half-width [{CONFIDENCE:.0%} interval]": d.format(),
-                 "verdict": d.verdict} for d, (a, b_) in zip(diffs, pairs, strict=True)]
-        title = f"## Paired differences ({len(pairs)} comparison{'s' * (len(pairs) > 1)}, each at {CONFIDENCE:.0%}"
-        if len(pairs) > 1 and not any(d.diverged for d in diffs):  # the chance of any false verdict among them
-            title += f"; the last column adjusts the verdicts for all {len(pairs)} together, by Holm's method"
-            for row, holm in zip(rows, holm_verdicts(diffs), strict=True):
-                row["after Holm"] = holm
-        lines += [title + ")", "", markdown_table(rows), ""]
+    verdicts = study_verdicts(results)
+    counted = sum(v.p_holm is not None for v in verdicts)
+    holm_note = (f"; the last column adjusts the verdicts of all {counted} distinct comparisons of this study "
+                 f"together{' (these and the stress runs below)' if s.stress else ''}, by Holm's method, and is "
+                 "the one to read" if counted > 1 else "")
+    rows = [_verdict_row(v, "b minus a") for v in verdicts if v.kind == "pair"]
+    if rows:
+        lines += [f"## Paired differences ({len(rows)} comparison{'s' * (len(rows) > 1)}, each at "
+                  f"{CONFIDENCE:.0%}{holm_note})", "", markdown_table(rows), ""]
     if s.anchor is not None:
         lines += [_anchor_sentence(results), ""]
-    lines += [_stress_sentence(results, model, factor) for model, factor in s.stress if model in chosen]
-    lines += [""] if s.stress and chosen else []
+    stress = [_verdict_row(v, "stress comparison") for v in verdicts if v.kind == "stress"]
+    if s.stress and chosen:
+        lines += [f"## Stress: {_stress_design(results)}", "", *([markdown_table(stress), ""] if stress else []),
+                  *[_stress_sentence(results, model, factor) for model, factor in s.stress], ""]
     lines += _throughput(results)
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -85,9 +88,113 @@ def _widened(widen: int) -> str:
 
 
 def selection_table(results: Results) -> str:
-    """Each model's chosen rate, selection means and reported mean ± interval, as a Markdown table."""
+    """Each model's parameters, chosen rate, selection means and reported mean ± interval, as a Markdown table."""
     sel = results.selections
-    return markdown_table([selection_row(sel[m], f"{m}: {get_rung(m).change}") for m in results.study.models])
+    rows = []
+    for m in results.study.models:
+        row = selection_row(sel[m], f"{m}: {get_rung(m).change}")
+        params = {r.get("n_params") for r in results.runs if r["model"] == m and r.get("n_params")}
+        rows.append({"model": row.pop("model"), "parameters": f"{params.pop():,}" if len(params) == 1 else "?"} | row)
+    return markdown_table(rows)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One comparison a study draws: ``difference`` (b minus a, paired by seed), its two-sided p-value and its
+    verdict after Holm's adjustment over every distinct comparison of the study (``p_holm`` and ``adjusted``
+    None where a run diverged, or where ``same_as`` names the earlier comparison of the same two models,
+    counted once); ``kind``: "pair" (two models at their chosen rates) or "stress"."""
+
+    name: str
+    kind: str
+    difference: PairedDifference
+    p: float | None = None
+    p_holm: float | None = None
+    adjusted: str | None = None
+    same_as: str | None = None
+
+
+def study_verdicts(results: Results) -> list[Verdict]:
+    """Every comparison the study's report draws (its pairs, then its stress comparisons), each distinct one
+    counted once in one Holm family: the course's multiplicity rule, for reports and lessons alike."""
+    drawn = _pair_comparisons(results) + _stress_comparisons(results)
+    first: dict = {}
+    for name, _, key, _ in drawn:
+        first.setdefault(key, name)
+        first.setdefault(key[::-1], name)
+    counted = [i for i, (name, _, key, d) in enumerate(drawn) if first[key] == name and not d.diverged]
+    p_holm = dict(zip(counted, holm([p_value(drawn[i][3]) for i in counted]), strict=True)) if counted else {}
+    out = []
+    for i, (name, kind, key, d) in enumerate(drawn):
+        p = None if d.diverged else p_value(d)
+        out.append(Verdict(name, kind, d, p, p_holm.get(i), adjusted_verdict(d, p_holm[i]) if i in p_holm else None,
+                           None if first[key] == name else first[key]))
+    return out
+
+
+def _pair_comparisons(results: Results) -> list[tuple]:
+    """(name, "pair", key, difference) for each of the study's pairs with reported runs; the key names the two
+    models by their switches, so that twins (the ladder's gqa is Llama without QK-norm) make one key."""
+    sel = results.selections
+    if len(results.complete_seeds) < 2:
+        return []
+    return [(f"{b} minus {a}", "pair", (get_rung(a).switches, get_rung(b).switches), results.difference(a, b))
+            for a, b in results.study.pairs if a in sel and b in sel]
+
+
+def _losses_at(results: Results, model: str, lr: float) -> dict[int, float] | None:
+    """Reported seed -> final loss of ``model`` at ``lr`` (inf: diverged); None until every seed is in."""
+    runs = {s: results.record(model, lr, s) for s in results.study.reported_seeds}
+    return {s: final_loss(r) for s, r in runs.items() if r is not None} if all(runs.values()) else None
+
+
+def _stress_comparisons(results: Results) -> list[tuple]:
+    """Each stress run set minus the model at its chosen rate, and with ``stress_base``, each stressed model
+    minus the base model at the same rate, paired over the reported seeds (once every run is in)."""
+    s, chosen = results.study, results.chosen_rates()
+    out, at_rate = [], {}
+    for model, factor in s.stress:
+        rate = results.stress_rate(model, factor)
+        hot = _losses_at(results, model, rate) if rate is not None else None
+        own = _losses_at(results, model, chosen[model]) if model in chosen else None
+        if hot is None or own is None or len(hot) < 2:
+            continue
+        at_rate.setdefault(rate, {})[model] = hot
+        whose = "its" if s.stress_base in (None, model) else f"{s.stress_base}'s"
+        key = ((get_rung(model).switches, chosen[model]), (get_rung(model).switches, rate))
+        out.append((f"{model} at {rate:g} ({factor:g}x {whose} chosen rate) minus {model} at its own "
+                    f"{chosen[model]:g}", "stress", key, paired_difference(own, hot)))
+    base = s.stress_base
+    for rate, by_model in at_rate.items() if base is not None else ():
+        for model, hot in by_model.items():
+            if model != base and base in by_model:
+                key = ((get_rung(base).switches, rate), (get_rung(model).switches, rate))
+                out.append((f"{model} minus {base} at the same rate {rate:g}", "stress", key,
+                            paired_difference(by_model[base], hot)))
+    return out
+
+
+def _verdict_row(v: Verdict, first: str) -> dict[str, str]:
+    """A comparison's row: the difference with its interval, its raw verdict, and the adjusted one."""
+    d = v.difference
+    if v.same_as is not None:
+        after = f"the comparison of {v.same_as}, counted once"
+    elif v.adjusted is None:
+        after = "not adjusted (a run diverged)"
+    else:
+        after = f"{v.adjusted} (p {v.p_holm:.3g})"
+    return {first: v.name, f"difference ± half-width [{CONFIDENCE:.0%} interval]": d.format(),
+            "verdict": d.verdict + ("" if v.p is None else f" (p {v.p:.3g})"), "after Holm": after}
+
+
+def _stress_design(results: Results) -> str:
+    s = results.study
+    factors = sorted(dict.fromkeys(f for _, f in s.stress))
+    models = list(dict.fromkeys(m for m, _ in s.stress))
+    whose = (f"{s.stress_base}'s chosen rate, the same absolute rates for every model"
+             if s.stress_base else "each model's own chosen rate")
+    return (f"{', '.join(models)} at {', '.join(f'{f:g}x' for f in factors)} {whose}, on seeds "
+            f"{format_seeds(s.reported_seeds)} (diverging is an outcome to report)")
 
 
 def _anchor_sentence(results: Results) -> str:
@@ -110,27 +217,25 @@ def _anchor_sentence(results: Results) -> str:
 
 
 def _stress_sentence(results: Results, model: str, factor: float) -> str:
-    """The model at ``factor`` times its chosen rate on the reported seeds: how many runs diverged (an outcome,
-    not a failure), and when none did, the paired difference against its chosen rate."""
-    lr, seeds, base = results.chosen_rates()[model], results.study.reported_seeds, results.study.stress_base
+    """The model at ``factor`` times a chosen rate (its own, or the study's ``stress_base``'s) on the reported
+    seeds: how many runs diverged (an outcome, not a failure) and the final loss of the others; the paired
+    differences are in the stress table."""
+    seeds, base = results.study.reported_seeds, results.study.stress_base
     rate = results.stress_rate(model, factor)
-    if rate is None:
-        return f"{model} at {factor:g}x {base}'s chosen rate: not run yet."
-    hot = {s: results.record(model, rate, s) for s in seeds}
-    done = {s: final_loss(r) for s, r in hot.items() if r is not None}
     whose = "its" if base in (None, model) else f"{base}'s"
+    if rate is None:
+        return f"{model} at {factor:g}x {whose} chosen rate: not run yet (no rate chosen yet)."
+    done = {s: final_loss(r) for s in seeds if (r := results.record(model, rate, s)) is not None}
     text = f"{model} at {rate:g} ({factor:g}x {whose} chosen rate) on seeds {format_seeds(seeds)}: "
     if not done:
         return text + "not run yet."
     diverged = sorted(s for s, v in done.items() if math.isinf(v))
+    finite = [v for v in done.values() if math.isfinite(v)]
     text += f"{len(diverged)} of {len(done)} finished runs diverged" + (
-        f" (seeds {format_seeds(diverged)})" if diverged else "") + "; "
-    base = {s: final_loss(r) for s in done if (r := results.record(model, lr, s)) is not None}
-    if diverged or len(base) < 2:
-        finite = [v for v in done.values() if math.isfinite(v)]
-        return text + ("final losses " + ", ".join(f"{v:.4f}" for v in finite) + "." if finite else "none finished.")
-    pair = paired_difference(base, {s: done[s] for s in base})
-    return text + f"minus its chosen rate, paired by seed: {pair.format()}, {pair.verdict}."
+        f" (seeds {format_seeds(diverged)})" if diverged else "")
+    if len(finite) > 1:
+        return text + f"; final loss of the others {mean_interval(finite).format()}."
+    return text + (f"; final loss {finite[0]:.4f}." if finite else ".")
 
 
 def _throughput(results: Results) -> list[str]:

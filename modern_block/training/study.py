@@ -21,6 +21,9 @@ from .trainer import TrainResult
 from .workers import committed_record, final_loss, read_record, run_dir, train_many
 
 QUICK_RATES = (4e-3, 8e-3, 1.6e-2, 3.2e-2)  # tiny models, short runs: high rates
+# lesson 08's live comparison: the quick models trained long enough (300 steps, about 3 CPU-seconds a run) that
+# both arms end below the bigram loss; the quick ladder keeps the 90-step preset (a live demo of the design)
+QUICK_STUDY = quick_config("gpt2", max_steps=300, warmup_steps=30, eval_interval=50)
 LAPTOP_RATES = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)  # nanoGPT's 1e-3, halved once and doubled three times
 GPU_RATES = (5e-4, 1e-3, 2e-3)  # around nanoGPT's 1e-3 for its shakespeare-char budget
 ATTENTION_RATES = (2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3)  # a rate on each side of every model's best
@@ -110,15 +113,15 @@ LAPTOP_LEFT_OUT = ("no_rmsnorm", "no_swiglu", "no_rope", "llama_tied")
 LAPTOP_LADDER_RATES = (1e-3, 2e-3, 4e-3)
 STRESS_FACTORS = (2.0, 4.0, 8.0)  # the attention study's stress rates: these times MHA's chosen rate, for both
 STUDIES = {
-    "quick": Study("quick", quick_config("gpt2"), MAIN, QUICK_RATES, (0, 1), (2, 3, 4, 5, 6, 7), (MAIN,)),
+    "quick": Study("quick", QUICK_STUDY, MAIN, QUICK_RATES, (0, 1), (2, 3, 4, 5, 6, 7), (MAIN,), widen=2),
     "laptop": Study("laptop", laptop_config("gpt2"), ("gpt2_nobias", LLAMA_END, "llama_tied"), LAPTOP_RATES, (0,),
                     (1, 2, 3), (("gpt2_nobias", LLAMA_END), ("gpt2_nobias", "llama_tied"), ("llama_tied", LLAMA_END)),
                     Anchor("gpt2_nobias", 1e-3, 1.88, "nanoGPT's README")),
     "gpu": Study("gpu", gpu_config("gpt2"), MAIN, GPU_RATES, (0,), (1, 2, 3), (MAIN,)),
     "ladder": Study("ladder", quick_config("gpt2"), tuple(dict.fromkeys(LADDER_NAMES + ABLATION_NAMES)), QUICK_RATES,
-                    (0, 1), (2, 3, 4, 5, 6, 7), LADDER_STEPS + LEFT_OUT, recorded_steps=20),
+                    (0, 1), (2, 3, 4, 5, 6, 7), LADDER_STEPS + LEFT_OUT, recorded_steps=20, widen=2),
     "ablations": Study("ablations", quick_config("gpt2"), (LLAMA_END, *ABLATION_NAMES), QUICK_RATES, (0, 1),
-                       (2, 3, 4, 5, 6, 7), LEFT_OUT),
+                       (2, 3, 4, 5, 6, 7), LEFT_OUT, widen=2),
     "attention": Study("attention", laptop_config("gpt2", n_heads=8), ATTENTION_NAMES, ATTENTION_RATES, (0,),
                        (1, 2, 3, 4, 5), tuple(("mha", m) for m in ATTENTION_NAMES[1:]),
                        stress=tuple((m, f) for f in STRESS_FACTORS for m in ("mha", "mha_qk_norm")),
