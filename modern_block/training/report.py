@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from ..files import refused_writes, shown, write_atomic, write_text_atomic
 from ..statistics import (
     CONFIDENCE,
+    HIGHER,
+    LOWER,
     PairedDifference,
     adjusted_verdict,
     band,
@@ -184,7 +186,7 @@ def _verdict_row(v: Verdict, first: str) -> dict[str, str]:
     else:
         after = f"{v.adjusted} (p {v.p_holm:.3g})"
     return {first: v.name, f"difference ± half-width [{CONFIDENCE:.0%} interval]": d.format(),
-            "verdict": d.verdict + ("" if v.p is None else f" (p {v.p:.3g})"), "after Holm": after}
+            "verdict": d.verdict, "p": "" if v.p is None else f"{v.p:.3g}", "after Holm (adjusted p)": after}
 
 
 def _stress_design(results: Results) -> str:
@@ -328,16 +330,22 @@ def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validatio
     return _finish(fig, path)
 
 
-def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title: str = "differences, 95% intervals"):
-    """Paired differences with their intervals against a line at zero."""
+def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title: str = "differences, 95% intervals",
+                     adjusted: list[str | None] | None = None):
+    """Paired differences with their intervals against a line at zero: blue where the verdict is "lower", red
+    where "higher", gray where inconclusive. ``adjusted``: the verdicts after Holm's adjustment, one per row
+    (``Verdict.adjusted``): the colours follow them, so a verdict that does not survive is drawn gray."""
     import matplotlib.pyplot as plt
 
+    if adjusted is not None and len(adjusted) != len(rows):
+        raise ValueError(f"adjusted must hold one verdict per row ({len(rows)}), got {len(adjusted)}")
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
     for i, (_, d) in enumerate(rows):
         if d.diverged:
-            ax.text(0, i, "a run diverged", va="center")
+            ax.text(0, i, "a run diverged", va="center", fontsize=9)
             continue
-        color = "tab:gray" if not d.decided else "tab:blue" if d.mean < 0 else "tab:red"
+        word = d.verdict if adjusted is None else adjusted[i]
+        color = "tab:blue" if word == LOWER else "tab:red" if word == HIGHER else "tab:gray"
         ax.errorbar([d.mean], [i], xerr=[[d.mean - d.low], [d.high - d.mean]], fmt="o", color=color, capsize=3)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(rows)), [name for name, _ in rows])
@@ -351,7 +359,8 @@ def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title:
 def cache_quality_rows(results: Results, reference: str = "mha", bytes_per_elem: int = 2) -> list[dict]:
     """One row per model of ``results`` with its reported seeds finished: model, what it changes, cache bytes per
     token (bf16 by default), parameters, chosen rate, the ``Selection`` and the paired difference against
-    ``reference`` (None for the reference itself). ValueError before every model has 2 reported seeds."""
+    ``reference`` (None for the reference itself) with its verdict after Holm's adjustment over the study's
+    comparisons (None where the study does not draw it). ValueError before every model has 2 reported seeds."""
     if len(results.complete_seeds) < 2:
         raise ValueError(f"an interval needs 2 reported seeds finished by every model of study {results.study.name!r}; "
                          f"{len(results.complete_seeds)} are ({len(results.runs)} runs finished)")
@@ -359,13 +368,15 @@ def cache_quality_rows(results: Results, reference: str = "mha", bytes_per_elem:
     if reference not in selections:
         raise ValueError(f"reference must be one of the study's models {list(selections)}, got {reference!r}")
     shape = results.study.base.shape
+    adjusted = {v.name: v.adjusted for v in study_verdicts(results)}  # the study's one Holm family
     rows = []
     for model, sel in selections.items():
         params = {r.get("n_params") for r in results.runs if r["model"] == model and r.get("n_params")}
         rows.append({"model": model, "change": get_rung(model).change,
                      "cache_bytes": cache_bytes_per_token(model, shape, bytes_per_elem),
                      "params": params.pop() if len(params) == 1 else None, "lr": sel.lr, "selection": sel,
-                     "difference": None if model == reference else results.difference(reference, model)})
+                     "difference": None if model == reference else results.difference(reference, model),
+                     "adjusted": adjusted.get(f"{model} minus {reference}")})
     return rows
 
 
@@ -378,7 +389,8 @@ def cache_quality_table(rows: list[dict], reference: str = "mha") -> list[dict[s
                     "parameters": f"{r['params']:,}" if r["params"] else "?", "chosen lr": f"{r['lr']:g}",
                     f"val loss, mean ± {CONFIDENCE:.0%}": r["selection"].interval.format(),
                     f"minus {reference}": "reference" if d is None else d.format(),
-                    "verdict": "" if d is None else d.verdict})
+                    "verdict": "" if d is None else d.verdict,
+                    "after Holm": "" if d is None else r.get("adjusted") or "not in the study's comparisons"})
     return out
 
 
@@ -399,7 +411,7 @@ def plot_cache_quality(rows: list[dict], path=None, title: str = "validation los
         x = r["cache_bytes"] * 2 ** (0.08 * nth)  # beside the points of the same size, not on them
         ax.errorbar([x], [interval.mean], yerr=[[interval.mean - interval.low], [interval.high - interval.mean]],
                     fmt="o", color=color, capsize=4)
-        ax.annotate(r["model"], (x, interval.mean), textcoords="offset points", xytext=(5, 3), fontsize=8, color=color)
+        ax.annotate(r["model"], (x, interval.mean), textcoords="offset points", xytext=(5, 3), fontsize=9, color=color)
         if r["difference"] is None:
             ax.axhline(interval.mean, color=color, linestyle="--", linewidth=0.8)
     ax.set_xscale("log", base=2)

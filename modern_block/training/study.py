@@ -16,7 +16,7 @@ from ..statistics import PairedDifference, Selection, choose_rate, paired_differ
 from .config import TrainConfig, gpu_config, laptop_config, quick_config, with_rate
 from .data import Corpus, load_corpus
 from .ladder import ABLATION_NAMES, ATTENTION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
-from .report import plot_curve_bands, plot_sweep, report_text, selection_table
+from .report import Verdict, plot_curve_bands, plot_sweep, report_text, selection_table, study_verdicts
 from .trainer import TrainResult
 from .workers import committed_record, final_loss, read_record, run_dir, train_many
 
@@ -94,9 +94,10 @@ class Study:
 
     def with_options(self, models=None, rates=None, selection_seeds=None, reported_seeds=None,
                      **settings) -> "Study":
-        models = tuple(models or self.models)
-        return replace(self, base=replace(self.base, **settings), models=models,
-                       rates=tuple(rates or self.rates), selection_seeds=tuple(selection_seeds or self.selection_seeds),
+        models, rates = tuple(models or self.models), tuple(rates or self.rates)
+        return replace(self, base=replace(self.base, **settings), models=models, rates=rates,
+                       widen=self.widen if len(rates) > 1 else 0,  # one rate given: that rate, not a sweep
+                       selection_seeds=tuple(selection_seeds or self.selection_seeds),
                        reported_seeds=tuple(reported_seeds or self.reported_seeds),
                        pairs=tuple(p for p in self.pairs if set(p) <= set(models)),
                        anchor=self.anchor if self.anchor and self.anchor.model in models else None,
@@ -261,6 +262,11 @@ class Results:
     def report(self) -> str:
         """The study's report.md."""
         return report_text(self)
+
+    def verdicts(self) -> list[Verdict]:
+        """Every comparison the study draws, raw and after Holm's adjustment over all of them
+        (``report.study_verdicts``): the verdicts its report, the lessons and the README quote."""
+        return study_verdicts(self)
 
     def table(self) -> str:
         """Each model's chosen rate, selection means and reported mean ± interval, as a Markdown table."""

@@ -90,6 +90,9 @@ def committed_record(committed, cfg: TrainConfig, corpus: str, folder=None) -> d
             continue
         for run in data.get("runs", ()):
             record = {k: v for k, v in run.items() if k not in RUN_KEYS}
+            metrics = record.get("metrics") or [{}]
+            if isinstance(record.get("config"), dict) and "finished" not in record:  # written before the key was
+                record["finished"] = bool(record.get("diverged")) or metrics[-1].get("step") == cfg.max_steps
             if finished_with(record, cfg):
                 if folder is not None:
                     Path(folder).mkdir(parents=True, exist_ok=True)
