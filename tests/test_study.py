@@ -156,6 +156,9 @@ def test_committed_runs_are_reused_only_with_the_same_settings_and_text(tmp_path
     other = run_study(study, tmp_path / "c", CORPUS, say=said.append, reuse=[committed | {"corpus": "other"}],
                       train=False)
     assert other.runs == [], "another text: nothing reused"
+    older = committed | {"runs": [{k: v for k, v in r.items() if k != "finished"} for r in committed["runs"]]}
+    again = run_study(study, tmp_path / "f", CORPUS, say=said.append, reuse=[older], train=False)
+    assert len(again.runs) == len(first.runs), "records written before 'finished' existed: by their last step"
     longer = replace(study, base=replace(BASE, max_steps=7))
     assert run_study(longer, tmp_path / "d", CORPUS, say=said.append, reuse=[committed], train=False).runs == []
     path = tmp_path / "results.json"
@@ -307,6 +310,20 @@ def test_what_the_lessons_ask_of_results():
     assert labels == [f"gpt2_nobias ({len(res.complete_seeds)} seeds)", f"Llama ({len(res.complete_seeds)} seeds)"]
     sweep = res.plot_sweep(title="t").axes[0]
     assert sweep.get_title() == "t" and len(sweep.lines) == 2 * len(res.selections)  # a curve and a chosen rate each
+
+
+def test_lesson_08_imports_at_most_15_names_from_the_training_package():
+    """Lesson 08 shows the loop and the study behind it; it does not lean on the package's whole surface."""
+    import ast
+
+    nb = nbformat.read(ROOT / "notebooks" / "08_train_llama_vs_gpt2.ipynb", as_version=4)
+    names = set()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            code = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
+            names |= {alias.name for node in ast.walk(ast.parse(code)) if isinstance(node, ast.ImportFrom)
+                      and (node.module or "").startswith("modern_block.training") for alias in node.names}
+    assert {"train", "run_study", "STUDIES", "Results"} <= names and len(names) <= 15, sorted(names)
 
 
 def test_readme_quotes_the_committed_lesson_08_run():

@@ -67,13 +67,13 @@ def report_text(results: Results) -> str:
     holm_note = (f"; the last column adjusts the verdicts of all {counted} distinct comparisons of this study "
                  f"together{' (these and the stress runs below)' if s.stress else ''}, by Holm's method, and is "
                  "the one to read" if counted > 1 else "")
-    rows = [_verdict_row(v, "b minus a") for v in verdicts if v.kind == "pair"]
+    rows = [_verdict_row(v, "b minus a", counted > 1) for v in verdicts if v.kind == "pair"]
     if rows:
         lines += [f"## Paired differences ({len(rows)} comparison{'s' * (len(rows) > 1)}, each at "
                   f"{CONFIDENCE:.0%}{holm_note})", "", markdown_table(rows), ""]
     if s.anchor is not None:
         lines += [_anchor_sentence(results), ""]
-    stress = [_verdict_row(v, "stress comparison") for v in verdicts if v.kind == "stress"]
+    stress = [_verdict_row(v, "stress comparison", counted > 1) for v in verdicts if v.kind == "stress"]
     if s.stress and chosen:
         lines += [f"## Stress: {_stress_design(results)}", "", *([markdown_table(stress), ""] if stress else []),
                   *[_stress_sentence(results, model, factor) for model, factor in s.stress], ""]
@@ -104,8 +104,8 @@ def selection_table(results: Results) -> str:
 class Verdict:
     """One comparison a study draws: ``difference`` (b minus a, paired by seed), its two-sided p-value and its
     verdict after Holm's adjustment over every distinct comparison of the study (``p_holm`` and ``adjusted``
-    None where a run diverged, or where ``same_as`` names the earlier comparison of the same two models,
-    counted once); ``kind``: "pair" (two models at their chosen rates) or "stress"."""
+    None where a run diverged); ``same_as`` names the earlier comparison of the same two models when this one
+    repeats it (counted once); ``kind``: "pair" (two models at their chosen rates) or "stress"."""
 
     name: str
     kind: str
@@ -116,32 +116,34 @@ class Verdict:
     same_as: str | None = None
 
 
-def study_verdicts(results: Results) -> list[Verdict]:
-    """Every comparison the study's report draws (its pairs, then its stress comparisons), each distinct one
-    counted once in one Holm family: the course's multiplicity rule, for reports and lessons alike."""
-    drawn = _pair_comparisons(results) + _stress_comparisons(results)
+def study_verdicts(results: Results, extra: tuple = ()) -> list[Verdict]:
+    """Every comparison drawn from the study (its pairs, the ``extra`` pairs (a, b) a lesson draws too, then its
+    stress comparisons), each distinct one counted once in one Holm family: the course's multiplicity rule, for
+    reports and lessons alike. A repeat of a comparison (the same two models, either way round) takes the
+    first one's adjusted p-value and is marked ``same_as``."""
+    drawn = _pair_comparisons(results, tuple(results.study.pairs) + tuple(extra)) + _stress_comparisons(results)
     first: dict = {}
-    for name, _, key, _ in drawn:
-        first.setdefault(key, name)
-        first.setdefault(key[::-1], name)
-    counted = [i for i, (name, _, key, d) in enumerate(drawn) if first[key] == name and not d.diverged]
+    for i, (_, _, key, _) in enumerate(drawn):
+        first.setdefault(key, i)
+        first.setdefault(key[::-1], i)
+    counted = [i for i, (_, _, key, d) in enumerate(drawn) if first[key] == i and not d.diverged]
     p_holm = dict(zip(counted, holm([p_value(drawn[i][3]) for i in counted]), strict=True)) if counted else {}
     out = []
     for i, (name, kind, key, d) in enumerate(drawn):
-        p = None if d.diverged else p_value(d)
-        out.append(Verdict(name, kind, d, p, p_holm.get(i), adjusted_verdict(d, p_holm[i]) if i in p_holm else None,
-                           None if first[key] == name else first[key]))
+        p, adjusted_p = None if d.diverged else p_value(d), p_holm.get(first[key])
+        out.append(Verdict(name, kind, d, p, adjusted_p, None if adjusted_p is None or d.diverged
+                           else adjusted_verdict(d, adjusted_p), None if first[key] == i else drawn[first[key]][0]))
     return out
 
 
-def _pair_comparisons(results: Results) -> list[tuple]:
-    """(name, "pair", key, difference) for each of the study's pairs with reported runs; the key names the two
+def _pair_comparisons(results: Results, pairs: tuple) -> list[tuple]:
+    """(name, "pair", key, difference) for each pair (a, b) with reported runs, b minus a; the key names the two
     models by their switches, so that twins (the ladder's gqa is Llama without QK-norm) make one key."""
     sel = results.selections
     if len(results.complete_seeds) < 2:
         return []
     return [(f"{b} minus {a}", "pair", (get_rung(a).switches, get_rung(b).switches), results.difference(a, b))
-            for a, b in results.study.pairs if a in sel and b in sel]
+            for a, b in dict.fromkeys(pairs) if a in sel and b in sel]
 
 
 def _losses_at(results: Results, model: str, lr: float) -> dict[int, float] | None:
@@ -176,17 +178,19 @@ def _stress_comparisons(results: Results) -> list[tuple]:
     return out
 
 
-def _verdict_row(v: Verdict, first: str) -> dict[str, str]:
-    """A comparison's row: the difference with its interval, its raw verdict, and the adjusted one."""
+def _verdict_row(v: Verdict, first: str, adjusted: bool = True) -> dict[str, str]:
+    """A comparison's row: the difference with its interval, its raw verdict, and (when the study draws more
+    than one) the adjusted one."""
     d = v.difference
-    if v.same_as is not None:
-        after = f"the comparison of {v.same_as}, counted once"
-    elif v.adjusted is None:
+    if v.adjusted is None:
         after = "not adjusted (a run diverged)"
     else:
         after = f"{v.adjusted} (p {v.p_holm:.3g})"
-    return {first: v.name, f"difference ± half-width [{CONFIDENCE:.0%} interval]": d.format(),
-            "verdict": d.verdict, "p": "" if v.p is None else f"{v.p:.3g}", "after Holm (adjusted p)": after}
+    if v.same_as is not None:
+        after += f"; the comparison of {v.same_as}, counted once"
+    row = {first: v.name, f"difference ± half-width [{CONFIDENCE:.0%} interval]": d.format(),
+           "verdict": d.verdict, "p": "" if v.p is None else f"{v.p:.3g}"}
+    return row | ({"after Holm (adjusted p)": after} if adjusted else {})
 
 
 def _stress_design(results: Results) -> str:

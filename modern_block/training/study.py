@@ -263,10 +263,11 @@ class Results:
         """The study's report.md."""
         return report_text(self)
 
-    def verdicts(self) -> list[Verdict]:
-        """Every comparison the study draws, raw and after Holm's adjustment over all of them
-        (``report.study_verdicts``): the verdicts its report, the lessons and the README quote."""
-        return study_verdicts(self)
+    def verdicts(self, extra: tuple = ()) -> list[Verdict]:
+        """Every comparison drawn from the study (its pairs, ``extra`` pairs (a, b) for b minus a, its stress
+        runs), raw and after Holm's adjustment over all of them (``report.study_verdicts``): the verdicts its
+        report, the lessons and the README quote."""
+        return study_verdicts(self, extra)
 
     def table(self) -> str:
         """Each model's chosen rate, selection means and reported mean ± interval, as a Markdown table."""
