@@ -156,11 +156,13 @@ def _stress_comparisons(results: Results) -> list[tuple]:
     """Each stress run set minus the model at its chosen rate, and with ``stress_base``, each stressed model
     minus the base model at the same rate, paired over the reported seeds (once every run is in)."""
     s, chosen = results.study, results.chosen_rates()
-    out, at_rate = [], {}
+    out: list[tuple] = []
+    at_rate: dict[float, dict[str, dict]] = {}  # rate -> model -> its losses there
     for model, factor in s.stress:
         rate = results.stress_rate(model, factor)
-        hot = _losses_at(results, model, rate) if rate is not None else None
-        own = _losses_at(results, model, chosen[model]) if model in chosen else None
+        if rate is None or model not in chosen:
+            continue
+        hot, own = _losses_at(results, model, rate), _losses_at(results, model, chosen[model])
         if hot is None or own is None or len(hot) < 2:
             continue
         at_rate.setdefault(rate, {})[model] = hot
@@ -169,9 +171,9 @@ def _stress_comparisons(results: Results) -> list[tuple]:
         out.append((f"{model} at {rate:g} ({factor:g}x {whose} chosen rate) minus {model} at its own "
                     f"{chosen[model]:g}", "stress", key, paired_difference(own, hot)))
     base = s.stress_base
-    for rate, by_model in at_rate.items() if base is not None else ():
+    for rate, by_model in at_rate.items():
         for model, hot in by_model.items():
-            if model != base and base in by_model:
+            if base is not None and model != base and base in by_model:
                 key = ((get_rung(base).switches, rate), (get_rung(model).switches, rate))
                 out.append((f"{model} minus {base} at the same rate {rate:g}", "stress", key,
                             paired_difference(by_model[base], hot)))
