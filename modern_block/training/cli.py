@@ -3,6 +3,7 @@
     python -m modern_block train --arch llama --quick --out runs/llama [--resume]   # one run (or under torchrun)
     python -m modern_block compare --laptop --workers 2      # a study (training.study): models at their own rates
     python -m modern_block compare --study attention --workers 2    # MHA, GQA, MQA, MLA, QK-norm (laptop scale)
+    python -m modern_block compare --study ladder_laptop --reuse results/laptop/results.json   # reads those runs
 
 Every run has its folder; stopped, the same command continues. Exit status: 0 done; 2 a usage error; 1 a failure,
 saying what is kept; 130 interrupted."""
