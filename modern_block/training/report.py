@@ -242,7 +242,7 @@ def _stress_sentence(results: Results, model: str, factor: float) -> str:
     text += f"{len(diverged)} of {len(done)} finished runs diverged" + (
         f" (seeds {format_seeds(diverged)})" if diverged else "")
     if len(finite) > 1:
-        return text + f"; final loss of the others {mean_interval(finite).format()}."
+        return text + f"; final loss{' of the others' * bool(diverged)} {mean_interval(finite).format()}."
     return text + (f"; final loss {finite[0]:.4f}." if finite else ".")
 
 
