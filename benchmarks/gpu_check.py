@@ -13,6 +13,10 @@ Part 2: the one-change-at-a-time ladder from GPT-2 to Llama and the leave-one-ou
 Part 3: lessons 08, 09 and 09b executed through nbval at GPU scale, the executed notebooks saved (to commit);
         the two-GPU data-parallel test when there are two GPUs.
 
+A part run again into the same folder (a part that stopped at the end of a GPU slot) reads back every run it
+finished there (its record, and its weights for the samples) and trains only the rest, at the step counts
+planned the first time (``plan.json``): it completes with the same results.
+
 Everything goes to OUT/<gpu>_torch-<version>_<date>/partN/: ``summary.json`` (each step: ok, failed,
 skipped or out of time, with its seconds), logs of every command, ``results.json``, plots, and for
 parts 1 and 2 ``results_snippet.md`` (tables for ``benchmarks/RESULTS.md``, against nanoGPT's
@@ -51,9 +55,11 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 import torch  # noqa: E402
 
 from modern_block.training import report, workers  # noqa: E402
+from modern_block.training.checkpoint import load_checkpoint  # noqa: E402
 from modern_block.training.config import TrainConfig, gpu_config  # noqa: E402
-from modern_block.training.data import DATA_ENV, TINYSHAKESPEARE_FILE, load_corpus  # noqa: E402
-from modern_block.training.ladder import ABLATION_NAMES, LADDER_NAMES, get_rung  # noqa: E402
+from modern_block.training.data import DATA_ENV, TINYSHAKESPEARE_FILE, CharTokenizer, load_corpus  # noqa: E402
+from modern_block.training.ladder import ABLATION_NAMES, LADDER_NAMES, build_model, get_rung  # noqa: E402
+from modern_block.training.run_folder import CHECKPOINT  # noqa: E402
 from modern_block.training.study import MAIN  # noqa: E402
 from modern_block.training.trainer import sample  # noqa: E402
 
@@ -76,24 +82,43 @@ class ExperimentAPI:
 
     @staticmethod
     def _train(cfg: TrainConfig, rung: str, seed: int, out_dir, corpus):
-        [result] = workers.train_many([replace(cfg, arch=f"ladder:{rung}", seed=seed)], corpus, out_dir=out_dir)
+        """(model and tokenizer or None, the run's record); a run finished in its folder under ``out_dir`` is
+        read back (its record, its model from the checkpoint), so that a part run again continues."""
+        run_cfg = replace(cfg, arch=f"ladder:{rung}", seed=seed)
+        [result] = workers.train_many([run_cfg], corpus, out_dir=out_dir)
+        if isinstance(result, dict):  # finished before: summary.json, and the weights of its last checkpoint
+            if result.get("diverged"):
+                return None, ExperimentAPI._diverged(run_cfg, result["diverged"])
+            return ExperimentAPI._saved_model(workers.run_dir(out_dir, run_cfg), run_cfg), result
         if isinstance(result, workers.Diverged):  # a sweep's highest rate may diverge: it counts as loss inf
-            return None, {"best_val_loss": math.inf, "diverged": result.message, "tokens_per_s": None, "mfu": None,
-                          "n_params": None, "precision": None, "compiled": None, "peak": None, "metrics": [],
-                          "config": asdict(cfg)}
-        return result, result.summary()
+            return None, ExperimentAPI._diverged(run_cfg, result.message)
+        return (result.model, result.tokenizer), result.summary()
+
+    @staticmethod
+    def _diverged(cfg: TrainConfig, message: str) -> dict:
+        return {"best_val_loss": math.inf, "diverged": message, "tokens_per_s": None, "mfu": None, "n_params": None,
+                "precision": None, "compiled": None, "peak": None, "metrics": [], "config": asdict(cfg)}
+
+    @staticmethod
+    def _saved_model(folder: Path, cfg: TrainConfig):
+        """The model and tokenizer of the finished run in ``folder``, from its checkpoint."""
+        ckpt = load_checkpoint(folder / CHECKPOINT)
+        tokenizer = CharTokenizer(ckpt["chars"])
+        model = build_model(cfg.arch, cfg.shape, tokenizer.vocab_size)
+        model.load_state_dict(ckpt["model"])
+        return model, tokenizer
 
     @staticmethod
     def run_arm(cfg: TrainConfig, arch: str, seed: int, out_dir, corpus) -> dict:
-        result, summary = ExperimentAPI._train(cfg, arch, seed, out_dir, corpus)
-        text = (sample(result.model, result.tokenizer, "\n", min(200, cfg.block_size), temperature=0.8, seed=0)
-                if result is not None else "")
-        return summary | {"arch": arch, "metrics": result.metrics if result is not None else [], "sample": text}
+        trained, summary = ExperimentAPI._train(cfg, arch, seed, out_dir, corpus)
+        text = (sample(*trained, "\n", min(200, cfg.block_size), temperature=0.8, seed=0)
+                if trained is not None else "")
+        return summary | {"arch": arch, "metrics": summary["metrics"], "sample": text}
 
     @staticmethod
-    def run_rung(cfg: TrainConfig, rung: str, seed: int, corpus) -> dict:
-        result, summary = ExperimentAPI._train(cfg, rung, seed, None, corpus)
-        rates = [m["tokens_per_s"] for m in (result.metrics if result is not None else []) if m["tokens_per_s"]]
+    def run_rung(cfg: TrainConfig, rung: str, seed: int, out_dir, corpus) -> dict:
+        _, summary = ExperimentAPI._train(cfg, rung, seed, out_dir, corpus)
+        rates = [m["tokens_per_s"] for m in summary["metrics"] if m["tokens_per_s"]]
         return {"name": rung, "change": get_rung(rung).change, "params": summary["n_params"],
                 "best_val_loss": summary["best_val_loss"], "tokens_per_s": statistics.median(rates[1:] or rates or [0])}
 
@@ -138,9 +163,9 @@ def _work(task: dict) -> dict:
     if task["kind"] == "arm":
         out = ExperimentAPI.run_arm(cfg, task["arch"], task["seed"], task["out"], _CORPUS)
     elif task["kind"] == "rung":
-        out = ExperimentAPI.run_rung(cfg, task["name"], task["seed"], _CORPUS)
+        out = ExperimentAPI.run_rung(cfg, task["name"], task["seed"], task["out"], _CORPUS)
     else:
-        out = ExperimentAPI.run_leave_one_out(cfg, task["name"], task["seed"], _CORPUS)
+        out = ExperimentAPI.run_leave_one_out(cfg, task["name"], task["seed"], task["out"], _CORPUS)
     return out | {"task": {k: v for k, v in task.items() if k != "config"}, "run_s": time.perf_counter() - start}
 
 
@@ -209,6 +234,16 @@ class Part:
         self.start, self.budget_s = time.monotonic(), budget_s
         self.steps: list[dict] = []
         self.results: dict = {}
+
+    def planned(self, name: str, choose) -> int:
+        """The step count ``name`` of this part: as planned by an earlier run of the part in the same folder
+        (so that a rerun reads its finished runs back), else ``choose()``, kept in ``plan.json``."""
+        path = self.folder / "plan.json"
+        plan = json.loads(path.read_text()) if path.exists() else {}
+        if name not in plan:
+            plan[name] = choose()
+            path.write_text(json.dumps(plan, indent=1) + "\n")
+        return plan[name]
 
     def left(self) -> float:
         return self.budget_s - (time.monotonic() - self.start)
@@ -344,11 +379,13 @@ def comparison(part: Part, base: TrainConfig, lrs: dict[str, float]) -> None:
     n_tasks = len(ExperimentAPI.arms) * len(args.seeds)
     rounds = math.ceil(n_tasks / args.jobs)
     s_per_step = part.results.get("sweep", {}).get("s_per_step")
-    steps = args.steps or (fit_steps(part.left() * 0.85 - OVERHEAD_S * rounds, s_per_step, rounds, base.max_steps,
-                                     250) if s_per_step and not args.dry_run else base.max_steps)
+    steps = args.steps or part.planned("comparison_steps", lambda: fit_steps(
+        part.left() * 0.85 - OVERHEAD_S * rounds, s_per_step, rounds, base.max_steps, 250)
+        if s_per_step and not args.dry_run else base.max_steps)
     cfg = replace(base, max_steps=steps, eval_interval=min(base.eval_interval, steps))
     tasks = [_task("arm", replace(cfg, lr=lrs[arch], min_lr=lrs[arch] / 10), args, arch=arch, seed=seed,
-                   out=str(part.folder / "runs" / "compare")) for arch in ExperimentAPI.arms for seed in args.seeds]
+                   out=str(part.folder / "runs" / f"compare-{steps}-steps")) for arch in ExperimentAPI.arms
+             for seed in args.seeds]
     t0 = time.monotonic()
     results = run_tasks(tasks, args.jobs, part.left())
     by_arch = {arch: [r for r in results if r["arch"] == arch] for arch in ExperimentAPI.arms}
@@ -417,8 +454,8 @@ def calibrate(part: Part, base: TrainConfig) -> float:
     args = part.args
     steps = 2 if args.dry_run else 300
     cfg = replace(base, max_steps=steps, eval_interval=max(1, steps // 3))
-    tasks = [_task("rung", cfg, args, name=ExperimentAPI.rungs[i % len(ExperimentAPI.rungs)], seed=i)
-             for i in range(args.jobs)]
+    tasks = [_task("rung", cfg, args, name=ExperimentAPI.rungs[i % len(ExperimentAPI.rungs)], seed=i,
+                   out=str(part.folder / "runs" / "calibration")) for i in range(args.jobs)]
     runs = run_tasks(tasks, args.jobs, part.left() * 0.3)
     return seconds_per_step([r | {"config": asdict(cfg)} for r in runs]) or 1.0
 
@@ -433,12 +470,16 @@ def ladder_and_ablations(part: Part) -> None:
     if args.steps or args.dry_run:
         steps = args.steps or base.max_steps
     else:
-        s_per_step = _per_step_estimate(part) or part.step("calibration", calibrate, part, base) or 1.0
-        steps = fit_steps(part.left() * 0.85 - OVERHEAD_S * rounds, s_per_step, rounds, base.max_steps, 250)
+        def choose() -> int:
+            s_per_step = _per_step_estimate(part) or part.step("calibration", calibrate, part, base) or 1.0
+            return fit_steps(part.left() * 0.85 - OVERHEAD_S * rounds, s_per_step, rounds, base.max_steps, 250)
+
+        steps = part.planned("ladder_steps", choose)
     cfg = replace(base, max_steps=steps, eval_interval=min(base.eval_interval, steps))
     print(f"[part2] {n_tasks} runs of {steps} steps, {args.jobs} at a time", flush=True)
-    tasks = [_task("rung", cfg, args, name=r, seed=s) for r in ExperimentAPI.rungs for s in args.seeds]
-    tasks += [_task("loo", cfg, args, name=n, seed=s) for n in names for s in args.seeds]
+    runs = str(part.folder / "runs" / f"ladder-{steps}-steps")  # a finished run is read back from here
+    tasks = [_task("rung", cfg, args, name=r, seed=s, out=runs) for r in ExperimentAPI.rungs for s in args.seeds]
+    tasks += [_task("loo", cfg, args, name=n, seed=s, out=runs) for n in names for s in args.seeds]
     t0 = time.monotonic()
     results = run_tasks(tasks, args.jobs, part.left())
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 CONFIDENCE = 0.95
 LOWER, HIGHER, INCONCLUSIVE = "lower", "higher", "inconclusive at this scale"
+HOLM_INCONCLUSIVE = "inconclusive after Holm's adjustment"
 MAX_DF = 10_000  # the exact CDF sums df/2 terms (fast up to here); far more than any count of seeds
 
 
@@ -252,8 +253,13 @@ def holm_verdicts(diffs: Sequence[PairedDifference], alpha: float = 1 - CONFIDEN
     """The verdict of each difference after Holm's adjustment for all of them together: "lower" or "higher"
     where its adjusted p-value is below ``alpha``, else "inconclusive after Holm's adjustment"."""
     adjusted = holm([p_value(d) for d in diffs])
-    return [(LOWER if d.mean < 0 else HIGHER) if p < alpha else "inconclusive after Holm's adjustment"
-            for d, p in zip(diffs, adjusted, strict=True)]
+    return [adjusted_verdict(d, p, alpha) for d, p in zip(diffs, adjusted, strict=True)]
+
+
+def adjusted_verdict(d: PairedDifference, p_adjusted: float, alpha: float = 1 - CONFIDENCE) -> str:
+    """"lower" or "higher" where the adjusted p-value is below ``alpha``, else "inconclusive after Holm's
+    adjustment"."""
+    return (LOWER if d.mean < 0 else HIGHER) if p_adjusted < alpha else HOLM_INCONCLUSIVE
 
 
 def band(curves: Sequence[Sequence[float]]) -> tuple[list, list, list]:

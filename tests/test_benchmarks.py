@@ -13,13 +13,35 @@ from training_setup import never_online  # noqa: F401 (an autouse fixture: keeps
 from modern_block.training.ladder import ABLATION_NAMES, LADDER_NAMES, LLAMA_END
 
 
-def test_gpu_check_dry_run_runs_every_part(tmp_path):
+def _substance(results: dict) -> dict:
+    """What a part found, without its timings: the chosen rates, every run's losses, samples and sizes."""
+    keep = ("chosen_lr", "best_val_loss", "best_val_losses", "val_losses", "mean", "sample", "params", "n_params",
+            "final_val_loss", "lr", "arch", "rung", "steps", "seeds")
+    if isinstance(results, dict):
+        return {k: _substance(v) for k, v in results.items() if k in keep or isinstance(v, (dict, list))}
+    if isinstance(results, list):
+        return [_substance(v) for v in results]
+    return results
+
+
+def test_gpu_check_dry_run_runs_every_part_and_a_rerun_reads_its_runs_back(tmp_path):
+    """Every part twice into the same folder (a GPU slot ended; the part is run again): the second run reads the
+    finished runs back, trains none of them again, and completes with the same results."""
     env = {**os.environ, "PYTHON": sys.executable, "MPLBACKEND": "Agg", "https_proxy": "http://127.0.0.1:9",
            "http_proxy": "http://127.0.0.1:9"}  # a closed port: no download, the text comes as in the other tests
     command = ["bash", "benchmarks/gpu_check.sh", "--dry-run", "all", "--out", str(tmp_path / "check")]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     [folder] = (tmp_path / "check").iterdir()
+    first = {p: json.loads((folder / p / "results.json").read_text()) for p in ("part1", "part2")}
+    checkpoints = {p: p.stat().st_mtime_ns for p in folder.rglob("ckpt.pt")}
+    assert len(checkpoints) >= 8, "every training run keeps its folder"
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
+    assert [p.name for p in (tmp_path / "check").iterdir()] == [folder.name]
+    assert {p: p.stat().st_mtime_ns for p in folder.rglob("ckpt.pt")} == checkpoints, "nothing trained again"
+    for p in ("part1", "part2"):
+        assert _substance(json.loads((folder / p / "results.json").read_text())) == _substance(first[p]), p
     assert folder.name.startswith("cpu-dry-run_torch-")
     summaries = {p: json.loads((folder / p / "summary.json").read_text()) for p in ("part1", "part2", "part3")}
     assert all(s["ok"] and s["dry_run"] and s["torch"] for s in summaries.values())

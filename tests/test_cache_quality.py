@@ -110,7 +110,7 @@ def test_the_attention_study_design():
     assert asdict(replace(s.base, n_heads=4)) == asdict(STUDIES["laptop"].base), "otherwise the laptop recipe"
     assert len(s.rates) >= 4 and len(s.selection_seeds) >= 1 and len(s.reported_seeds) >= 3
     assert set(s.pairs) == {("mha", m) for m in s.models if m != "mha"}
-    assert s.stress == (("mha_qk_norm", 4.0), ("mha", 4.0))
+    assert s.stress_base == "mha" and s.stress == tuple((m, f) for f in (2.0, 4.0, 8.0) for m in ("mha", "mha_qk_norm"))
     assert middle_out(s.rates) == [1e-3, 5e-4, 2e-3, 2.5e-4, 4e-3]
     assert middle_out((3.0, 1.0, 2.0)) == [2.0, 1.0, 3.0] and middle_out((1.0,)) == [1.0]
     order = Results(s).planned("selection")
@@ -119,7 +119,8 @@ def test_the_attention_study_design():
                          ((("mha", -2.0),), "positive"), ((("mha", math.inf),), "finite")):
         with pytest.raises(ValueError, match=message):
             replace(s, stress=bad)
-    assert s.with_options(models=("mha", "mqa")).stress == (("mha", 4.0),)
+    assert s.with_options(models=("mha", "mqa")).stress == (("mha", 2.0), ("mha", 4.0), ("mha", 8.0))
+    assert s.with_options(models=("gqa2", "mha_qk_norm")).stress == (), "no stress without the base model's rate"
 
 
 def test_the_command_line_names_the_attention_study(monkeypatch, tmp_path):
@@ -144,9 +145,10 @@ def test_stress_runs_train_at_a_multiple_of_the_chosen_rate_and_divergence_is_an
     assert all(r["final_val_loss"] is not None for r in stress if r["model"] == "mqa")
     assert set(res.selections["mha"].reported) == {1, 2}, "stress runs are not reported runs"
     text = report_text(Results.from_json(res.to_json()))
-    assert f"mha at 100000x its chosen rate ({chosen['mha'] * 1e5:g}) on seeds 1, 2: 2 of 2 finished runs " \
-           "diverged (seeds 1, 2); none finished." in text
-    assert "mqa at 2x its chosen rate" in text and "minus its chosen rate, paired by seed" in text
+    assert f"mha at {chosen['mha'] * 1e5:g} (100000x its chosen rate) on seeds 1, 2: 2 of 2 finished runs " \
+           "diverged (seeds 1, 2)." in text
+    assert f"| mqa at {2 * chosen['mqa']:g} (2x its chosen rate) minus mqa at its own {chosen['mqa']:g} |" in text
+    assert "| not adjusted (a run diverged) |" in text, "a diverged comparison has no p-value to adjust"
     assert "4 heads (K/V heads or latent: each model's own)" in text, "not the budget's n_kv_heads, which none uses"
     again = run_study(study, tmp_path, CORPUS, train=False, say=lambda text: None)
     assert again.complete and len(again.runs) == len(res.runs), "read back, nothing trained"

@@ -16,8 +16,9 @@ from modern_block.training.report import report_text
 from modern_block.training.study import STUDIES, Results
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMITTED = ("ladder", "laptop", "attention")
-RERUN = {"ladder": "llama", "laptop": "gpt2_nobias", "attention": "mla24"}  # the model whose first steps are rerun
+COMMITTED = ("ladder", "laptop", "attention", "quick")
+# the model whose first steps are rerun
+RERUN = {"ladder": "llama", "laptop": "gpt2_nobias", "attention": "mla24", "quick": "llama"}
 STEPS = 20  # about 3 s of one CPU core
 
 
@@ -36,6 +37,7 @@ def test_the_committed_runs_are_the_studys_design_and_the_report_is_the_codes(na
     assert (results["rates"], results["selection_seeds"], results["reported_seeds"]) == (
         list(study.rates), list(study.selection_seeds), list(study.reported_seeds))
     assert results.get("stress", []) == [list(x) for x in study.stress]
+    assert (results.get("stress_base"), results.get("widen", 0)) == (study.stress_base, study.widen)
     assert results["runs"], "no finished run committed"
     for run in results["runs"]:  # one recipe: only the model, the rate and the seed change
         changed = {k for k, v in run["config"].items() if v != results["settings"][k]}
@@ -49,7 +51,7 @@ def test_the_committed_runs_are_the_studys_design_and_the_report_is_the_codes(na
             assert run["metrics"][-1]["step"] == study.base.max_steps
     report = (ROOT / "results" / name / "report.md").read_text()
     assert report == report_text(Results.from_json(results))
-    if name == "attention" and results["complete"]:  # the design: every chosen rate inside its sweep
+    if (name == "attention" or study.widen) and results["complete"]:  # every chosen rate inside its sweep
         assert not [m for m, sel in Results.from_json(results).selections.items() if sel.at_edge]
     if not results["complete"]:  # partial results say so, and how to go on
         readme = (ROOT / "results" / name / "README.md").read_text()

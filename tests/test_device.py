@@ -49,6 +49,7 @@ def test_peak_flops_table_and_precision_rule():
     assert peak_flops("NVIDIA L4") == ("L4", 121e12) and peak_flops("NVIDIA L40S") == ("L40S", 362e12)
     assert peak_flops("NVIDIA A10") == ("A10", 125e12)
     assert peak_flops("Tesla T4") == ("T4 (fp16)", 65e12)
+    assert peak_flops("Tesla V100-SXM2-16GB") == ("V100 (fp16)", 125e12), "no bf16 on a V100: its fp16 peak"
     assert peak_flops("NVIDIA A10G") is None and peak_flops("some new GPU") is None
     assert autocast_dtype((7, 5)) == torch.float16, "T4: fp16 + GradScaler, even if bf16 is 'supported'"
     assert autocast_dtype((8, 0)) == autocast_dtype((9, 0)) == torch.bfloat16

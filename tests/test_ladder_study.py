@@ -29,8 +29,8 @@ def test_the_ladder_budget_is_the_quick_one_and_the_options_override_it(monkeypa
     monkeypatch.delenv("MODERN_BLOCK_QUICK", raising=False)
     parser = cli.compare_parser()
     study = cli.study_from_args(parser, parser.parse_args(["--ladder", "--max-steps", "7"]))
-    assert study.name == "ladder" and study.base == STUDIES["quick"].base.__class__(
-        **(asdict(STUDIES["quick"].base) | {"max_steps": 7}))
+    assert study.name == "ladder" and study.base == STUDIES["ladder"].base.__class__(
+        **(asdict(STUDIES["ladder"].base) | {"max_steps": 7}))
     assert (study.base.d, study.base.n_layers, study.base.block_size, study.base.batch_size) == (32, 2, 32, 16)
     at_laptop = cli.study_from_args(parser, parser.parse_args(["--ladder", "--scale", "laptop"]))
     assert at_laptop.models == study.models and at_laptop.base.d == 128, "a scale replaces the study's budget"

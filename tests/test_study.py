@@ -16,6 +16,7 @@ from modern_block import files
 from modern_block.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training import cli, report, run_folder
 from modern_block.training import study as S
+from modern_block.training.config import quick_config
 from modern_block.training.report import plot_curve_bands, plot_differences, report_text, write_results
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
 from modern_block.training.study import STUDIES, Anchor, Progress, Results, Study, run_study, time_left
@@ -68,6 +69,24 @@ def test_a_study_chooses_on_some_seeds_reports_on_others_and_resumes(tmp_path):
     assert [r["final_val_loss"] for r in again.runs] == [r["final_val_loss"] for r in res.runs]
 
 
+def test_the_laptop_ladder_and_the_attention_stress_follow_the_issue():
+    """The ladder at nanoGPT's CPU recipe: the tied->untied, RMSNorm, SwiGLU, RoPE rungs and their
+    leave-one-outs from Llama, each rate inside its sweep, 3 reported seeds; the attention study's stress puts
+    MHA and MHA with QK-norm at the same 2x, 4x and 8x MHA's chosen rate on its 5 reported seeds."""
+    ladder, laptop = STUDIES["ladder_laptop"], STUDIES["laptop"]
+    assert ladder.base == laptop.base and (ladder.base.d, ladder.base.n_layers, ladder.base.block_size,
+                                           ladder.base.batch_size, ladder.base.max_steps) == (128, 4, 64, 12, 2000)
+    for rung in ("gpt2_untied", "rmsnorm", "swiglu", "rope"):
+        before = ladder.models[ladder.models.index(rung) - 1]
+        assert (before, rung) in ladder.pairs
+    for left_out in ("no_rmsnorm", "no_swiglu", "no_rope", "llama_tied"):
+        assert ("llama", left_out) in ladder.pairs
+    assert ladder.selection_seeds == (0,) and len(ladder.reported_seeds) >= 3 and ladder.widen >= 2
+    attention = STUDIES["attention"]
+    assert attention.stress_base == "mha" and attention.reported_seeds == (1, 2, 3, 4, 5)
+    assert {(m, f) for m, f in attention.stress} == {(m, f) for m in ("mha", "mha_qk_norm") for f in (2, 4, 8)}
+
+
 def test_a_study_is_checked_when_built():
     for changes, message in ((dict(selection_seeds=(0, 1), reported_seeds=(1,)), "different seeds; both hold [1]"),
                              (dict(rates=(1e-3, 1e-3)), "rates must be a non-empty sequence of distinct"),
@@ -79,12 +98,76 @@ def test_a_study_is_checked_when_built():
 
 
 def test_the_course_studies_are_configurations_of_one_design():
-    assert set(STUDIES) == {"quick", "laptop", "gpu", "ladder", "ablations", "attention"}
-    assert STUDIES["quick"].base == STUDIES["ladder"].base, "one quick budget"
+    assert set(STUDIES) == {"quick", "laptop", "gpu", "ladder", "ablations", "attention", "ladder_laptop"}
+    assert STUDIES["ladder"].base == quick_config("gpt2"), "the quick ladder: the 90-step preset, a live demo"
+    assert STUDIES["quick"].base.max_steps == 300 and STUDIES["quick"].widen, "lesson 08: below the bigram loss"
     assert STUDIES["laptop"].anchor.lr == 1e-3 and STUDIES["laptop"].anchor.published == 1.88
     for study in STUDIES.values():
         assert not set(study.selection_seeds) & set(study.reported_seeds)
         assert all(set(p) <= set(study.models) for p in study.pairs)
+
+
+def test_a_sweep_widens_until_the_chosen_rate_is_inside_it(tmp_path):
+    """A model whose best rate is an end of the sweep is tried one step beyond it, until the best is inside (or
+    ``widen`` steps are spent on that side); every widened run is a selection run on the selection seeds."""
+    study = Study("t", BASE, ("gpt2_untied",), (1e-5, 2e-5), (0,), (1, 2), widen=2)
+    res = run_study(study, tmp_path, CORPUS, say=lambda text: None)
+    sweep = res.sweep("gpt2_untied")  # 6 steps at 1e-5 barely move: the best is the highest rate, twice
+    assert sweep == [1e-5, 2e-5, 4e-5, 8e-5] and res.selections["gpt2_untied"].lr == 8e-5
+    assert res.selections["gpt2_untied"].at_edge, "widen=2 stops after two steps even at an edge"
+    assert {r["lr"] for r in res.runs if r["role"] == "selection"} == set(sweep)
+    wide = run_study(replace(study, widen=9, rates=(1e-3, 1e3)), tmp_path, CORPUS, say=lambda text: None)
+    low = wide.sweep("gpt2_untied")  # 1e3 diverges, 1e-3 is best: one step below it, and that is inside
+    assert low[:2] == [1e-9, 1e-3] and not wide.selections["gpt2_untied"].at_edge
+    assert "widened" in report_text(wide) and wide.to_json()["widen"] == 9
+    assert Results.from_json(wide.to_json()).sweep("gpt2_untied") == low
+    with pytest.raises(ValueError, match="widen must be a non-negative int"):
+        replace(study, widen=-1)
+    with pytest.raises(ValueError, match="widen needs at least 2 rates"):
+        replace(study, rates=(1e-3,))
+
+
+def test_equal_rate_stress_runs_every_stressed_model_at_the_base_models_rates(tmp_path):
+    study = Study("t", BASE, ("gpt2_untied", "llama"), (1e-3, 1e-2), (0,), (1, 2),
+                  stress=(("gpt2_untied", 2.0), ("llama", 2.0)), stress_base="gpt2_untied")
+    res = run_study(study, tmp_path, CORPUS, say=lambda text: None)
+    hot = 2 * res.chosen_rates()["gpt2_untied"]
+    assert sorted((r["model"], r["lr"], r["seed"]) for r in res.runs if r["role"] == "stress") == [
+        ("gpt2_untied", hot, 1), ("gpt2_untied", hot, 2), ("llama", hot, 1), ("llama", hot, 2)]
+    text = report_text(Results.from_json(res.to_json()))
+    assert f"llama at {hot:g} (2x gpt2_untied's chosen rate)" in text, text
+    assert f"llama minus gpt2_untied at the same rate {hot:g}" in text
+    with pytest.raises(ValueError, match="stress_base names 'gpt3'"):
+        replace(study, stress_base="gpt3")
+
+
+def test_committed_runs_are_reused_only_with_the_same_settings_and_text(tmp_path, monkeypatch, capsys):
+    """``compare --reuse results.json`` reads a committed study's finished runs instead of training them again,
+    writes each into its run folder, and trains what the committed file lacks or made otherwise."""
+    study = _study(anchor=None)
+    first = run_study(study, tmp_path / "a", CORPUS, say=lambda text: None)
+    committed = first.to_json()
+    said: list[str] = []
+    again = run_study(study, tmp_path / "b", CORPUS, say=said.append, reuse=[committed])
+    assert not any(line.startswith("[") for line in said), "nothing trained: every run reused"
+    assert [r["final_val_loss"] for r in again.runs] == [r["final_val_loss"] for r in first.runs]
+    assert all(read_record(run_dir(tmp_path / "b", study.config(r["model"], r["lr"], r["seed"])),
+                           study.config(r["model"], r["lr"], r["seed"])) for r in again.runs)
+    other = run_study(study, tmp_path / "c", CORPUS, say=said.append, reuse=[committed | {"corpus": "other"}],
+                      train=False)
+    assert other.runs == [], "another text: nothing reused"
+    older = committed | {"runs": [{k: v for k, v in r.items() if k != "finished"} for r in committed["runs"]]}
+    again = run_study(study, tmp_path / "f", CORPUS, say=said.append, reuse=[older], train=False)
+    assert len(again.runs) == len(first.runs), "records written before 'finished' existed: by their last step"
+    longer = replace(study, base=replace(BASE, max_steps=7))
+    assert run_study(longer, tmp_path / "d", CORPUS, say=said.append, reuse=[committed], train=False).runs == []
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(committed))
+    monkeypatch.setattr("modern_block.training.study.load_corpus", lambda verbose: CORPUS)
+    argv = ["--quick", "--out", str(tmp_path / "e"), "--collect", "--reuse", str(path), "--no-progress"]
+    with pytest.raises(SystemExit):
+        cli.compare_main(argv[:-2] + [str(tmp_path / "missing.json")])
+    assert "--reuse" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -228,6 +311,20 @@ def test_what_the_lessons_ask_of_results():
     assert labels == [f"gpt2_nobias ({len(res.complete_seeds)} seeds)", f"Llama ({len(res.complete_seeds)} seeds)"]
     sweep = res.plot_sweep(title="t").axes[0]
     assert sweep.get_title() == "t" and len(sweep.lines) == 2 * len(res.selections)  # a curve and a chosen rate each
+
+
+def test_lesson_08_imports_at_most_15_names_from_the_training_package():
+    """Lesson 08 shows the loop and the study behind it; it does not lean on the package's whole surface."""
+    import ast
+
+    nb = nbformat.read(ROOT / "notebooks" / "08_train_llama_vs_gpt2.ipynb", as_version=4)
+    names = set()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            code = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
+            names |= {alias.name for node in ast.walk(ast.parse(code)) if isinstance(node, ast.ImportFrom)
+                      and (node.module or "").startswith("modern_block.training") for alias in node.names}
+    assert {"train", "run_study", "STUDIES", "Results"} <= names and len(names) <= 15, sorted(names)
 
 
 def test_readme_quotes_the_committed_lesson_08_run():

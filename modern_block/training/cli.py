@@ -3,11 +3,13 @@
     python -m modern_block train --arch llama --quick --out runs/llama [--resume]   # one run (or under torchrun)
     python -m modern_block compare --laptop --workers 2      # a study (training.study): models at their own rates
     python -m modern_block compare --study attention --workers 2    # MHA, GQA, MQA, MLA, QK-norm (laptop scale)
+    python -m modern_block compare --study ladder_laptop --reuse results/laptop/results.json   # reads those runs
 
 Every run has its folder; stopped, the same command continues. Exit status: 0 done; 2 a usage error; 1 a failure,
 saying what is kept; 130 interrupted."""
 
 import argparse
+import json
 import math
 import os
 import shlex
@@ -222,7 +224,7 @@ def train_main(argv=None) -> int:
 
 
 SCALE_OF = {"quick": "quick", "ladder": "quick", "ablations": "quick", "laptop": "laptop", "gpu": "gpu",
-            "attention": "laptop"}
+            "attention": "laptop", "ladder_laptop": "laptop"}
 
 
 def compare_parser() -> argparse.ArgumentParser:
@@ -243,6 +245,9 @@ def compare_parser() -> argparse.ArgumentParser:
                         help="the reported seeds, other than the selection seeds (default: the study's)")
     parser.add_argument("--collect", action="store_true",
                         help="write the results of the runs finished so far in --out, training nothing")
+    parser.add_argument("--reuse", nargs="+", default=(), metavar="RESULTS_JSON",
+                        help="committed results (results/<study>/results.json): their finished runs with the same "
+                             "settings on the same text are read from there, not trained (and written into --out)")
     parser.add_argument("--workers", type=positive_int_arg, default=1,
                         help="trainings at once, each in its own process with one thread")
     add_run_options(parser)
@@ -288,10 +293,18 @@ def compare_main(argv=None) -> int:
     if os.path.isfile(out):  # (False, not an error, for a path the file system refuses: the runs say why)
         parser.error(f"--out {out} is a file, not a folder: choose a folder for the study's runs")
     command = "python -m modern_block compare " + shlex.join(sys.argv[1:] if argv is None else argv)
+    reuse = []
+    for path in args.reuse:
+        try:
+            reuse.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as err:
+            parser.error(f"--reuse {path}: not a readable results.json ({err})")
+        if not isinstance(reuse[-1], dict) or not isinstance(reuse[-1].get("runs"), list):
+            parser.error(f"--reuse {path}: not a study's results.json (no list of runs)")
     kept = f"what the runs wrote is kept in {out}; the same command continues"
     try:
         results = run_study(study, out, workers=args.workers, command=command, train=not args.collect,
-                            say=lambda text: print(text, file=sys.stderr, flush=True))
+                            say=lambda text: print(text, file=sys.stderr, flush=True), reuse=reuse)
         if not ranks_from_env().is_main:  # under torchrun every process trains; rank 0 writes the report
             return 0
         if not any(r.get("final_val_loss") is not None for r in results.runs) and not args.collect:

@@ -23,8 +23,8 @@ PEAK_FLOPS: tuple[tuple[str, str, float], ...] = (
     (r"L40S", "L40S", 362e12),
     (r"\bL4\b", "L4", 121e12),
     (r"\bA10\b", "A10", 125e12),
-    (r"V100", "V100", 125e12),
-    (r"\bT4\b", "T4 (fp16)", 65e12),
+    (r"V100", "V100 (fp16)", 125e12),  # no bf16 on a V100 (compute capability 7.0): fp16 with a GradScaler
+    (r"\bT4\b", "T4 (fp16)", 65e12),  # no bf16 on a T4 either (7.5; it emulates it, slowly)
 )
 
 

@@ -7,18 +7,23 @@ from __future__ import annotations
 import io
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..files import refused_writes, shown, write_atomic, write_text_atomic
 from ..statistics import (
     CONFIDENCE,
+    HIGHER,
+    LOWER,
     PairedDifference,
+    adjusted_verdict,
     band,
     format_seeds,
-    holm_verdicts,
+    holm,
     markdown_table,
     mean_interval,
+    p_value,
     paired_difference,
     selection_row,
 )
@@ -35,7 +40,7 @@ def report_text(results: Results) -> str:
     """report.md: the design, each model's chosen rate and reported loss, the paired differences with their
     verdicts, the anchor against its published loss, and the throughput."""
     s, b, mach = results.study, results.study.base, results.machine
-    chosen, sel = results.chosen_rates(), results.selections
+    chosen = results.chosen_rates()
     own = any(get_rung(m).n_kv_heads or get_rung(m).kv_latent for m in s.models)  # each model fixes its K/V heads
     kv = "K/V heads or latent: each model's own" if own else f"{b.n_kv_heads} K/V heads where a model shares them"
     lines = [f"# Study `{s.name}`: {', '.join(s.models)}", "",
@@ -48,7 +53,8 @@ def report_text(results: Results) -> str:
              f"{b.dropout}. Loss: the final validation loss on {b.eval_batches} fixed "
              f"batches of the last 10% of the text. Each model's peak rate is chosen from "
              f"{', '.join(f'{r:g}' for r in s.rates)} on selection seeds {format_seeds(s.selection_seeds)} (lowest "
-             f"mean) and reported on seeds {format_seeds(s.reported_seeds)}; differences are paired by seed, with a "
+             f"mean{_widened(s.widen)}) and reported on seeds {format_seeds(s.reported_seeds)}; differences are "
+             f"paired by seed, with a "
              f"t-based {CONFIDENCE:.0%} interval and a verdict from that interval alone.", ""]
     if not results.complete:
         lines += [f"INCOMPLETE: {len(results.runs)} runs finished; rates chosen so far: "
@@ -56,29 +62,147 @@ def report_text(results: Results) -> str:
                   + f"; reported seeds finished by every model: {format_seeds(results.complete_seeds) or 'none'}.", ""]
     if len(results.complete_seeds) > 1:
         lines += [selection_table(results), ""]
-    pairs = [(a, b_) for a, b_ in s.pairs if a in sel and b_ in sel]
-    if pairs and len(results.complete_seeds) > 1:
-        diffs = [results.difference(a, b_) for a, b_ in pairs]
-        rows = [{"b minus a": f"{b_} minus {a}", f"difference ± half-width [{CONFIDENCE:.0%} interval]": d.format(),
-                 "verdict": d.verdict} for d, (a, b_) in zip(diffs, pairs, strict=True)]
-        title = f"## Paired differences ({len(pairs)} comparison{'s' * (len(pairs) > 1)}, each at {CONFIDENCE:.0%}"
-        if len(pairs) > 1 and not any(d.diverged for d in diffs):  # the chance of any false verdict among them
-            title += f"; the last column adjusts the verdicts for all {len(pairs)} together, by Holm's method"
-            for row, holm in zip(rows, holm_verdicts(diffs), strict=True):
-                row["after Holm"] = holm
-        lines += [title + ")", "", markdown_table(rows), ""]
+    verdicts = study_verdicts(results)
+    counted = sum(v.p_holm is not None for v in verdicts)
+    holm_note = (f"; the last column adjusts the verdicts of all {counted} distinct comparisons of this study "
+                 f"together{' (these and the stress runs below)' if s.stress else ''}, by Holm's method, and is "
+                 "the one to read" if counted > 1 else "")
+    rows = [_verdict_row(v, "b minus a", counted > 1) for v in verdicts if v.kind == "pair"]
+    if rows:
+        lines += [f"## Paired differences ({len(rows)} comparison{'s' * (len(rows) > 1)}, each at "
+                  f"{CONFIDENCE:.0%}{holm_note})", "", markdown_table(rows), ""]
     if s.anchor is not None:
         lines += [_anchor_sentence(results), ""]
-    lines += [_stress_sentence(results, model, factor) for model, factor in s.stress if model in chosen]
-    lines += [""] if s.stress and chosen else []
+    stress = [_verdict_row(v, "stress comparison", counted > 1) for v in verdicts if v.kind == "stress"]
+    if s.stress and chosen:
+        lines += [f"## Stress: {_stress_design(results)}", "", *([markdown_table(stress), ""] if stress else []),
+                  *[_stress_sentence(results, model, factor) for model, factor in s.stress], ""]
     lines += _throughput(results)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def _widened(widen: int) -> str:
+    """How a sweep grows at an edge, in words (nothing without ``widen``)."""
+    if not widen:
+        return ""
+    return (f"; a sweep whose best rate is an end one is widened by the next rate beyond it, one step of the sweep "
+            f"at a time, at most {widen} per side, so that the chosen rate ends inside its sweep")
+
+
 def selection_table(results: Results) -> str:
-    """Each model's chosen rate, selection means and reported mean ± interval, as a Markdown table."""
+    """Each model's parameters, chosen rate, selection means and reported mean ± interval, as a Markdown table."""
     sel = results.selections
-    return markdown_table([selection_row(sel[m], f"{m}: {get_rung(m).change}") for m in results.study.models])
+    rows = []
+    for m in results.study.models:
+        row = selection_row(sel[m], f"{m}: {get_rung(m).change}")
+        params = {r.get("n_params") for r in results.runs if r["model"] == m and r.get("n_params")}
+        rows.append({"model": row.pop("model"), "parameters": f"{params.pop():,}" if len(params) == 1 else "?"} | row)
+    return markdown_table(rows)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One comparison a study draws: ``difference`` (b minus a, paired by seed), its two-sided p-value and its
+    verdict after Holm's adjustment over every distinct comparison of the study (``p_holm`` and ``adjusted``
+    None where a run diverged); ``same_as`` names the earlier comparison of the same two models when this one
+    repeats it (counted once); ``kind``: "pair" (two models at their chosen rates) or "stress"."""
+
+    name: str
+    kind: str
+    difference: PairedDifference
+    p: float | None = None
+    p_holm: float | None = None
+    adjusted: str | None = None
+    same_as: str | None = None
+
+
+def study_verdicts(results: Results, extra: tuple = ()) -> list[Verdict]:
+    """Every comparison drawn from the study (its pairs, the ``extra`` pairs (a, b) a lesson draws too, then its
+    stress comparisons), each distinct one counted once in one Holm family: the course's multiplicity rule, for
+    reports and lessons alike. A repeat of a comparison (the same two models, either way round) takes the
+    first one's adjusted p-value and is marked ``same_as``."""
+    drawn = _pair_comparisons(results, tuple(results.study.pairs) + tuple(extra)) + _stress_comparisons(results)
+    first: dict = {}
+    for i, (_, _, key, _) in enumerate(drawn):
+        first.setdefault(key, i)
+        first.setdefault(key[::-1], i)
+    counted = [i for i, (_, _, key, d) in enumerate(drawn) if first[key] == i and not d.diverged]
+    p_holm = dict(zip(counted, holm([p_value(drawn[i][3]) for i in counted]), strict=True)) if counted else {}
+    out = []
+    for i, (name, kind, key, d) in enumerate(drawn):
+        p, adjusted_p = None if d.diverged else p_value(d), p_holm.get(first[key])
+        out.append(Verdict(name, kind, d, p, adjusted_p, None if adjusted_p is None or d.diverged
+                           else adjusted_verdict(d, adjusted_p), None if first[key] == i else drawn[first[key]][0]))
+    return out
+
+
+def _pair_comparisons(results: Results, pairs: tuple) -> list[tuple]:
+    """(name, "pair", key, difference) for each pair (a, b) with reported runs, b minus a; the key names the two
+    models by their switches, so that twins (the ladder's gqa is Llama without QK-norm) make one key."""
+    sel = results.selections
+    if len(results.complete_seeds) < 2:
+        return []
+    return [(f"{b} minus {a}", "pair", (get_rung(a).switches, get_rung(b).switches), results.difference(a, b))
+            for a, b in dict.fromkeys(pairs) if a in sel and b in sel]
+
+
+def _losses_at(results: Results, model: str, lr: float) -> dict[int, float] | None:
+    """Reported seed -> final loss of ``model`` at ``lr`` (inf: diverged); None until every seed is in."""
+    runs = {s: results.record(model, lr, s) for s in results.study.reported_seeds}
+    return {s: final_loss(r) for s, r in runs.items() if r is not None} if all(runs.values()) else None
+
+
+def _stress_comparisons(results: Results) -> list[tuple]:
+    """Each stress run set minus the model at its chosen rate, and with ``stress_base``, each stressed model
+    minus the base model at the same rate, paired over the reported seeds (once every run is in)."""
+    s, chosen = results.study, results.chosen_rates()
+    out: list[tuple] = []
+    at_rate: dict[float, dict[str, dict]] = {}  # rate -> model -> its losses there
+    for model, factor in s.stress:
+        rate = results.stress_rate(model, factor)
+        if rate is None or model not in chosen:
+            continue
+        hot, own = _losses_at(results, model, rate), _losses_at(results, model, chosen[model])
+        if hot is None or own is None or len(hot) < 2:
+            continue
+        at_rate.setdefault(rate, {})[model] = hot
+        whose = "its" if s.stress_base in (None, model) else f"{s.stress_base}'s"
+        key = ((get_rung(model).switches, chosen[model]), (get_rung(model).switches, rate))
+        out.append((f"{model} at {rate:g} ({factor:g}x {whose} chosen rate) minus {model} at its own "
+                    f"{chosen[model]:g}", "stress", key, paired_difference(own, hot)))
+    base = s.stress_base
+    for rate, by_model in at_rate.items():
+        for model, hot in by_model.items():
+            if base is not None and model != base and base in by_model:
+                key = ((get_rung(base).switches, rate), (get_rung(model).switches, rate))
+                out.append((f"{model} minus {base} at the same rate {rate:g}", "stress", key,
+                            paired_difference(by_model[base], hot)))
+    return out
+
+
+def _verdict_row(v: Verdict, first: str, adjusted: bool = True) -> dict[str, str]:
+    """A comparison's row: the difference with its interval, its raw verdict, and (when the study draws more
+    than one) the adjusted one."""
+    d = v.difference
+    if v.adjusted is None:
+        after = "not adjusted (a run diverged)"
+    else:
+        after = f"{v.adjusted} (p {v.p_holm:.3g})"
+    if v.same_as is not None:
+        after += f"; the comparison of {v.same_as}, counted once"
+    row = {first: v.name, f"difference ± half-width [{CONFIDENCE:.0%} interval]": d.format(),
+           "verdict": d.verdict, "p": "" if v.p is None else f"{v.p:.3g}"}
+    return row | ({"after Holm (adjusted p)": after} if adjusted else {})
+
+
+def _stress_design(results: Results) -> str:
+    s = results.study
+    factors = sorted(dict.fromkeys(f for _, f in s.stress))
+    models = list(dict.fromkeys(m for m, _ in s.stress))
+    whose = (f"{s.stress_base}'s chosen rate, the same absolute rates for every model"
+             if s.stress_base else "each model's own chosen rate")
+    return (f"{', '.join(models)} at {', '.join(f'{f:g}x' for f in factors)} {whose}, on seeds "
+            f"{format_seeds(s.reported_seeds)} (diverging is an outcome to report)")
 
 
 def _anchor_sentence(results: Results) -> str:
@@ -101,23 +225,25 @@ def _anchor_sentence(results: Results) -> str:
 
 
 def _stress_sentence(results: Results, model: str, factor: float) -> str:
-    """The model at ``factor`` times its chosen rate on the reported seeds: how many runs diverged (an outcome,
-    not a failure), and when none did, the paired difference against its chosen rate."""
-    lr, seeds = results.chosen_rates()[model], results.study.reported_seeds
-    hot = {s: results.record(model, lr * factor, s) for s in seeds}
-    done = {s: final_loss(r) for s, r in hot.items() if r is not None}
-    text = f"{model} at {factor:g}x its chosen rate ({lr * factor:g}) on seeds {format_seeds(seeds)}: "
+    """The model at ``factor`` times a chosen rate (its own, or the study's ``stress_base``'s) on the reported
+    seeds: how many runs diverged (an outcome, not a failure) and the final loss of the others; the paired
+    differences are in the stress table."""
+    seeds, base = results.study.reported_seeds, results.study.stress_base
+    rate = results.stress_rate(model, factor)
+    whose = "its" if base in (None, model) else f"{base}'s"
+    if rate is None:
+        return f"{model} at {factor:g}x {whose} chosen rate: not run yet (no rate chosen yet)."
+    done = {s: final_loss(r) for s in seeds if (r := results.record(model, rate, s)) is not None}
+    text = f"{model} at {rate:g} ({factor:g}x {whose} chosen rate) on seeds {format_seeds(seeds)}: "
     if not done:
         return text + "not run yet."
     diverged = sorted(s for s, v in done.items() if math.isinf(v))
+    finite = [v for v in done.values() if math.isfinite(v)]
     text += f"{len(diverged)} of {len(done)} finished runs diverged" + (
-        f" (seeds {format_seeds(diverged)})" if diverged else "") + "; "
-    base = {s: final_loss(r) for s in done if (r := results.record(model, lr, s)) is not None}
-    if diverged or len(base) < 2:
-        finite = [v for v in done.values() if math.isfinite(v)]
-        return text + ("final losses " + ", ".join(f"{v:.4f}" for v in finite) + "." if finite else "none finished.")
-    pair = paired_difference(base, {s: done[s] for s in base})
-    return text + f"minus its chosen rate, paired by seed: {pair.format()}, {pair.verdict}."
+        f" (seeds {format_seeds(diverged)})" if diverged else "")
+    if len(finite) > 1:
+        return text + f"; final loss{' of the others' * bool(diverged)} {mean_interval(finite).format()}."
+    return text + (f"; final loss {finite[0]:.4f}." if finite else ".")
 
 
 def _throughput(results: Results) -> list[str]:
@@ -210,16 +336,22 @@ def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validatio
     return _finish(fig, path)
 
 
-def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title: str = "differences, 95% intervals"):
-    """Paired differences with their intervals against a line at zero."""
+def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title: str = "differences, 95% intervals",
+                     adjusted: list[str | None] | None = None):
+    """Paired differences with their intervals against a line at zero: blue where the verdict is "lower", red
+    where "higher", gray where inconclusive. ``adjusted``: the verdicts after Holm's adjustment, one per row
+    (``Verdict.adjusted``): the colours follow them, so a verdict that does not survive is drawn gray."""
     import matplotlib.pyplot as plt
 
+    if adjusted is not None and len(adjusted) != len(rows):
+        raise ValueError(f"adjusted must hold one verdict per row ({len(rows)}), got {len(adjusted)}")
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
     for i, (_, d) in enumerate(rows):
         if d.diverged:
-            ax.text(0, i, "a run diverged", va="center")
+            ax.text(0, i, "a run diverged", va="center", fontsize=9)
             continue
-        color = "tab:gray" if not d.decided else "tab:blue" if d.mean < 0 else "tab:red"
+        word = d.verdict if adjusted is None else adjusted[i]
+        color = "tab:blue" if word == LOWER else "tab:red" if word == HIGHER else "tab:gray"
         ax.errorbar([d.mean], [i], xerr=[[d.mean - d.low], [d.high - d.mean]], fmt="o", color=color, capsize=3)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(rows)), [name for name, _ in rows])
@@ -233,7 +365,8 @@ def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title:
 def cache_quality_rows(results: Results, reference: str = "mha", bytes_per_elem: int = 2) -> list[dict]:
     """One row per model of ``results`` with its reported seeds finished: model, what it changes, cache bytes per
     token (bf16 by default), parameters, chosen rate, the ``Selection`` and the paired difference against
-    ``reference`` (None for the reference itself). ValueError before every model has 2 reported seeds."""
+    ``reference`` (None for the reference itself) with its verdict after Holm's adjustment over the study's
+    comparisons (None where the study does not draw it). ValueError before every model has 2 reported seeds."""
     if len(results.complete_seeds) < 2:
         raise ValueError(f"an interval needs 2 reported seeds finished by every model of study {results.study.name!r}; "
                          f"{len(results.complete_seeds)} are ({len(results.runs)} runs finished)")
@@ -241,13 +374,15 @@ def cache_quality_rows(results: Results, reference: str = "mha", bytes_per_elem:
     if reference not in selections:
         raise ValueError(f"reference must be one of the study's models {list(selections)}, got {reference!r}")
     shape = results.study.base.shape
+    adjusted = {v.name: v.adjusted for v in study_verdicts(results)}  # the study's one Holm family
     rows = []
     for model, sel in selections.items():
         params = {r.get("n_params") for r in results.runs if r["model"] == model and r.get("n_params")}
         rows.append({"model": model, "change": get_rung(model).change,
                      "cache_bytes": cache_bytes_per_token(model, shape, bytes_per_elem),
                      "params": params.pop() if len(params) == 1 else None, "lr": sel.lr, "selection": sel,
-                     "difference": None if model == reference else results.difference(reference, model)})
+                     "difference": None if model == reference else results.difference(reference, model),
+                     "adjusted": adjusted.get(f"{model} minus {reference}")})
     return rows
 
 
@@ -260,7 +395,8 @@ def cache_quality_table(rows: list[dict], reference: str = "mha") -> list[dict[s
                     "parameters": f"{r['params']:,}" if r["params"] else "?", "chosen lr": f"{r['lr']:g}",
                     f"val loss, mean ± {CONFIDENCE:.0%}": r["selection"].interval.format(),
                     f"minus {reference}": "reference" if d is None else d.format(),
-                    "verdict": "" if d is None else d.verdict})
+                    "verdict": "" if d is None else d.verdict,
+                    "after Holm": "" if d is None else r.get("adjusted") or "not in the study's comparisons"})
     return out
 
 
@@ -281,7 +417,7 @@ def plot_cache_quality(rows: list[dict], path=None, title: str = "validation los
         x = r["cache_bytes"] * 2 ** (0.08 * nth)  # beside the points of the same size, not on them
         ax.errorbar([x], [interval.mean], yerr=[[interval.mean - interval.low], [interval.high - interval.mean]],
                     fmt="o", color=color, capsize=4)
-        ax.annotate(r["model"], (x, interval.mean), textcoords="offset points", xytext=(5, 3), fontsize=8, color=color)
+        ax.annotate(r["model"], (x, interval.mean), textcoords="offset points", xytext=(5, 3), fontsize=9, color=color)
         if r["difference"] is None:
             ax.axhline(interval.mean, color=color, linestyle="--", linewidth=0.8)
     ax.set_xscale("log", base=2)

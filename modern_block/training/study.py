@@ -16,11 +16,14 @@ from ..statistics import PairedDifference, Selection, choose_rate, paired_differ
 from .config import TrainConfig, gpu_config, laptop_config, quick_config, with_rate
 from .data import Corpus, load_corpus
 from .ladder import ABLATION_NAMES, ATTENTION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
-from .report import plot_curve_bands, plot_sweep, report_text, selection_table
+from .report import Verdict, plot_curve_bands, plot_sweep, report_text, selection_table, study_verdicts
 from .trainer import TrainResult
-from .workers import final_loss, read_record, run_dir, train_many
+from .workers import committed_record, final_loss, read_record, run_dir, train_many
 
 QUICK_RATES = (4e-3, 8e-3, 1.6e-2, 3.2e-2)  # tiny models, short runs: high rates
+# lesson 08's live comparison: the quick models trained long enough (300 steps, about 3 CPU-seconds a run) that
+# both arms end below the bigram loss; the quick ladder keeps the 90-step preset (a live demo of the design)
+QUICK_STUDY = quick_config("gpt2", max_steps=300, warmup_steps=30, eval_interval=50)
 LAPTOP_RATES = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)  # nanoGPT's 1e-3, halved once and doubled three times
 GPU_RATES = (5e-4, 1e-3, 2e-3)  # around nanoGPT's 1e-3 for its shakespeare-char budget
 ATTENTION_RATES = (2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3)  # a rate on each side of every model's best
@@ -55,6 +58,8 @@ class Study:
     anchor: Anchor | None = None
     recorded_steps: int | None = None
     stress: tuple[tuple[str, float], ...] = ()
+    stress_base: str | None = None
+    widen: int = 0
 
     def __post_init__(self):
         for model in self.models:
@@ -75,6 +80,12 @@ class Study:
             if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
                     math.isfinite(factor) and factor > 0 and factor != 1):
                 raise ValueError(f"stress factors must be positive finite numbers other than 1, got {factor!r}")
+        if self.stress_base is not None and self.stress_base not in self.models:
+            raise ValueError(f"stress_base names {self.stress_base!r}, which the study does not train")
+        if isinstance(self.widen, bool) or not isinstance(self.widen, int) or self.widen < 0:
+            raise ValueError(f"widen must be a non-negative int, got {self.widen!r}")
+        if self.widen and len(self.rates) < 2:
+            raise ValueError("widen needs at least 2 rates: the sweep's step is the ratio of neighbouring rates")
         for lr in self.rates:
             self.config(self.models[0], lr, self.selection_seeds[0])  # a rate TrainConfig refuses fails here
 
@@ -83,30 +94,42 @@ class Study:
 
     def with_options(self, models=None, rates=None, selection_seeds=None, reported_seeds=None,
                      **settings) -> "Study":
-        models = tuple(models or self.models)
-        return replace(self, base=replace(self.base, **settings), models=models,
-                       rates=tuple(rates or self.rates), selection_seeds=tuple(selection_seeds or self.selection_seeds),
+        models, rates = tuple(models or self.models), tuple(rates or self.rates)
+        return replace(self, base=replace(self.base, **settings), models=models, rates=rates,
+                       widen=self.widen if len(rates) > 1 else 0,  # one rate given: that rate, not a sweep
+                       selection_seeds=tuple(selection_seeds or self.selection_seeds),
                        reported_seeds=tuple(reported_seeds or self.reported_seeds),
                        pairs=tuple(p for p in self.pairs if set(p) <= set(models)),
                        anchor=self.anchor if self.anchor and self.anchor.model in models else None,
-                       stress=tuple(x for x in self.stress if x[0] in models))
+                       stress=tuple(x for x in self.stress if x[0] in models)
+                       if self.stress_base is None or self.stress_base in models else (),
+                       stress_base=self.stress_base if self.stress_base in models else None)
 
 
 LADDER_STEPS = tuple(zip(LADDER_NAMES, LADDER_NAMES[1:], strict=False))  # each rung minus the one before
 LEFT_OUT = tuple((LLAMA_END, m) for m in ABLATION_NAMES)  # each ablation minus Llama
+# the ladder at the laptop scale: every rung (gqa is also Llama without QK-norm) and the leave-one-outs of the
+# decisive changes; sweeps start at three rates and widen at an edge
+LAPTOP_LEFT_OUT = ("no_rmsnorm", "no_swiglu", "no_rope", "llama_tied")
+LAPTOP_LADDER_RATES = (1e-3, 2e-3, 4e-3)
+STRESS_FACTORS = (2.0, 4.0, 8.0)  # the attention study's stress rates: these times MHA's chosen rate, for both
 STUDIES = {
-    "quick": Study("quick", quick_config("gpt2"), MAIN, QUICK_RATES, (0, 1), (2, 3, 4, 5, 6, 7), (MAIN,)),
+    "quick": Study("quick", QUICK_STUDY, MAIN, QUICK_RATES, (0, 1), (2, 3, 4, 5, 6, 7), (MAIN,), widen=2),
     "laptop": Study("laptop", laptop_config("gpt2"), ("gpt2_nobias", LLAMA_END, "llama_tied"), LAPTOP_RATES, (0,),
                     (1, 2, 3), (("gpt2_nobias", LLAMA_END), ("gpt2_nobias", "llama_tied"), ("llama_tied", LLAMA_END)),
                     Anchor("gpt2_nobias", 1e-3, 1.88, "nanoGPT's README")),
     "gpu": Study("gpu", gpu_config("gpt2"), MAIN, GPU_RATES, (0,), (1, 2, 3), (MAIN,)),
     "ladder": Study("ladder", quick_config("gpt2"), tuple(dict.fromkeys(LADDER_NAMES + ABLATION_NAMES)), QUICK_RATES,
-                    (0, 1), (2, 3, 4, 5, 6, 7), LADDER_STEPS + LEFT_OUT, recorded_steps=20),
+                    (0, 1), (2, 3, 4, 5, 6, 7), LADDER_STEPS + LEFT_OUT, recorded_steps=20, widen=2),
     "ablations": Study("ablations", quick_config("gpt2"), (LLAMA_END, *ABLATION_NAMES), QUICK_RATES, (0, 1),
-                       (2, 3, 4, 5, 6, 7), LEFT_OUT),
+                       (2, 3, 4, 5, 6, 7), LEFT_OUT, widen=2),
     "attention": Study("attention", laptop_config("gpt2", n_heads=8), ATTENTION_NAMES, ATTENTION_RATES, (0,),
                        (1, 2, 3, 4, 5), tuple(("mha", m) for m in ATTENTION_NAMES[1:]),
-                       stress=(("mha_qk_norm", 4.0), ("mha", 4.0))),
+                       stress=tuple((m, f) for f in STRESS_FACTORS for m in ("mha", "mha_qk_norm")),
+                       stress_base="mha"),
+    "ladder_laptop": Study("ladder_laptop", laptop_config("gpt2"), LADDER_NAMES + LAPTOP_LEFT_OUT,
+                           LAPTOP_LADDER_RATES, (0,), (1, 2, 3),
+                           LADDER_STEPS + tuple((LLAMA_END, m) for m in LAPTOP_LEFT_OUT), widen=3),
 }
 
 
@@ -151,11 +174,29 @@ class Results:
         runs = {s: self.record(model, lr, s) for s in seeds}
         return {s: final_loss(r) for s, r in runs.items() if r is not None} if all(runs.values()) else None
 
+    def sweep(self, model: str) -> list[float]:
+        """The rates the model is tried at on the selection seeds: the study's, and while the best of those
+        finished is an end one, the next rate beyond it (at most ``widen`` on each side)."""
+        s, rates = self.study, sorted(self.study.rates)
+        added = {"low": 0, "high": 0}
+        while s.widen:
+            losses = {lr: self._losses(model, lr, s.selection_seeds) for lr in rates}
+            if any(v is None for v in losses.values()):
+                break
+            best = choose_rate({lr: math.fsum(v.values()) / len(v) for lr, v in losses.items() if v is not None})
+            side = "low" if best == rates[0] else "high" if best == rates[-1] else None
+            if side is None or added[side] >= s.widen:
+                break
+            added[side] += 1
+            nxt = rates[0] ** 2 / rates[1] if side == "low" else rates[-1] ** 2 / rates[-2]
+            rates.insert(0 if side == "low" else len(rates), float(f"{nxt:.6g}"))
+        return rates
+
     def _selection(self, model: str, seeds=()) -> Selection | None:
-        """The model's rate, the lowest mean final loss on the selection seeds (None until all its selection runs
-        are in), with its losses at that rate on ``seeds``."""
+        """The model's rate, the lowest mean final loss on the selection seeds over its sweep (None until all
+        its selection runs are in), with its losses at that rate on ``seeds``."""
         s = self.study
-        losses = {lr: self._losses(model, lr, s.selection_seeds) for lr in s.rates}
+        losses = {lr: self._losses(model, lr, s.selection_seeds) for lr in self.sweep(model)}
         if not all(v is not None for v in losses.values()):
             return None
         chosen = choose_rate({lr: math.fsum(v.values()) / len(v) for lr, v in losses.items() if v is not None})
@@ -166,17 +207,26 @@ class Results:
 
     def planned(self, role: str) -> list[tuple[str, float, int]]:
         s = self.study
-        if role == "selection":  # every model at one rate, then the next, from the middle of the sweep outwards
-            return [(m, lr, seed) for lr in middle_out(s.rates) for seed in s.selection_seeds for m in s.models]
+        if role == "selection":  # every model at one rate, then the next, from the middle of the sweep outwards;
+            # then the rates a sweep widens to
+            runs = [(m, lr, seed) for lr in middle_out(s.rates) for seed in s.selection_seeds for m in s.models]
+            return runs + [(m, lr, seed) for m in s.models for lr in self.sweep(m) if lr not in s.rates
+                           for seed in s.selection_seeds]
         if role == "reported":
             return [(m, lr, seed) for seed in s.reported_seeds for m, lr in self.chosen_rates().items()]
         if role == "stress":
-            rates = self.chosen_rates()
-            return [(m, rates[m] * factor, seed) for m, factor in s.stress if m in rates for seed in s.reported_seeds]
+            return [(m, lr, seed) for m, factor in s.stress if (lr := self.stress_rate(m, factor)) is not None
+                    for seed in s.reported_seeds]
         chosen = self.chosen_rates().get(s.anchor.model) if s.anchor else None
         if s.anchor is None or chosen is None or chosen == s.anchor.lr:
             return []
         return [(s.anchor.model, s.anchor.lr, seed) for seed in s.reported_seeds]
+
+    def stress_rate(self, model: str, factor: float) -> float | None:
+        """``factor`` times the chosen rate of the study's ``stress_base`` (else of ``model``); None before it
+        is chosen."""
+        lr = self.chosen_rates().get(self.study.stress_base or model)
+        return None if lr is None else float(f"{lr * factor:.6g}")
 
     @property
     def complete(self) -> bool:
@@ -213,6 +263,12 @@ class Results:
         """The study's report.md."""
         return report_text(self)
 
+    def verdicts(self, extra: tuple = ()) -> list[Verdict]:
+        """Every comparison drawn from the study (its pairs, ``extra`` pairs (a, b) for b minus a, its stress
+        runs), raw and after Holm's adjustment over all of them (``report.study_verdicts``): the verdicts its
+        report, the lessons and the README quote."""
+        return study_verdicts(self, extra)
+
     def table(self) -> str:
         """Each model's chosen rate, selection means and reported mean ± interval, as a Markdown table."""
         return selection_table(self)
@@ -238,7 +294,8 @@ class Results:
                 "rates": list(s.rates), "selection_seeds": list(s.selection_seeds),
                 "reported_seeds": list(s.reported_seeds), "pairs": [list(p) for p in s.pairs],
                 "anchor": asdict(s.anchor) if s.anchor else None, "recorded_steps": keep,
-                "stress": [list(x) for x in s.stress], "torch": torch.__version__,
+                "stress": [list(x) for x in s.stress], "stress_base": s.stress_base, "widen": s.widen,
+                "torch": torch.__version__,
                 "corpus": self.corpus, "machine": self.machine, "wall_s": self.wall_s, "complete": self.complete,
                 "runs": [kept(r) for r in self.runs]}
 
@@ -247,7 +304,8 @@ class Results:
         study = Study(data["study"], TrainConfig(**data["settings"]), tuple(data["models"]), tuple(data["rates"]),
                       tuple(data["selection_seeds"]), tuple(data["reported_seeds"]),
                       tuple(tuple(p) for p in data["pairs"]), Anchor(**data["anchor"]) if data["anchor"] else None,
-                      data["recorded_steps"], tuple(tuple(x) for x in data.get("stress", ())))
+                      data["recorded_steps"], tuple(tuple(x) for x in data.get("stress", ())),
+                      data.get("stress_base"), data.get("widen", 0))
         return cls(study, list(data["runs"]), data["command"], data["corpus"], data["machine"], data["wall_s"])
 
 
@@ -301,11 +359,13 @@ class Progress:
 
 
 def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=1, command: str = "", say=print,
-              train: bool = True, bar: bool | None = None) -> Results:
-    """Train ``study``: every model at every rate on the selection seeds, then each at its chosen rate on the
-    reported seeds (and the anchor). With ``out_dir`` each run has its folder there: a finished run is read back,
-    an interrupted one resumes; ``train=False`` only reads back. ``workers``: as ``train_many``; ``bar``: one
-    progress bar (default: when stderr is a terminal), else a line per run."""
+              train: bool = True, bar: bool | None = None, reuse=()) -> Results:
+    """Train ``study``: every model at every rate on the selection seeds (widening a sweep as ``widen`` allows),
+    then each at its chosen rate on the reported seeds (and the anchor and the stress runs). With ``out_dir``
+    each run has its folder there: a finished run is read back, an interrupted one resumes; ``train=False``
+    only reads back. ``reuse``: committed results (``Results.to_json`` dicts) whose finished runs with the same
+    settings on the same text stand in for training them (written into their folders). ``workers``: as
+    ``train_many``; ``bar``: one progress bar (default: when stderr is a terminal), else a line per run."""
     corpus = corpus if corpus is not None else load_corpus(verbose=False)
     results = Results(study, command=command, corpus=corpus.name)
     seeds = len(study.reported_seeds)
@@ -313,25 +373,33 @@ def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=
                         sys.stderr.isatty() if bar is None else bar)
     try:
         for i, role in enumerate(ROLES):
-            if i > 0:
-                progress.expect(progress.done + sum(len(results.planned(r)) for r in ROLES[i:]))
-            todo = []
-            for run in results.planned(role):
-                folder = run_dir(out_dir, study.config(*run))
-                record = read_record(folder, study.config(*run)) if folder is not None else None
-                if record is not None:
-                    results.add(*run, role, record)
-                else:
-                    todo.append(run)
-            if len(todo) < len(results.planned(role)):
-                progress.read_back(len(results.planned(role)) - len(todo))
-                say(f"{role}: {len(results.planned(role)) - len(todo)} run(s) already finished in {out_dir}: read back")
-            if not (train and todo):
-                continue
-            got = train_many([study.config(*run) for run in todo], corpus, workers, out_dir, progress=False,
-                             on_done=lambda cfg, result, role=role: progress(role, cfg, result))
-            for run, result in zip(todo, got, strict=True):
-                results.add(*run, role, result)
+            seen: set = set()
+            while runs := [run for run in results.planned(role) if run not in seen]:  # a sweep may widen
+                if seen:  # the runs a sweep widened to
+                    progress.expect(progress.total + len(runs))
+                elif i > 0:
+                    progress.expect(progress.done + sum(len(results.planned(r)) for r in ROLES[i:]))
+                seen.update(runs)
+                todo = []
+                for run in runs:
+                    cfg = study.config(*run)
+                    folder = run_dir(out_dir, cfg)
+                    record = read_record(folder, cfg) if folder is not None else None
+                    record = record or committed_record(reuse, cfg, corpus.name, folder)
+                    if record is not None:
+                        results.add(*run, role, record)
+                    else:
+                        todo.append(run)
+                if len(todo) < len(runs):
+                    progress.read_back(len(runs) - len(todo))
+                    say(f"{role}: {len(runs) - len(todo)} run(s) already finished in {out_dir or 'the reused results'}"
+                        ": read back")
+                if not (train and todo):
+                    continue
+                got = train_many([study.config(*run) for run in todo], corpus, workers, out_dir, progress=False,
+                                 on_done=lambda cfg, result, role=role: progress(role, cfg, result))
+                for run, result in zip(todo, got, strict=True):
+                    results.add(*run, role, result)
     finally:
         progress.close()
     results.wall_s = time.perf_counter() - progress.start

@@ -69,10 +69,36 @@ def read_record(folder, cfg: TrainConfig) -> dict | None:
         record = json.loads((Path(folder) / SUMMARY).read_text())
     except (OSError, ValueError, TypeError):
         return None
-    if not (isinstance(record, dict) and record.get("finished") and isinstance(record.get("config"), dict)):
-        return None
-    same = all(record["config"].get(k) == v for k, v in asdict(cfg).items() if k not in RUNTIME_FIELDS)
-    return record if same else None
+    return record if finished_with(record, cfg) else None
+
+
+def finished_with(record, cfg: TrainConfig) -> bool:
+    """``record`` is a finished run's, made with ``cfg``'s settings (runtime options aside)."""
+    return isinstance(record, dict) and bool(record.get("finished")) and isinstance(record.get("config"), dict) and all(
+        record["config"].get(k) == v for k, v in asdict(cfg).items() if k not in RUNTIME_FIELDS)
+
+
+RUN_KEYS = ("model", "lr", "seed", "role")  # what a study adds to a run's record
+
+
+def committed_record(committed, cfg: TrainConfig, corpus: str, folder=None) -> dict | None:
+    """The record of a finished run made with these settings on the text ``corpus`` in any of ``committed``
+    (``Results.to_json`` dicts that keep every step, such as a committed results.json), else None; written as
+    ``summary.json`` into ``folder`` (when given), so that the folder holds the finished run from then on."""
+    for data in committed:
+        if data.get("corpus") != corpus or data.get("recorded_steps") is not None:
+            continue
+        for run in data.get("runs", ()):
+            record = {k: v for k, v in run.items() if k not in RUN_KEYS}
+            metrics = record.get("metrics") or [{}]
+            if isinstance(record.get("config"), dict) and "finished" not in record:  # written before the key was
+                record["finished"] = bool(record.get("diverged")) or metrics[-1].get("step") == cfg.max_steps
+            if finished_with(record, cfg):
+                if folder is not None:
+                    Path(folder).mkdir(parents=True, exist_ok=True)
+                    write_text_atomic(Path(folder) / SUMMARY, json.dumps(record, indent=1))
+                return record
+    return None
 
 
 def _train_or_diverge(cfg, folder, corpus, progress, verbose, on_step=None):
