@@ -148,7 +148,7 @@ def test_bad_input_is_refused_with_the_rule():
         dequantize_int8(torch.ones(2, 2), torch.ones(2))
     with pytest.raises(ValueError, match="one entry per row"):
         dequantize_int8(torch.ones(2, 2, dtype=torch.int8), torch.ones(3))
-    assert FORMATS == ("fp32", "bf16", "int8")
+    assert FORMATS == ("fp32", "bf16", "int8", "w8a8")
 
 
 def test_the_compiled_one_row_product_is_the_dequantized_product():
