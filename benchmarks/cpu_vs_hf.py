@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from modern_block import KVCache, LlamaStyleLM, generate
 from modern_block.fast import decoding as fast  # noqa: E402
+from modern_block.fast.agreement import cached_logits, compare_decodes  # noqa: E402
 from modern_block.fast.profiling import decode_weight_bytes, memory_bandwidth  # noqa: E402
 from modern_block.interop.hf import from_hf  # noqa: E402
 from modern_block.kv_cache import kv_cache_bytes_per_token, mla_cache_bytes_per_token  # noqa: E402
@@ -187,7 +188,21 @@ def bench_decode(ours, fast_model, hf, new_tokens: int, repeats: int, compiled: 
         row |= ratio(f"decode{n}_fast_vs_hf_static", times, "fast", "hf_static")
         row |= ratio(f"decode{n}_hf_static_vs_hf", times, "hf_static", "hf")
     row[f"decode{n}_same_tokens"] = all(torch.equal(t, out["plain"]) for t in out.values())
+    # other kernels may flip a near-tie: the margin rule (fast/agreement.py) says whether each path's tokens agree
+    forwards = {"plain": lambda s: cached_logits(ours, s, prompt.shape[1]), "fast": fast_model.model,
+                "hf": lambda s: hf(s).logits, "hf_static": lambda s: hf(s).logits}
+    row[f"decode{n}_tokens_agree"] = all(tokens_agree(ours, forwards[name], out["plain"], t, prompt.shape[1])
+                                         for name, t in out.items())
     return row
+
+
+def tokens_agree(ours, other_forward, want, got, prompt_len: int) -> bool:
+    """True when the decode ``got`` follows ``want`` (ours) by the margin rule."""
+    try:
+        compare_decodes(ours, other_forward, want, got, prompt_len)
+    except AssertionError:
+        return False
+    return True
 
 
 def bandwidth_row() -> dict:
@@ -229,7 +244,9 @@ def bench_cache_speedup(ours, new_tokens: int, repeats: int) -> dict:
             f"speedup{new_tokens}_best": r[f"speedup{new_tokens}_ratio_best"],
             f"speedup{new_tokens}_cache_s": statistics.median(times["cache"]),
             f"speedup{new_tokens}_no_cache_s": statistics.median(times["no_cache"]),
-            f"speedup{new_tokens}_same_tokens": torch.equal(out[True], out[False])}
+            f"speedup{new_tokens}_same_tokens": torch.equal(out[True], out[False]),
+            f"speedup{new_tokens}_tokens_agree": tokens_agree(ours, lambda s: cached_logits(ours, s, 16), out[False],
+                                                              out[True], 16)}
 
 
 def bench_cache_bytes(n_tokens: int = 300) -> dict:
@@ -364,7 +381,8 @@ def print_table(r: dict) -> None:
                  f"({100 * r[f'floor_decode{n}_{name}_fraction']:.0f}%)"
                  for name in ("plain", "fast", "hf", "hf_static") if f"floor_decode{n}_{name}_fraction" in r]
         print(f"  decode {n}, best ms per token (floor / that): " + ", ".join(parts))
-        print(f"  decode {n}: same tokens in all paths: {r[f'decode{n}_same_tokens']}")
+        print(f"  decode {n}: same tokens in all paths: {r[f'decode{n}_same_tokens']}, agreeing by the margin rule: "
+              f"{r.get(f'decode{n}_tokens_agree')}")
     for kind in ("gqa", "mla"):
         held, formula = r[f"cache_bytes_{kind}"], r[f"cache_bytes_{kind}_formula"]
         print(f"{kind.upper()} cache after 300 tokens: {held:,} B held, formula {formula:,} B "

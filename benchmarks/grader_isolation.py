@@ -27,7 +27,7 @@ from pathlib import Path
 from test_class_folder import make_class
 
 from modern_block.classroom import grade
-from modern_block.classroom.grading import package_copy, wire
+from modern_block.classroom.grading import engine, package_copy, wire
 from modern_block.classroom.grading.bwrap import COPY_MOUNT, ENV, bwrap_command
 from modern_block.classroom.grading.sandbox import STARTUP_TIMEOUT, Launcher, Limits, Sandbox, SandboxLost
 from modern_block.classroom.grading.sandbox_user import user_processes
@@ -89,12 +89,12 @@ def launchers() -> dict[str, tuple[Limits, Launcher]]:
     out = {}
     for k, (name, cls, cgroup) in enumerate((("zygote+cgroup", Launcher, True), ("zygote", Launcher, False),
                                               ("fresh", FreshLauncher, False))):
-        limits = Limits(memory_mb=2048 + k)  # a key of its own in grade's table of launchers
+        limits = Limits(memory_mb=2048 + k)  # a key of its own in the engine's table of launchers
         launcher = cls(None, limits)
         if not cgroup and launcher.cgroups is not None:
             launcher.cgroups.close()
             launcher.cgroups = None
-        grade._LAUNCHERS[(sys.executable, limits)] = launcher
+        engine._LAUNCHERS[(sys.executable, limits)] = launcher
         out[name] = (limits, launcher)
     return out
 

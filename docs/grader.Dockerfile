@@ -7,14 +7,15 @@
 #       --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
 #       --security-opt systempaths=unconfined \
 #       -v "$PWD/submissions:/submissions:ro" -v "$PWD/exercises:/reference:ro" -v "$PWD/grades:/grades" \
-#       modern-block-grader /submissions --reference /reference --jobs 2 \
+#       modern-block-grader /submissions --reference /reference --jobs 2 --no-cgroup-i-accept-per-process-limits \
 #       --csv /grades/gradebook.csv --json-file /grades/report.json
 #
 # The three security options let bubblewrap make its namespaces inside the container (Docker's default seccomp
 # profile refuses new user namespaces, its AppArmor profile refuses mounts, and its masked /proc paths stop a new
 # /proc from being mounted); each submission is then sandboxed by bubblewrap, and the container bounds the whole
-# run. Docker's /sys/fs/cgroup is read-only, so inside it the grader limits every process of a submission and
-# relies on the pid namespace (it says so: "limits on every process plus the sandbox's pid namespace").
+# run. Docker's /sys/fs/cgroup is read-only, so no cgroup per submission can be made inside it: the grader refuses
+# unless told --no-cgroup-i-accept-per-process-limits, and then limits every process of a submission and relies
+# on the pid namespace, the container's --memory and --pids-limit bounding all of them together.
 # The grader starts as root in the container and runs every submission as the system user modern-block-sandbox
 # (made below; never uid 0), under its own seccomp filter (libseccomp through pyseccomp). docs/sandbox.md says
 # what the sandbox promises and where it stops.
@@ -25,13 +26,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 MPLBACKEND=Agg MPLCONFIGDIR=/tm
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends bubblewrap \
     libseccomp2 && rm -rf /var/lib/apt/lists/* && useradd --system --no-create-home modern-block-sandbox
 
-# CPU PyTorch first (the CPU wheel index keeps the image small), then the course package, installed as a
-# package (not editable) so that no checkout, and no solution notebook, is in the image; the sandboxes see
+# CPU PyTorch first (the CPU wheel index keeps the image small), then the course package with its classroom
+# extra (the seccomp binding, ICU for students' names), installed as a package (not editable) so that no checkout, and no solution notebook, is in the image; the sandboxes see
 # /usr (the interpreter is /usr/local) with the installed package itself hidden
 RUN pip install torch --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md /tmp/course/
 COPY modern_block /tmp/course/modern_block
-RUN pip install /tmp/course && rm -rf /tmp/course
+RUN pip install "/tmp/course[classroom]" && rm -rf /tmp/course
 
 WORKDIR /grades
 ENTRYPOINT ["python", "-m", "modern_block", "grade"]

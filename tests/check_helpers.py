@@ -1,17 +1,12 @@
 """How the tests hold a lesson's check against a wrong implementation: it must fail, diagnose the mistake and
 name at most one."""
 
-import re
-
 import pytest
 
 from modern_block.classroom.checks import CheckFailed
+from modern_block.classroom.checks.verdict import named
 
-
-def named(message: str) -> list[str]:
-    """The mistakes a check's message names (``Likely mistake: A`` and ``or: B`` lines)."""
-    match = re.search(r"\nLikely mistake: (.*?)\n\((?:Your output|These mistakes)", message, re.S)
-    return match.group(1).split("\nor: ") if match else []
+__all__ = ["named", "rejects"]
 
 
 def rejects(check, impl, *diagnosis: str) -> str:

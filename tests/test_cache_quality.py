@@ -8,6 +8,7 @@ from dataclasses import asdict, fields, replace
 import matplotlib
 import pytest
 import torch
+from decodes import assert_decodes_agree, cached_logits
 from training_setup import CORPUS, never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
 
 from modern_block import KVCache, generate
@@ -86,7 +87,9 @@ def test_the_arms_build_the_attention_they_name_and_cache_what_the_formula_says(
         with torch.no_grad():
             model(idx, cache)
         assert cache.nbytes() == cache_bytes_per_token(m, small, bytes_per_elem=4) * 12 * 2, m
-        assert torch.equal(generate(model, idx[:, :4], 6), generate(model, idx[:, :4], 6, use_cache=False)), m
+        assert_decodes_agree(model, lambda s, model=model: cached_logits(model, s, 4),
+                             generate(model, idx[:, :4], 6, use_cache=False), generate(model, idx[:, :4], 6), 4, 1e-5,
+                             f"{m}: cached against recomputed")
 
 
 def test_attention_switches_are_checked():

@@ -8,7 +8,7 @@ import random
 import time
 
 import pytest
-from submissions import ROOT, answered, solution, write
+from submissions import ROOT, answered, read_report, solution, write
 
 from modern_block.classroom import grade
 
@@ -18,15 +18,17 @@ MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)
                                             "    return 4 * d * d + 2 * d * (d_ff or 4 * d)",
                                             "no biases and no LayerNorms"),
     ("00_gpt2_block", "ex2_causal_attention"): ("def causal_attention(q, k, v):\n"
-                                                "    return F.scaled_dot_product_attention(q, k, v)", "no causal mask"),
+                                                "    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5\n"
+                                                "    return s.softmax(-1) @ v",
+                                                "no causal mask"),
     ("00_gpt2_block", "ex3_gpt2_attention"): (
         "def gpt2_attention(x, w_qkv, b_qkv, w_proj, b_proj, n_heads):\n    B, T, d = x.shape\n"
         "    q, k, v = ((x @ w_qkv.T + b_qkv).split(d, -1))\n"
         "    q, k, v = (t.view(B, T, n_heads, -1).transpose(1, 2) for t in (q, k, v))\n"
         "    out = F.scaled_dot_product_attention(q, k, v, is_causal=True).reshape(B, T, d)\n"
         "    return out @ w_proj.T + b_proj", "without transposing back"),
-    ("00_gpt2_block", "ex4_gpt2_small"): ("gpt2_small_params = 50257 * 768 * 2 + 1024 * 768 + 12 * (12 * 768 ** 2 + "
-                                          "13 * 768) + 2 * 768", "ties it to the token embedding"),
+    ("00_gpt2_block", "ex4_gpt2_small"): ("V, T, d = 50257, 1024, 768\ngpt2_small_params = V * d * 2 + T * d + "
+                                          "12 * (12 * d ** 2 + 13 * d) + 2 * d", "ties it to the token embedding"),
     ("01_rmsnorm", "ex1_rms"): ("def rms(x, eps=1e-6):\n    return (x.float().var(-1, unbiased=False, keepdim=True) "
                                 "+ eps).sqrt()", "the mean was subtracted"),
     ("01_rmsnorm", "ex2_rmsnorm"): ("class RMSNorm(nn.Module):\n    def __init__(self, d, eps=1e-6):\n"
@@ -44,7 +46,7 @@ MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)
                                   "gate and up swapped"),
     ("02_swiglu", "ex3_weights"): ("def ffn_weight_count(d, d_ff, gated):\n    return 3 * d * d_ff",
                                    "a GELU MLP has two matrices"),
-    ("02_swiglu", "ex4_llama3_70b_d_ff"): ("llama3_70b_d_ff = 4 * 8192", "GPT-2's width"),
+    ("02_swiglu", "ex4_llama3_70b_d_ff"): ("d = 8192\nllama3_70b_d_ff = 4 * d", "GPT-2's width"),
     ("05_mla", "ex1_cache_bytes"): ("def mla_cache_bytes(n_layers, kv_latent_dim, rope_dim, bytes_per_elem=2):\n"
                                     "    return 2 * n_layers * (kv_latent_dim + rope_dim) * bytes_per_elem",
                                     "counted two tensors"),
@@ -62,7 +64,8 @@ MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)
         "    q = torch.einsum('bhtn,hnc->bhtc', q_nope, w_uk)\n"
         "    s = (q @ latent.unsqueeze(1).transpose(-1, -2) + q_rope @ k_rope.unsqueeze(1).transpose(-1, -2)) * scale\n"
         "    return torch.einsum('bhtc,hvc->bhtv', s.softmax(-1) @ latent.unsqueeze(1), w_uv)", "no causal mask"),
-    ("05_mla", "ex5_kimi_k2_cache"): ("kimi_k2_cache_bytes = 61 * (512 + 64) * 2 // 2",
+    ("05_mla", "ex5_kimi_k2_cache"): ("n_layers, d_c, d_r = 61, 512, 64\n"
+                                      "kimi_k2_cache_bytes = n_layers * (d_c + d_r) * 2 // 2",
                                       "the head count does not enter"),
     ("08_train_llama_vs_gpt2", "ex1_lr_at"): (
         "def lr_at(step, lr, min_lr, warmup_steps, max_steps):\n    if step < warmup_steps:\n"
@@ -75,7 +78,8 @@ MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)
         "def unfair_differences(a, b, compared=('arch',), size_tolerance=0.02):\n"
         "    return sorted(k for k in set(a) | set(b) if k not in compared and a.get(k, None) != b.get(k, None))",
         "n_params was compared exactly"),
-    ("08_train_llama_vs_gpt2", "ex4_train_flops"): ("llama3_8b_train_flops = 2 * 8.03e9 * 15e12", "forward pass only"),
+    ("08_train_llama_vs_gpt2", "ex4_train_flops"): ("N, D = 8.03e9, 15e12\nllama3_8b_train_flops = 2 * N * D",
+                                                    "forward pass only"),
 }
 LESSONS = sorted({lesson for lesson, _ in MISTAKES})
 STUDENTS = [f"student{k:02d}" for k in range(8)]
@@ -140,7 +144,7 @@ def test_a_class_of_40_grades_in_parallel_into_the_gradebook(tmp_path, capsys):
     status = grade.main([str(tmp_path / "class"), "--reference", str(ROOT / "exercises"), "--jobs", "2",
                          "--timeout", "15", "--csv", str(tmp_path / "gradebook.csv"), "--json"])
     seconds = time.monotonic() - started
-    doc = json.loads(capsys.readouterr().out)
+    doc = read_report(capsys.readouterr().out)
     assert status == 1
     rows = {(r["student"], r["notebook"].rsplit("/", 1)[-1][:-6]): r for r in doc["notebooks"]}
     assert rows.keys() == expected.keys()

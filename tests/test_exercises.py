@@ -17,9 +17,15 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from check_helpers import rejects
+from check_helpers import named, rejects
 from test_lesson10 import bytes_per_token_ok, floor_ms_ok, quantize_row_int8_ok
-from test_lesson11 import active_parameters_ok, kv_bytes_per_token_ok, smallest_multiple_of_ok
+from test_lesson11 import (
+    active_parameters_ok,
+    kv_bytes_per_token_ok,
+    kv_cache_at_ok,
+    moe_ffn_parameters_ok,
+    smallest_multiple_of_ok,
+)
 
 import modern_block as mb
 from modern_block.classroom import checks, exercises
@@ -348,7 +354,9 @@ RIGHT = [
     (checks.check_bytes_per_token, bytes_per_token_ok), (checks.check_floor_ms, floor_ms_ok),
     (checks.check_quantize_row_int8, quantize_row_int8_ok),  # lesson 10's: the mistakes in test_lesson10.py
     (checks.check_kv_bytes_per_token, kv_bytes_per_token_ok), (checks.check_active_parameters, active_parameters_ok),
-    (checks.check_smallest_multiple_of, smallest_multiple_of_ok),  # lesson 11's: the mistakes in test_lesson11.py
+    (checks.check_smallest_multiple_of, smallest_multiple_of_ok),
+    (checks.check_moe_ffn_parameters, moe_ffn_parameters_ok),
+    (checks.check_kv_cache_at, kv_cache_at_ok),  # lesson 11's: the mistakes in test_lesson11.py
 ]
 FUNCTIONS = [(check, impl) for check, impl in RIGHT if callable(impl)]  # the rest are numbers, graded by value
 
@@ -400,8 +408,11 @@ def test_the_gpt2_figures_agree_with_the_package():
 def test_check_gpt2_block_params_diagnoses():
     rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: 4 * d * d + 2 * d * (d_ff or 4 * d),
             "no biases and no LayerNorms")
-    rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: gpt2_block_params_ok(d, d_ff) - 2 * d,
-            "counted with one vector")
+    with pytest.raises(CheckFailed) as info:  # 2d short: three slips give it for every d, so all three are named
+        checks.check_gpt2_block_params(lambda d, d_ff=None: gpt2_block_params_ok(d, d_ff) - 2 * d)
+    assert [n.split(":")[0] for n in named(str(info.value))] == [
+        "each LayerNorm was counted with one vector", "one LayerNorm was counted", "the q/k/v bias was counted with d "
+                                                                                   "entries"]
     rejects(checks.check_gpt2_block_params, lambda d, d_ff=None: gpt2_block_params_ok(d), "d_ff was ignored")
 
 
@@ -456,9 +467,9 @@ def test_right_values_in_the_wrong_dtype_are_named_as_such():
         cos, sin = rope_tables_variant(None)(positions, dh, base)
         return cos.double(), sin.double()
 
-    with pytest.raises(CheckFailed, match="values are right but the dtype is float64; return float32"):
+    with pytest.raises(CheckFailed, match="values are right but the dtype is float64; return the float32"):
         checks.check_rms(rms_float64)
-    with pytest.raises(CheckFailed, match="values are right but cos is float64; return float32 tables"):
+    with pytest.raises(CheckFailed, match="values are right but it is not float32; return float32 tables"):
         checks.check_rope_cache(rope_cache_float64)
 
 
@@ -887,6 +898,43 @@ def test_hints_come_in_tiers_collapsed_and_the_first_gives_no_code_away(path):
         assert stubs and all(_in_words(s) for s in stubs), f"{path.name} {n}: {stubs}"
 
 
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_the_last_hint_gives_the_formula_never_the_code(path):
+    """Hint 3 may state the formula (in math) and name a parameter, never show code: no call, no code span beyond a
+    bare name, and no line of the answer."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if not re.fullmatch(r"ex\d+-hints", cell.get("id") or ""):
+            continue
+        (third,) = [text for n, _, text in HINT.findall(cell.source) if n == "3"]
+        assert _in_words(re.sub(r"\$[^$]*\$", "", third)), f"{path.name} {cell.id}: {third}"
+        (answer,) = [c for c in nb.cells if c.get("id") == cell.id.replace("hints", "solution")]
+        code = [line.split("#")[0].strip() for line in answer.source.split("\n") if len(line.strip()) > 12]
+        assert not [line for line in code if line and line in third], f"{path.name} {cell.id}"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_the_exercises_stay_independent(path):
+    """No hint sends a student to another exercise's function: with that exercise still a stub, Run All would stop
+    (or its check would call the stub)."""
+    nb = nbformat.read(path, as_version=4)
+    defined: dict[str, set[str]] = {}
+    for cell in nb.cells:
+        if re.fullmatch(r"ex\d+-solution", cell.get("id") or ""):
+            tree = __import__("ast").parse(cell.source)
+            names = {n.name for n in tree.body if hasattr(n, "name")}  # its functions and classes
+            assigned = [t.id for n in tree.body for t in getattr(n, "targets", []) if hasattr(t, "id")]
+            defined[cell.id.split("-")[0]] = names or set(assigned[-1:])  # or a value item's answer
+    for cell in nb.cells:
+        if re.fullmatch(r"ex\d+-hints", cell.get("id") or ""):
+            mine = cell.id.split("-")[0]
+            assert not re.search(r"[Yy]our `?\w+`? of exercise \d", cell.source), f"{path.name} {cell.id}"
+            spans = " ".join(re.findall(r"`([^`]*)`", cell.source))
+            others = {name for ex, names in defined.items() if ex != mine for name in names} - defined.get(mine, set())
+            used = {name for name in others if re.search(rf"\b{re.escape(name)}\b", spans)}
+            assert not used, f"{path.name} {cell.id} calls {used}, another exercise's answer"
+
+
 @pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.stem)
 def test_exercise_notebook_has_stubs_and_no_answers(path):
     nb = nbformat.read(path, as_version=4)
@@ -988,10 +1036,18 @@ def test_a_value_item_becomes_none_so_the_cell_runs():
 
 def test_the_value_checks_diagnose():
     assert LLAMA3_70B_D_FF == 28672 == mb.swiglu_hidden_dim(8192, 4096, 1.3)
-    rejects(checks.check_llama3_70b_d_ff, 4 * 8192, "GPT-2's width")
-    rejects(checks.check_llama3_70b_d_ff, mb.swiglu_hidden_dim(8192, 4096), "the multiplier 1.3 was left out")
+    with pytest.raises(CheckFailed) as info:  # 4d = 32,768 is also the multiplier applied after rounding
+        checks.check_llama3_70b_d_ff(4 * 8192)
+    assert "4d is GPT-2's width: SwiGLU starts from 8/3·d." in named(str(info.value))
+    with pytest.raises(CheckFailed) as info:  # left out or rounded down: the same 24,576, so both are named
+        checks.check_llama3_70b_d_ff(mb.swiglu_hidden_dim(8192, 4096))
+    assert {"ffn_dim_multiplier is ignored: multiply the hidden size by it before rounding.",
+            "rounded down instead of up (floor); Llama rounds up: multiple_of·ceil(h / multiple_of)."} == set(
+                named(str(info.value)))
     assert KIMI_K2_CACHE_BYTES == mb.mla_cache_bytes_per_token(61, 512, 64)  # the figure: test_kv_cache
-    rejects(checks.check_kimi_k2_cache_bytes, KIMI_K2_CACHE_BYTES // 2, "the head count does not enter")
+    with pytest.raises(CheckFailed) as info:  # half: the heads halved with the cache, or one byte per number
+        checks.check_kimi_k2_cache_bytes(KIMI_K2_CACHE_BYTES // 2)
+    assert len(named(str(info.value))) == 2 and "the head count does not enter" in str(info.value)
     rejects(checks.check_kimi_k2_cache_bytes, 61 * 64 * (192 + 128) * 2, "full multi-head attention")
 
 
@@ -1163,3 +1219,98 @@ def test_a_huge_return_value_is_refused_at_once():
     never holds two such replies), and says how many it returned."""
     with pytest.raises(checks.CheckFailed, match="returned 5,000,000 numbers, far more"):
         checks.check_rms(lambda x, eps=1e-6: torch.zeros(5_000_000))
+
+
+# ---- the cases of issue 42: each named right, or among the named possibilities, and each wrong answer failing ----
+
+
+def test_a_multiplier_applied_to_d_is_caught_with_a_small_multiple_of():
+    def multiplier_on_d(d, multiple_of=256, ffn_dim_multiplier=None):
+        d = int(ffn_dim_multiplier * d) if ffn_dim_multiplier else d
+        return multiple_of * math.ceil(int(2 * 4 * d / 3) / multiple_of)
+
+    assert multiplier_on_d(4096, 1, 1.3) == 14_197 != mb.swiglu_hidden_dim(4096, 1, 1.3) == 14_198
+    rejects(checks.check_swiglu_hidden_dim, multiplier_on_d, "the multiplier was applied to d rather than")
+
+
+def test_a_size_tolerance_relative_to_b_is_named_so():
+    def relative_to_b(a, b, compared=("arch",), size_tolerance=0.02):
+        keys = sorted(k for k in set(a) | set(b) if k not in compared)
+        return [k for k in keys if k not in a or k not in b or (
+            abs(b[k] - a[k]) > size_tolerance * b[k] if k == "n_params" else a[k] != b[k])]
+
+    message = rejects(checks.check_fair_comparison, relative_to_b)
+    assert named(message) == ["the size tolerance was taken relative to b's size; the lesson measures it against "
+                              "a's."], message
+
+
+def test_an_unsorted_set_fails_whatever_order_the_hash_seed_gives():
+    """A set's order changes with the process's hash seed: the check holds a case with twelve differing settings, so
+    an answer that forgets to sort fails in every order the seed can give (here: 200 shuffles, and three seeds)."""
+    import random
+    import subprocess
+    import sys
+
+    for seed in range(200):
+        rng = random.Random(seed)
+
+        def shuffled(a, b, compared=("arch",), size_tolerance=0.02, rng=rng):
+            out = unfair_differences_ok(a, b, compared, size_tolerance)
+            return rng.sample(out, len(out))
+
+        rejects(checks.check_fair_comparison, shuffled)
+    probe = ("from modern_block.classroom import checks\n"
+             "def unfair(a, b, compared=('arch',), size_tolerance=0.02):\n"
+             "    return list({k for k in set(a) | set(b) if k not in compared and (k not in a or k not in b or (\n"
+             "        abs(b[k] - a[k]) > size_tolerance * a[k] if k == 'n_params' else a[k] != b[k]))})\n"
+             "try:\n    checks.check_fair_comparison(unfair)\nexcept checks.CheckFailed as err:\n    print('failed')\n")
+    for hash_seed in ("1", "2", "3"):
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                              env={**__import__("os").environ, "PYTHONHASHSEED": hash_seed})
+        assert done.stdout.strip().endswith("failed"), (hash_seed, done.stdout, done.stderr[-2000:])
+
+
+def test_a_search_that_stops_early_or_returns_0_for_none_fails():
+    def stops_at_2048(d, d_ff, ffn_dim_multiplier=None):
+        h = int(8 * d / 3)
+        h = int(ffn_dim_multiplier * h) if ffn_dim_multiplier else h
+        return next((2**k for k in range(4, 12) if -(-h // 2**k) * 2**k == d_ff), None)
+
+    def zero_for_none(d, d_ff, ffn_dim_multiplier=None):
+        return smallest_multiple_of_ok(d, d_ff, ffn_dim_multiplier) or 0
+
+    rejects(checks.check_smallest_multiple_of, stops_at_2048, "the search stops too early")
+    rejects(checks.check_smallest_multiple_of, zero_for_none, "0 was returned where no power of two gives d_ff")
+
+
+def test_a_head_dim_read_with_a_default_fails_on_a_null_head_dim():
+    def with_default(cfg):
+        L, h = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+        if "kv_lora_rank" in cfg:
+            return L * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2
+        return 2 * L * cfg.get("num_key_value_heads", h) * cfg.get("head_dim", cfg["hidden_size"] // h) * 2
+
+    rejects(checks.check_kv_bytes_per_token, with_default, "head_dim: null", "raised TypeError")
+
+
+def test_a_type_the_text_does_not_ask_for_fails():
+    rejects(checks.check_ntk_scaled_base, lambda base, dh, kappa: torch.tensor(base) * kappa ** (dh / (dh - 2)),
+            "it is a Tensor; return a plain Python float")
+
+    def python_float_scale(w):
+        q, s = quantize_row_int8_ok(w)
+        return q, s.item()
+
+    rejects(checks.check_quantize_row_int8, python_float_scale, "it is a float; return a 0-dim float32 tensor")
+
+
+def test_a_value_items_message_has_no_number_of_the_answer():
+    message = rejects(checks.check_gpt2_small_params, GPT2_SMALL_PARAMS + 50257 * 768, "ties it to the token embedding")
+    assert "38,597,376" not in message and "6/7" not in message and "exactly" not in message
+    message = rejects(checks.check_smollm2_cache_bytes, SMOLLM2_CACHE_BYTES * 3)
+    assert "a third" not in message and "exactly" not in message and "23,040" not in message
+
+
+def test_eight_d_squared_for_any_gelu_width_fails_in_the_notebook_too():
+    rejects(checks.check_ffn_weight_count, lambda d, d_ff, gated: 3 * d * d_ff if gated else 8 * d * d,
+            "the GELU MLP was counted as 8d², which holds only when d_ff = 4d")

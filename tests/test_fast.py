@@ -9,6 +9,7 @@ Most tests run the fast model uncompiled (fused projections and the static cache
 import pytest
 import torch
 import torch.nn as nn
+from decodes import assert_decodes_agree, cached_logits
 
 from modern_block import GPT2LM, KVCache, LlamaStyleLM, MLAConfig, generate
 from modern_block.fast import decoding as fast
@@ -67,8 +68,14 @@ def step_by_step(fm: fast.FastLM, idx: torch.Tensor, prefill: int, capacity: int
     fm.setup_cache(idx.shape[0], capacity or idx.shape[1])
     with torch.inference_mode():
         first = fm(idx[:, :prefill])  # [B, prefill, V]
-        steps = [fm.step(idx[:, t:t + 1]) for t in range(prefill, idx.shape[1])]  # [B, V] each
-    return torch.cat([first, torch.stack(steps, 1)], 1)
+        steps = [fm.step(idx[:, t:t + 1])[:, None] for t in range(prefill, idx.shape[1])]  # [B, 1, V] each
+    return torch.cat([first, *steps], 1)
+
+
+def through_cache(model: nn.Module, prefill: int = 5):
+    """The plain model's forward for the margin rule: its logits through its own KV cache, as ``generate``
+    computes them (with dynamic NTK they follow the length processed, not the whole sequence's)."""
+    return lambda s: cached_logits(model, s, prefill)
 
 
 def plain_step_by_step(model: nn.Module, idx: torch.Tensor, prefill: int) -> torch.Tensor:
@@ -97,14 +104,23 @@ def test_logits_equal_the_plain_model(name, static_cache):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_same_tokens_as_the_plain_model_greedy_and_sampled(name):
+    """Greedy: the fused model and the static cache compute with other kernels than the plain model, so their
+    tokens follow the margin rule (tests/decodes.py), with the logits through the fast decode path within 1e-5 of
+    the plain model's. Sampled: with the plain modules and cache (fuse=False, static_cache=False) and a request
+    that fills max_len, both decoders run the same kernels on the same shapes, so the same generator must give
+    exactly the same tokens: fast.generate's sampling is generate's."""
     model = model_for(name)
     fm = fast.prepare(model, compile=False, static_cache=True)
     idx = prompts()
-    assert torch.equal(fast.generate(fm, idx, 20), generate(model, idx, 20))
-    sampled = [f(m, idx, 20, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(3))
-               for f, m in ((fast.generate, fm), (generate, model))]
-    assert torch.equal(*sampled)
-    assert torch.equal(fast.generate(fm, idx[:1], 1), generate(model, idx[:1], 1))  # one token: no step at all
+    for prompt, new in ((idx, 20), (idx[:1], 1)):  # one token: the prefill alone, no step at all
+        want, got = generate(model, prompt, new), fast.generate(fm, prompt, new)
+        assert_decodes_agree(through_cache(model), lambda s: step_by_step(fm, s, 5, fm.capacity), want, got, 5, 1e-5,
+                             f"{name}: fused and static cache against plain")
+    same_kernels = fast.prepare(model, compile=False, fuse=False, static_cache=False)
+    new = model.max_len - idx.shape[1] + 1  # the cache both decoders allocate holds max_len positions
+    sampled = [f(m, idx, new, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(3))
+               for f, m in ((fast.generate, same_kernels), (generate, model))]
+    assert same_kernels.capacity == model.max_len and torch.equal(*sampled)
 
 
 def test_prepare_swaps_modules_and_keeps_nothing_else():
@@ -119,7 +135,8 @@ def test_prepare_swaps_modules_and_keeps_nothing_else():
     idx = prompts()
     plain = fast.prepare(model, compile=False, fuse=False, static_cache=True)  # step 2 alone: plain modules
     assert type(plain.model.blocks[0].attn).__name__ == "GQAttention" and not fm.static_cache
-    assert torch.equal(fast.generate(plain, idx, 12), generate(model, idx, 12))
+    assert_decodes_agree(through_cache(model), lambda s: step_by_step(plain, s, 5, 64), generate(model, idx, 12),
+                         fast.generate(plain, idx, 12), 5, 1e-5, "the static cache against the plain one")
     fast.generate(fm, idx, 12)
     assert type(fm.cache) is KVCache and type(plain.cache) is not KVCache  # uncompiled: the plain cache is faster
 
@@ -142,7 +159,9 @@ def test_the_static_cache_is_allocated_once_per_shape():
     fast.generate(fm, prompts(seed=2), 20)  # same batch, same capacity: the same buffers, overwritten
     assert fm.cache[0].buffers[0] is k
     out = fast.generate(fm, idx[:1], 10)  # another batch size: new buffers, same tokens as before
-    assert fm.cache[0].buffers[0].shape[0] == 1 and torch.equal(out, generate(model, idx[:1], 10))
+    assert fm.cache[0].buffers[0].shape[0] == 1
+    assert_decodes_agree(through_cache(model), lambda s: step_by_step(fm, s, 5, 64), generate(model, idx[:1], 10),
+                         out, 5, 1e-5, "batch 1 against the plain model")
 
 
 def test_bad_input_is_refused_clearly():
@@ -180,7 +199,7 @@ def test_bad_input_is_refused_clearly():
 @pytest.mark.usefixtures("fresh_compiler")
 @pytest.mark.parametrize("case", ["llama-gqa", "qwen3-gqa-tied"])
 def test_compiled_decoding_gives_the_plain_models_and_hugging_faces_tokens(case):
-    from test_hf import hf_model  # tiny random Llama / Qwen3 (head_dim 12 != d/h, tied) at unit scale
+    from test_hf import ATOL, hf_model  # tiny random Llama / Qwen3 (head_dim 12 != d/h, tied) at unit scale
 
     from modern_block.interop.hf import from_hf
 
@@ -195,9 +214,11 @@ def test_compiled_decoding_gives_the_plain_models_and_hugging_faces_tokens(case)
                              do_sample=False, pad_token_id=0)
         ref = model(ours[:, :-1])  # the plain model's logits at every position
     steps = step_by_step(fm, ours[:, :-1], 5, fm.capacity)  # the compiled step's logits (the compiled shape)
-    assert torch.equal(ours, generate(model, idx, new))
-    assert torch.equal(ours, theirs)
     torch.testing.assert_close(steps, ref, atol=1e-4, rtol=0)  # compiled step logits = plain
+    want = generate(model, idx, new)  # the plain model's tokens: the reference of the margin rule
+    compiled = lambda s: step_by_step(fm, s, 5, fm.capacity)  # noqa: E731
+    assert_decodes_agree(through_cache(model), compiled, want, ours, 5, 1e-4, f"{case}: compiled against plain")
+    assert_decodes_agree(model, lambda s: hf(s).logits, want, theirs, 5, ATOL, f"{case}: transformers against ours")
 
 
 @pytest.mark.slow
@@ -209,7 +230,9 @@ def test_compiled_decoding_of_the_other_models(name):
     model = model_for(name)
     fm = fast.prepare(model)
     idx = prompts()
-    assert torch.equal(fast.generate(fm, idx, 12), generate(model, idx, 12))
+    ours, want = fast.generate(fm, idx, 12), generate(model, idx, 12)
+    assert_decodes_agree(through_cache(model), lambda s: step_by_step(fm, s, 5, fm.capacity), want, ours, 5, 1e-4,
+                         f"{name}: compiled against plain")
     idx = prompts(length=12)
     ours = step_by_step(fm, idx, 8, fm.capacity)  # the capacity generate used: the step compiled for it
     torch.testing.assert_close(ours, plain_step_by_step(model, idx, 8), atol=1e-4, rtol=0)
@@ -221,7 +244,7 @@ def test_fast_logits_equal_hugging_face_for_each_family(name):
     """Every Hugging Face family the course loads into LlamaStyleLM: the fast layer's logits over a whole
     sequence, then one token at a time, equal Hugging Face's, decoding with its own cache the same way (with
     dynamic NTK the frequencies follow the length processed, in both)."""
-    from test_hf_families import ATOL, hf_family, long_tokens
+    from test_hf_families import ATOL, hf_cached_logits, hf_family, long_tokens
 
     from modern_block.interop.hf import from_hf
 
@@ -229,10 +252,4 @@ def test_fast_logits_equal_hugging_face_for_each_family(name):
     fm = fast.prepare(from_hf(hf), compile=False)
     idx = long_tokens()  # [2, 40]: past the scaled models' original context
     ours = step_by_step(fm, idx, 30)  # [2, 40, V]
-    with torch.no_grad():
-        out = hf(idx[:, :30], use_cache=True)
-        ref = [out.logits]
-        for t in range(30, idx.shape[1]):
-            out = hf(idx[:, t:t + 1], cache=out.cache, use_cache=True)
-            ref.append(out.logits)
-    assert (ours - torch.cat(ref, 1)).abs().max().item() <= ATOL
+    assert (ours - hf_cached_logits(hf, idx, 30)).abs().max().item() <= ATOL

@@ -5,6 +5,7 @@ plain modules do."""
 import pytest
 import torch
 import torch.nn as nn
+from decodes import assert_decodes_agree, cached_logits
 from test_fast import model_for, prompts
 
 from modern_block import GeluMLP, GQAttention, KVCache, MLAttention, SwiGLU, generate
@@ -65,7 +66,8 @@ def test_the_fused_model_runs_where_the_plain_one_does(name):
         cache = KVCache(len(fused.blocks), 12)
         chunks = torch.cat([fused(idx[:, :7], cache), fused(idx[:, 7:8], cache), fused(idx[:, 8:], cache)], 1)
         torch.testing.assert_close(chunks, model(idx), atol=1e-5, rtol=0)
-    assert torch.equal(generate(fused, idx[:, :5], 15), generate(model, idx[:, :5], 15))
+    assert_decodes_agree(model, lambda s: cached_logits(fused, s, 5), generate(model, idx[:, :5], 15),
+                         generate(fused, idx[:, :5], 15), 5, 1e-5, f"{name}: fused against plain")
 
 
 def test_fuse_linears_refuses_mixed_biases():

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from decodes import assert_decodes_agree
 
 from modern_block import LlamaStyleLM, generate
 from modern_block.interop import (
@@ -392,8 +393,9 @@ def test_smollm2_greedy_tokens_and_logits_equal_transformers(smollm2, chat, text
     with torch.no_grad():
         theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10)
         diff = (model(ours) - hf(ours).logits).abs().max().item()
-    assert torch.equal(ours, theirs), (tok.decode(ours[0]), tok.decode(theirs[0]))
     assert diff < 1e-3
+    assert_decodes_agree(model, lambda s: hf(s).logits, ours, theirs, ids.shape[1], 1e-3,
+                         f"transformers against ours: {tok.decode(ours[0])!r}, {tok.decode(theirs[0])!r}")
 
 
 @pytest.mark.parametrize("kind", [Q.Q4_K, Q.Q6_K])

@@ -34,12 +34,14 @@ from submissions import (
     answered,
     exercise,
     injected,
+    read_report,
     sandbox_problem,
     solution_source,
     write,
 )
 
 from modern_block.classroom import grade
+from modern_block.classroom.grading import engine, sandbox
 from modern_block.classroom.grading.files import Submission
 
 REFERENCE = ROOT / "exercises"
@@ -292,7 +294,7 @@ def class_run(tmp_path_factory):
                            "--timeout", str(TIMEOUT)], capture_output=True, timeout=1200, cwd=ROOT)
     seconds = time.monotonic() - started
     listener.close()
-    doc = json.loads((base / "report.json").read_text(encoding="utf-8"))
+    doc = read_report((base / "report.json").read_text(encoding="utf-8"))
     rows = {(r["student"], Path(r["notebook"]).stem): r for r in doc["notebooks"]}
     return {"proc": proc, "doc": doc, "rows": rows, "expected": expected, "errors": errors, "base": base,
             "csv": (base / "grades.csv").read_text(encoding="utf-8"), "seconds": seconds, "protected": protected,
@@ -464,22 +466,35 @@ def test_the_gradebook_has_one_safe_row_per_submission(class_run):
 
 
 @needs_sandbox
-def test_a_huge_number_in_a_check_cell_only_errors_its_own_row(tmp_path, capsys):
-    """Without --reference the submission's own check cells are read: a number too large to print is refused."""
+def test_without_a_reference_a_folder_is_never_graded_by_its_own_check_cells(tmp_path, capsys):
+    """Round 3: a notebook graded against its own check cells awarded itself 50/50 and a new 100/100 lesson. Now
+    only --self grades a notebook against its own cells (1 point per check, no lesson); a folder without a
+    trusted reference gets error rows; a number too large to print in a check cell is refused there."""
     right = answered("01_rmsnorm", base="solutions")
     huge = answered("01_rmsnorm", dict(ex1_rms=RIGHT_RMS))
-    for nb in (right, huge):
-        nb.metadata.pop("modern_block", None)  # not generated from the solutions: its own check cells count
+    rich = answered("01_rmsnorm", base="solutions")
+    for nb in (right, huge, rich):
+        nb.metadata.pop("modern_block", None)  # not generated from the solutions: no course reference
     for cell in huge.cells:
         if cell.source.startswith("checks.check_rms"):
             cell.source = "checks.check_rms(0x" + "f" * 5000 + ")"
+    for cell in rich.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade"):
+            cell.metadata["nbgrader"]["points"] = 50  # what it says it is worth
+    rich.cells.append(nbformat.v4.new_markdown_cell("## Exercise 9: free points"))
+    rich.cells.append(nbformat.v4.new_code_cell("checks.check_rms(rms)", metadata={"nbgrader": {"points": 100}}))
     write(tmp_path, "honest", "01_rmsnorm", right)
     write(tmp_path, "huge_number", "01_rmsnorm", huge)
+    write(tmp_path, "rich", "01_rmsnorm", rich)
     assert grade.main([str(tmp_path), "--json"]) == 1
-    doc = json.loads(capsys.readouterr().out)
-    rows = {r["student"]: r for r in doc["notebooks"]}
-    assert rows["honest"]["summary"]["all_passed"]
-    assert rows["huge_number"]["status"] == "error" and "short literals" in rows["huge_number"]["error"]
+    rows = {r["student"]: r for r in read_report(capsys.readouterr().out)["notebooks"]}
+    assert all(r["status"] == "error" and "no reference" in r["error"] and r["lesson"] == "" for r in rows.values())
+    assert grade.main([str(tmp_path / "rich" / "01_rmsnorm.ipynb"), "--self", "--json"]) == 0
+    (own,) = read_report(capsys.readouterr().out)["notebooks"]
+    assert own["lesson"] == "" and own["summary"]["max_score"] == 3 and own["summary"]["score"] == 3  # 1 per check
+    assert grade.main([str(tmp_path / "huge_number" / "01_rmsnorm.ipynb"), "--self", "--json"]) == 1
+    (own,) = read_report(capsys.readouterr().out)["notebooks"]
+    assert own["status"] == "error" and "short literals" in own["error"]
 
 
 @pytest.mark.parametrize("option", ["--csv", "--json-file"])
@@ -520,26 +535,29 @@ def test_a_full_or_read_only_disk_ends_with_one_line_after_the_report(tmp_path, 
         status = grade.main([solution, "--reference", str(REFERENCE), "--csv", str(target / "grades.csv"),
                              "--json-file", str(target / "report.json")])
         out, err = capsys.readouterr()
-        assert status == 1 and "2 exercises: 2 passed" in out  # the report came first, whole
         lines = err.splitlines()
-        assert len(lines) == 2 and all("not written (the report above is complete)" in line for line in lines), err
-        assert ("No space left" if disk == "full" else "Read-only file system") in lines[0]
-        assert sorted(os.listdir(target)) == (["filler"] if disk == "full" else [])  # no temporary file left
+        if disk == "read-only":  # the outputs are opened before grading: refused at once
+            assert status == 2 and out == "" and len(lines) == 1 and "Read-only file system" in lines[0], err
+            return
+        assert status == 1 and "2 exercises: 2 passed" in out  # the report is printed whole
+        assert lines and all("not written (the report above is complete)" in line for line in lines), err
+        assert "No space left" in lines[0]
     finally:
         subprocess.run(["umount", str(target)], check=False)
 
 
 @needs_sandbox
-def test_the_outputs_are_replaced_whole(tmp_path, capsys):
+def test_the_outputs_are_written_afresh_as_each_notebook_is_graded(tmp_path, capsys):
     csv_path, json_path = tmp_path / "grades.csv", tmp_path / "report.json"
-    csv_path.write_text("an old gradebook")
-    solution = str(ROOT / "solutions" / "01_rmsnorm.ipynb")
-    argv = [solution, "--reference", str(REFERENCE), "--csv", str(csv_path), "--json-file", str(json_path)]
-    assert grade.main(argv) == 2  # not a gradebook: merging into it would lose it, so it is refused before grading
-    assert "--overwrite-gradebook" in capsys.readouterr().err and csv_path.read_text() == "an old gradebook"
-    assert grade.main(argv + ["--overwrite-gradebook"]) == 0
-    assert csv_path.read_text().startswith("student,") and json.loads(json_path.read_text())["all_passed"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["grades.csv", "report.json"]
+    csv_path.write_text("an old file")
+    for student in ("ada", "ben"):
+        write(tmp_path / "class", student, "01_rmsnorm", answered("01_rmsnorm", base="solutions"))
+    argv = [str(tmp_path / "class"), "--reference", str(REFERENCE), "--csv", str(csv_path), "--json-file",
+            str(json_path)]
+    assert grade.main(argv) == 0
+    assert csv_path.read_text().startswith("student,") and len(csv_path.read_text().splitlines()) == 1 + 4
+    assert [r["student"] for r in read_report(json_path.read_text())["notebooks"]] == ["ada", "ben"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["class", "grades.csv", "report.json"]
 
 
 # ---- the whole course: solutions pass, untouched exercises are not attempted ------------------------------
@@ -568,7 +586,7 @@ def test_without_a_reference_a_deleted_check_does_not_pass(tmp_path):
             cell.source = "# " + cell.source  # the check commented out
     nb.metadata.pop("modern_block")  # nor can the course's reference be found from the metadata
     own = write(tmp_path, "s", "01_rmsnorm", nb)
-    (report,) = grade.grade_paths([own])
+    (report,) = grade.grade_paths([own], own=True)  # --self
     assert [(e.number, e.status) for e in report.exercises] == [(1, "passed"), (2, "failed")]
     assert "no check cell" in report.exercises[1].detail and "--reference" in report.notes[0]
     nb = answered("01_rmsnorm", dict(ex1_rms=RIGHT_RMS, ex2_rmsnorm=IDENTITY_RMSNORM))  # with the metadata
@@ -621,6 +639,30 @@ def test_without_the_sandbox_flag_the_submissions_run_as_plain_processes(tmp_pat
     assert report.all_passed, grade.format_report(report)
 
 
+@needs_sandbox
+def test_without_a_cgroup_only_the_flag_or_self_grades_in_the_sandbox(tmp_path, monkeypatch, capsys):
+    """No cgroup can be made: a class is refused with the flag named; --no-cgroup-i-accept-per-process-limits
+    grades it in the sandbox, and so does --self (one notebook of the student's own), never as plain processes."""
+    monkeypatch.setattr(sandbox.Cgroups, "open", classmethod(lambda cls, base=None: None))
+    monkeypatch.setattr(sandbox, "scope_command", lambda argv, user: None)
+    monkeypatch.setattr(engine, "_LAUNCHERS", {})  # launchers of their own, closed at the end
+    notebook = write(tmp_path, "ada", "01_rmsnorm", answered("01_rmsnorm", base="solutions"))
+    reference = str(REFERENCE / "01_rmsnorm.ipynb")
+    try:
+        assert grade.main([str(tmp_path), "--reference", reference]) == 2
+        err = capsys.readouterr().err
+        assert sandbox.NO_CGROUP_FLAG in err and "Traceback" not in err
+        assert grade.main([str(tmp_path), "--reference", reference, sandbox.NO_CGROUP_FLAG, "--json"]) == 0
+        assert grade.main([str(notebook), "--self", "--json"]) == 0
+        for line in capsys.readouterr().out.splitlines():
+            assert json.loads(line)["exercises"] and "WITHOUT isolation" not in line, line
+        (used,) = engine._LAUNCHERS.values()  # one sandboxed launcher served both, without a cgroup
+        assert used.limits == sandbox.Limits(without_cgroup=True) and used.cgroups is None and used.bwrap
+    finally:
+        for launcher in engine._LAUNCHERS.values():
+            launcher.close()
+
+
 # ---- the command line -----------------------------------------------------------------------------------
 
 
@@ -664,7 +706,7 @@ def test_a_cp1252_console_gets_the_text_report(monkeypatch):
     assert "? Exercise 1: the root mean square" in text and "passed" in text
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw := io.BytesIO(), encoding="cp1252"))
     assert grade.main([solution, "--reference", str(REFERENCE), "--json"]) == 0
-    assert json.loads(raw.getvalue().decode("cp1252"))["notebooks"][0]["summary"]["passed"] == 2
+    assert json.loads(raw.getvalue().decode("cp1252"))["summary"]["passed"] == 2
 
 
 @needs_sandbox
@@ -674,12 +716,12 @@ def test_a_typed_in_value_fails_in_the_grader_and_a_computed_one_passes(tmp_path
     right = 61 * (512 + 64) * 2
     reports = {}
     for student, answer in (("typed", f"kimi_k2_cache_bytes = {right}"),
-                            ("computed", "kimi_k2_cache_bytes = 61 * (512 + 64) * 2")):
+                            ("computed", "n_layers = 61\nkimi_k2_cache_bytes = n_layers * (512 + 64) * 2")):
         nb = answered("05_mla", dict(ex5_kimi_k2_cache=answer), base="solutions")
-        (reports[student],) = grade.grade_paths([write(tmp_path, student, "05_mla", nb)])
+        (reports[student],) = grade.grade_paths([write(tmp_path, student, "05_mla", nb)], REFERENCE)
     status = {k: {e.number: (e.status, e.detail) for e in r.exercises}[5] for k, r in reports.items()}
     assert status["computed"][0] == "passed", status
-    assert status["typed"][0] == "failed" and "typed in as a number" in status["typed"][1], status
+    assert status["typed"][0] == "failed" and "typed in" in status["typed"][1], status
 
 
 def test_a_renamed_notebook_is_matched_to_its_lesson_by_its_prefix_08_or_08b():
@@ -688,5 +730,29 @@ def test_a_renamed_notebook_is_matched_to_its_lesson_by_its_prefix_08_or_08b():
     empty = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}).encode()
     for name, lesson in (("08b_mine.ipynb", "08b_ladder_and_ablations.ipynb"),
                          ("08_mine.ipynb", "08_train_llama_vs_gpt2.ipynb")):
-        ref, problem = grade._reference_for(Submission(name, name, "ada"), empty, refs)
+        ref, problem = grade._reference_for(Submission(name, name, "ada"), empty, refs, own=False)
         assert problem is None and ref is refs[lesson], (name, problem)
+
+
+@needs_sandbox
+def test_a_run_stopped_midway_keeps_what_it_graded(tmp_path):
+    """Round 3: the outputs were written only at the end, so a grader stopped by one endless submission lost the
+    class's grades. Each notebook's rows are written as soon as it is graded."""
+    write(tmp_path / "class", "ada", "01_rmsnorm", answered("01_rmsnorm", base="solutions"))
+    write(tmp_path / "class", "zed", "01_rmsnorm", answered("01_rmsnorm", before_first="import time\ntime.sleep(1000)"))
+    csv_path, json_path = tmp_path / "grades.csv", tmp_path / "report.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "modern_block", "grade", str(tmp_path / "class"), "--reference",
+                             str(REFERENCE), "--timeout", "900", "--csv", str(csv_path), "--json-file", str(json_path)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not (json_path.exists() and json_path.read_text().count("\n") >= 1):
+            time.sleep(1)
+        time.sleep(3)  # zed's notebook is running now, for 1,000 s
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+    rows = csv_path.read_text(encoding="utf-8").splitlines()
+    assert rows[0].startswith("student,") and [r.split(",")[0] for r in rows[1:]] == ["ada", "ada"]
+    assert [r["student"] for r in read_report(json_path.read_text(encoding="utf-8"))["notebooks"]] == ["ada"]

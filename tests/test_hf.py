@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from decodes import assert_decodes_agree, cached_logits
 
 import modern_block
 from modern_block import GPT2LM, LlamaStyleLM, generate
@@ -183,8 +184,9 @@ def test_greedy_decoding_matches_hugging_face_generate(case):
     with torch.no_grad():
         theirs = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new, do_sample=False)
     assert cached.shape == (2, 5 + new)
-    assert torch.equal(cached, uncached)
-    assert torch.equal(cached, theirs)
+    assert_decodes_agree(model, lambda s: cached_logits(model, s, 5), uncached, cached, 5, ATOL,
+                         f"{case}: cached against recomputed")
+    assert_decodes_agree(model, lambda s: hf_logits(hf, s), uncached, theirs, 5, ATOL, f"{case}: transformers")
 
 
 # ---------------------------------------------------------------- refusals
@@ -284,7 +286,7 @@ def test_load_pretrained_from_a_saved_folder_and_generate_text(tmp_path):
     out = generate(model, idx, max_new_tokens=6)
     with torch.no_grad():
         theirs = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=6, do_sample=False)
-    assert torch.equal(out, theirs)
+    assert_decodes_agree(model, lambda s: hf_logits(hf, s), out, theirs, 4, ATOL, "transformers against ours")
     text = tokenizer.decode(out[0])
     assert text.startswith("w3 w14 w15 w92") and len(text.split()) == 10
     assert load_pretrained(str(tmp_path), dtype=torch.bfloat16).head.weight.dtype == torch.bfloat16

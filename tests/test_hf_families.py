@@ -9,6 +9,7 @@ band of each rule is used and the positions beyond L₀ are the ones compared.
 
 import pytest
 import torch
+from decodes import assert_decodes_agree, cached_logits
 from test_hf import ATOL, V, hf_logits, randomise, tokens, transformers
 
 from modern_block import LlamaStyleLM, generate
@@ -65,6 +66,18 @@ def hf_family(name: str, seed: int = 0, **overrides):
 
 def long_tokens(length: int = T_LONG) -> torch.Tensor:
     return tokens(length=length)  # [2, length], past L₀
+
+
+@torch.no_grad()
+def hf_cached_logits(hf, idx: torch.Tensor, prefill: int) -> torch.Tensor:
+    """transformers' logits at every position of idx [B, T] through its own cache: the first ``prefill`` tokens at
+    once, then one at a time, as its ``generate`` computes them. [B, T, V]"""
+    out = hf(idx[:, :prefill], use_cache=True)
+    logits = [out.logits]
+    for t in range(prefill, idx.shape[1]):
+        out = hf(idx[:, t:t + 1], cache=out.cache, use_cache=True)
+        logits.append(out.logits)
+    return torch.cat(logits, 1)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -129,9 +142,15 @@ def test_family_greedy_tokens_equal_hugging_face_generate(name):
     with torch.no_grad():
         theirs = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=new, do_sample=False)
     assert ours.shape == (2, 10 + new)
-    assert torch.equal(ours, theirs)
-    if name != "llama-dynamic":  # dynamic NTK re-scales the whole prefix: with a cache, old keys keep old angles
-        assert torch.equal(ours, generate(model, idx, new, use_cache=False))
+    # transformers' cached decode against ours, teacher-forced on ours (with dynamic NTK both follow the length
+    # processed: the logits through each one's cache, step by step)
+    dynamic = name == "llama-dynamic"
+    mine = (lambda s: cached_logits(model, s, 10)) if dynamic else model
+    assert_decodes_agree(mine, lambda s: hf_cached_logits(hf, s, 10) if dynamic else hf_logits(hf, s), ours, theirs,
+                         10, ATOL, f"{name}: transformers against ours")
+    if not dynamic:  # dynamic NTK re-scales the whole prefix: with a cache, old keys keep old angles
+        assert_decodes_agree(model, lambda s: cached_logits(model, s, 10), generate(model, idx, new, use_cache=False),
+                             ours, 10, ATOL, f"{name}: cached against recomputed")
 
 
 @pytest.mark.parametrize("name, family", [("llama3.1", None), ("llama3.2-tied", None), ("llama-dynamic", None),

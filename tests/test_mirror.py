@@ -40,7 +40,9 @@ TESTED_BY = {  # module -> the test files named after its topic (besides tests/t
     "modern_block.classroom.checks.lesson08b": ["test_exercises.py"],
     "modern_block.classroom.checks.lesson09b": ["test_exercises.py"],
     **{f"modern_block.classroom.grading.{name}": ["test_sandbox.py"] for name in (
-        "bwrap", "cgroups", "files", "notebook", "package_copy", "remote", "report", "runner", "session", "wire")},
+        "bwrap", "files", "notebook", "package_copy", "remote", "report", "runner", "session", "wire")},
+    "modern_block.classroom.grading.names": ["test_engine.py"],
+    "modern_block.classroom.grading.autograde": ["test_nbgrader.py"],
 }
 
 EXEMPT = {  # module -> why no test file imports it

@@ -3,6 +3,7 @@ of every attention: the bytes it holds equal the formulas."""
 
 import pytest
 import torch
+from decodes import assert_decodes_agree, cached_logits
 
 from modern_block import GPT2LM, KVCache, LlamaStyleLM, generate, kv_cache_bytes_per_token, mla_cache_bytes_per_token
 from modern_block.kv_cache import LayerCache
@@ -81,7 +82,8 @@ def test_cached_decoding_equals_recomputation(name):
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=0)
     assert cache.length == 12
     prompt = idx[:, :4]
-    assert torch.equal(generate(model, prompt, 10, use_cache=True), generate(model, prompt, 10, use_cache=False))
+    assert_decodes_agree(model, lambda s: cached_logits(model, s, 4), generate(model, prompt, 10, use_cache=False),
+                         generate(model, prompt, 10, use_cache=True), 4, 1e-5, f"{name}: cached against recomputed")
 
 
 @torch.no_grad()
@@ -267,4 +269,6 @@ def test_absorb_forces_one_path_with_or_without_a_cache(absorb):
         blk.attn.absorb = absorb
         setattr(blk.attn, "attend_naive" if absorb else "attend_absorbed", refuse)  # shadows the method
     torch.testing.assert_close(model(idx), want_logits, rtol=1e-4, atol=1e-5)  # no cache: the same logits
-    assert torch.equal(generate(model, idx, 3, use_cache=True), want_tokens)  # cached: the same tokens
+    # cached: the same tokens, by the margin rule (the two paths multiply in another order)
+    assert_decodes_agree(other, lambda s: cached_logits(model, s, 6), want_tokens, generate(model, idx, 3), 6, 1e-4,
+                         f"the {'absorbed' if absorb else 'naive'} path alone against the other")

@@ -59,14 +59,14 @@ def test_cache_append_does_not_reallocate():
 
 def test_benchmark_script_measures_every_path_on_the_same_tokens():
     """benchmarks/cpu_vs_hf.py in miniature, without torch.compile: the converted model, the fast layer
-    (uncompiled) and Hugging Face decode exactly the same tokens, the ratios and their spread come out,
-    the floor is computed, and the cache holds the formula's bytes."""
+    (uncompiled) and Hugging Face decode the same tokens (by the margin rule: they run other kernels), the ratios
+    and their spread come out, the floor is computed, and the cache holds the formula's bytes."""
     pytest.importorskip("transformers")
     bench = load_module("benchmarks/cpu_vs_hf.py")
     ours, hf = bench.build_pair()
     fast_model = fast.prepare(ours, compile=False)
     results = bench.bench_decode(ours, fast_model, hf, 8, repeats=2, compiled=False)
-    assert results["decode8_same_tokens"]
+    assert results["decode8_tokens_agree"]  # the margin rule: the paths run other kernels
     for key in ("decode8_plain_vs_hf", "decode8_fast_vs_plain"):
         lo, hi = results[f"{key}_ratio_range"]
         assert 0 < lo <= results[f"{key}_ratio"] <= hi and results[f"{key}_ratio_best"] > 0
@@ -76,7 +76,7 @@ def test_benchmark_script_measures_every_path_on_the_same_tokens():
     assert floor["weight_bytes_per_token"] == 4 * weights  # fp32: every matrix once, one embedding row
     assert 0 < floor["floor_decode8_fast_fraction"] and "floor_decode8_hf_static_fraction" not in floor
     row = bench.bench_cache_speedup(ours, 8, repeats=1)
-    assert row["speedup8_same_tokens"]
+    assert row["speedup8_tokens_agree"]
     sizes = bench.bench_cache_bytes()
     assert sizes["cache_bytes_gqa"] == sizes["cache_bytes_gqa_formula"] == 307_200
     assert sizes["cache_bytes_mla"] == sizes["cache_bytes_mla_formula"] == 192_000

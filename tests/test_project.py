@@ -27,7 +27,9 @@ def _split(req: str) -> tuple[str, str]:
 def _pyproject_requirements() -> dict[str, str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs: dict[str, str] = {}
-    for r in project["dependencies"] + project["optional-dependencies"]["dev"]:
+    for r in project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]:
+        if r.startswith(project["name"] + "["):  # an extra that pulls others (dev: lab and classroom)
+            continue
         name, spec = _split(r)
         reqs[name] = f"{reqs[name]},{spec}" if name in reqs else spec  # an extra may narrow a requirement
     return reqs
@@ -50,6 +52,20 @@ def test_environment_yml_agrees_with_pyproject():
     assert "torch" in py and py["torch"] == ">=2.5"  # a range: Colab's own torch is never replaced
     assert env == py, f"only in pyproject: {set(py.items()) - set(env.items())}; " \
                       f"only in environment.yml: {set(env.items()) - set(py.items())}"
+
+
+def test_the_core_install_is_the_model_interop_and_training_only():
+    """``pip install modern-block`` pulls no notebook server, no grader and no developer tool; the extras do."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {_split(r)[0] for r in project["dependencies"]}
+    assert {"torch", "safetensors", "transformers", "gguf"} <= core
+    assert not core & {"jupyterlab", "ipywidgets", "nbgrader", "pyseccomp", "pytest", "nbformat"}
+    extras = project["optional-dependencies"]
+    assert {"jupyterlab", "ipywidgets"} <= {_split(r)[0] for r in extras["lab"]}
+    assert {"nbgrader", "pyseccomp"} <= {_split(r)[0] for r in extras["classroom"]}
+    assert "modern-block[lab,classroom]" in extras["dev"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert '-e ".[lab]"' in makefile and '-e ".[dev]"' in makefile  # make lab and make test install what they use
 
 
 def test_python_floor_agrees():

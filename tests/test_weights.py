@@ -1,14 +1,18 @@
 """Weight formats of the fast layer (modern_block/fast/weights.py): int8 rows with per-channel scales keep every
-weight within half a scale step, bf16 and int8 models decode the fp32 model's greedy tokens (or the test names
-the divergence), a tied head stays tied, the bytes per token shrink as the format says, bad input is refused."""
+weight within half a scale step, bf16 and int8 models decode the fp32 model's greedy tokens by the margin rule
+(fast/agreement.py: the same wherever fp32's top-2 margin exceeds twice the format's measured logit error, which
+stays within the format's budget), a tied head stays tied, the bytes per token shrink as the format says, bad
+input is refused."""
 
 import pytest
 import torch
 import torch.nn as nn
+from decodes import assert_decodes_agree
 from test_fast import model_for, prompts
 
 from modern_block import generate
 from modern_block.fast import decoding as fast
+from modern_block.fast.agreement import new_token_logits
 from modern_block.fast.profiling import decode_weight_bytes
 from modern_block.fast.weights import (
     FORMATS,
@@ -59,6 +63,24 @@ def test_the_int8_kernel_computes_the_dequantized_product():
     torch.testing.assert_close(got, want, atol=0.05, rtol=0.02)  # the kernel's input is rounded to bf16
 
 
+# The largest logit error a format may make, as a share of the largest |logit| (fp32's, on the same tokens).
+# Measured on SmolLM2 (lesson 10's prompt, 16 tokens): bf16 0.53 of 37.6 (1.4%; 0.545, 1.45%, with the CPU's bf16
+# instructions off), int8 1.70 (4.5%), with torch 2.13.0 and 2.14.1; on the tiny models below at most 1.37% and
+# 3.99%. The budget leaves 1.38x and 1.8x over the worst measured: a larger error is not rounding but a wrong kernel.
+LOGIT_BUDGET = {"bf16": 0.02, "int8": 0.08}
+
+
+def hold_to_fp32(model, fast_model, idx, n, fmt):
+    """Decode n tokens with the plain fp32 model and the format's; hold them to the margin rule
+    (tests/decodes.py) with the logit error within the format's budget."""
+    want, got = generate(model, idx, n), fast.generate(fast_model, idx, n)  # [B, T0 + n] each
+    with torch.no_grad():
+        largest = model(want).abs().amax().item()
+    cmp = assert_decodes_agree(model, fast_model.model, want, got, idx.shape[1], LOGIT_BUDGET[fmt] * largest,
+                               f"{fmt} against fp32")
+    return want, got, cmp
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "int8"])
 @pytest.mark.parametrize("name", ["gqa-qknorm", "mqa-tied-llama", "qwen3-head_dim12-tied", "gpt2", "mla"])
 def test_each_format_decodes_the_fp32_tokens_up_to_a_divergence_its_margin_explains(name, fmt):
@@ -68,7 +90,6 @@ def test_each_format_decodes_the_fp32_tokens_up_to_a_divergence_its_margin_expla
     model = model_for(name)
     idx = prompts()
     T0, n = idx.shape[1], 12
-    want = generate(model, idx, n)  # [B, T0 + n]
     fast_model = fast.prepare(model, compile=False, weights=fmt)
     m = fast_model.model
     assert m.tied == model.tied  # a tied head still shares the embedding's storage
@@ -77,19 +98,11 @@ def test_each_format_decodes_the_fp32_tokens_up_to_a_divergence_its_margin_expla
     assert any(isinstance(x, stored) for x in m.modules())
     kept = [n for n, x in m.named_modules() if type(x) is nn.Linear and x.bias is None]
     assert all(n.endswith(("w_uk", "w_uv")) for n in kept)  # besides biased linears only MLA's absorbed ones stay
-    got = fast.generate(fast_model, idx, n)
-    with torch.no_grad():
-        ref, mine = model(want)[:, T0 - 1:-1], m(want)[:, T0 - 1:-1]  # logits of each new token [B, n, V]
-    err = (mine - ref).abs().amax().item()
-    assert err < (0.02 if fmt == "bf16" else 0.08) * ref.abs().amax().item()
-    for b in range(idx.shape[0]):
-        differ = (got[b, T0:] != want[b, T0:]).nonzero()
-        if len(differ) == 0:
-            continue
-        p = int(differ[0])
-        margin = (ref[b, p].max() - ref[b, p, got[b, T0 + p]]).item()  # fp32's preference for its own token
-        assert margin <= 2 * err, f"{fmt} diverges at new token {p} where fp32 leads by {margin:.3f} > 2 x {err:.3f}"
-        assert int(mine[b, p].argmax()) == int(got[b, T0 + p])  # the format's own choice, by its cached decode
+    want, got, cmp = hold_to_fp32(model, fast_model, idx, n, fmt)
+    mine = new_token_logits(m, want, T0)  # the format's teacher-forced logits [B, n, V]
+    for b, a in enumerate(cmp.outcomes):
+        if a.flip is not None:  # the format's own choice, by its cached decode
+            assert int(mine[b, a.flip].argmax()) == int(got[b, T0 + a.flip])
     ratio = decode_weight_bytes(m) / decode_weight_bytes(fast.prepare(model, compile=False).model)
     limit = {"gpt2": 0.97, "mla": 0.6}.get(name, 0.52) if fmt == "bf16" else {"gpt2": 0.97, "mla": 0.4}.get(name, 0.3)
     assert ratio < limit  # GPT-2's linears are biased (only its head is converted); MLA keeps W_UK and W_UV
@@ -105,12 +118,16 @@ def smollm2():
 
 @pytest.mark.parametrize("fmt", ["bf16", "int8"])
 def test_smollm2_decodes_the_fp32_answer_in_each_format(smollm2, fmt):
-    """The real checkpoint, lesson 10's chat prompt: 16 greedy tokens identical to fp32's."""
+    """The real checkpoint, lesson 10's chat prompt, 16 greedy tokens held to fp32's by the margin rule: the same
+    wherever fp32's top-2 margin exceeds twice the format's logit error (bf16 flips the first token on some CPUs
+    and torches, where fp32 leads by 0.08 against a bound near 1: reported, not failed)."""
     model, tok = smollm2
     chat = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                    add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
     fast_model = fast.prepare(model, compile=False, weights=fmt)
-    assert torch.equal(fast.generate(fast_model, chat, 16), generate(model, chat, 16))
+    want, _, cmp = hold_to_fp32(model, fast_model, chat, 16, fmt)
+    assert "Paris" in tok.decode(want[0, chat.shape[1]:])  # fp32's answer, the reference
+    assert len(cmp.outcomes) == 1 and cmp.outcomes[0].steps == 16
     per_weight = 2 if fmt == "bf16" else 1
     assert decode_weight_bytes(fast_model.model) < per_weight * decode_weight_bytes(model) / 4 * 1.01
 

@@ -19,6 +19,7 @@ that another nbformat version laid out differently is not reported as stale.
 
     python -m modern_block exercises build           # (re)write exercises/ from solutions/
     python -m modern_block exercises build --check   # list stale files and exit 1; write nothing
+    python -m modern_block exercises course DIR      # an nbgrader course: its config and source/ from solutions/
 """
 
 from __future__ import annotations
@@ -194,6 +195,32 @@ def build(root: Path | None = None, check: bool = False) -> list[str]:
     return changes
 
 
+def course(folder: Path, lessons: list[str] | None = None, root: Path | None = None) -> list[str]:
+    """An nbgrader course in ``folder``: ``nbgrader_config.py`` (the course's autograde engine in place of
+    nbgrader's kernel; kept when it exists) and ``source/<lesson>/<lesson>.ipynb`` from each solution notebook
+    (its markers, ids and points are nbgrader's). Returns one line per file written."""
+    from .grading.autograde import CONFIG
+
+    src_dir = (Path(root) if root is not None else default_root()) / SOLUTIONS
+    names = sorted(p.stem for p in src_dir.glob("*.ipynb"))
+    unknown = sorted(set(lessons or []) - set(names))
+    if not names or unknown:
+        raise FileNotFoundError(f"no solution notebook {', '.join(unknown)} in {src_dir}" if unknown
+                                else f"no {SOLUTIONS}/ notebooks in {src_dir.parent}")
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    config = folder / "nbgrader_config.py"
+    if not config.exists():
+        config.write_text(CONFIG, encoding="utf-8")
+        written.append(f"{config}: written")
+    for name in lessons or names:
+        dst = folder / "source" / name / f"{name}.ipynb"
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes((src_dir / f"{name}.ipynb").read_bytes())
+        written.append(f"{dst}: written (from {SOLUTIONS}/{name}.ipynb)")
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m modern_block exercises",
                                      description="Generate the exercise notebooks from the solution notebooks.")
@@ -201,8 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="write exercises/ from solutions/")
     b.add_argument("--check", action="store_true", help="only list stale exercise notebooks; exit 1 if any")
     b.add_argument("--root", type=Path, default=None, help="folder holding solutions/ and exercises/")
+    c = sub.add_parser("course", help="write an nbgrader course (nbgrader_config.py, source/) from solutions/")
+    c.add_argument("folder", type=Path, help="the course folder (created; its nbgrader_config.py is kept)")
+    c.add_argument("--lessons", nargs="+", default=None, help="only these lessons (01_rmsnorm ...)")
+    c.add_argument("--root", type=Path, default=None, help="folder holding solutions/")
     args = parser.parse_args(argv)
     try:
+        if args.command == "course":
+            for line in course(args.folder, args.lessons, args.root):
+                print(line)
+            return 0
         changes = build(args.root, check=args.check)
     except (SolutionMarkerError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -11,7 +11,16 @@ tools that measure where decoding time goes. The model files never import it.
 * ``profiling``: operators per call and their time, the bytes of weights a decoded token reads, memory bandwidth.
 """
 
-from .agreement import Agreement, check_agreement, greedy_agreement, logit_error
+from .agreement import (
+    Agreement,
+    DecodeComparison,
+    cached_logits,
+    check_agreement,
+    compare_decodes,
+    greedy_agreement,
+    logit_error,
+    new_token_logits,
+)
 from .decoding import COMPILE_OPTIONS, FastLM, cache_capacity, generate, prepare
 from .fused import FusedGQAttention, FusedSwiGLU, fuse_linears, fused_copy
 from .profiling import OpProfile, decode_step_seconds, decode_weight_bytes, memory_bandwidth, profile_ops
@@ -23,5 +32,6 @@ __all__ = ["prepare", "generate", "FastLM", "cache_capacity", "COMPILE_OPTIONS",
            "fused_copy", "fuse_linears", "FusedGQAttention", "FusedSwiGLU", "StaticKVCache", "StaticLayerCache",
            "profile_ops", "OpProfile", "decode_weight_bytes", "memory_bandwidth",
            "decode_step_seconds", "FORMATS", "Agreement", "greedy_agreement", "check_agreement", "logit_error",
+           "DecodeComparison", "compare_decodes", "new_token_logits", "cached_logits",
            "convert_weights", "quantize_int8", "dequantize_int8", "W8A8Linear", "activation_ranges",
            "quantize_activations"]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kv_cache import KVCache
+
 
 def logit_error(ref_logits: torch.Tensor, other_logits: torch.Tensor) -> float:
     """The largest absolute difference between two models' logits on the same tokens (any shape, same for both)."""
@@ -79,3 +81,58 @@ def check_agreement(ref_logits: torch.Tensor, ref_tokens: torch.Tensor, other_to
         if not a.explained:
             raise AssertionError(f"{what}, sequence {b}: {a}")
     return results
+
+
+@dataclass(frozen=True)
+class DecodeComparison:
+    """Two greedy decodes of the same prompts held to the margin rule: ``err``, the largest logit difference of
+    the two numerics on the reference's tokens, and one ``Agreement`` per sequence."""
+
+    err: float
+    outcomes: list[Agreement]
+
+    @property
+    def same(self) -> bool:
+        return all(a.same for a in self.outcomes)
+
+    def __str__(self) -> str:
+        parts = [f"sequence {b}: {a}" for b, a in enumerate(self.outcomes) if not a.same]
+        return (f"largest logit difference {self.err:.2e}; "
+                + ("; ".join(parts) if parts else f"the same tokens in all {len(self.outcomes)} sequences"))
+
+
+def cached_logits(model, idx: torch.Tensor, prefill: int) -> torch.Tensor:
+    """A plain model's logits at every position of idx [B, T] through its own KV cache, as ``generate`` computes
+    them: the first ``prefill`` tokens at once, then one at a time (a forward for ``compare_decodes`` that holds a
+    cached decode to the margin rule). [B, T, V]"""
+    cache = KVCache(len(model.blocks), idx.shape[1])
+    with torch.inference_mode():
+        first = model(idx[:, :prefill], cache)  # [B, prefill, V]
+        steps = [model(idx[:, t:t + 1], cache) for t in range(prefill, idx.shape[1])]  # [B, 1, V] each
+    return torch.cat([first, *steps], 1)
+
+
+def new_token_logits(forward, seq: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """The logits that chose the new tokens of seq [B, prompt_len + n], teacher-forced: ``forward`` (tokens
+    [B, T] -> logits [B, T, V]) runs once over seq[:, :-1]. Returns [B, n, V]."""
+    with torch.inference_mode():
+        return forward(seq[:, :-1])[:, prompt_len - 1:]
+
+
+def compare_decodes(ref_forward, other_forward, ref_seq: torch.Tensor, other_seq: torch.Tensor, prompt_len: int,
+                    what: str = "the two decodes") -> DecodeComparison:
+    """Hold the greedy decode other_seq to the reference's ref_seq (both [B, prompt_len + n], the same prompts).
+
+    The logit error is measured on the reference's tokens, where both numerics see the same context:
+    ``ref_forward`` and ``other_forward`` (tokens [B, T] -> logits [B, T, V], no cache) run teacher-forced over
+    ref_seq. Raises ``AssertionError`` (``check_agreement``) at a flip the error does not explain.
+    """
+    if ref_seq.shape != other_seq.shape or ref_seq.dim() != 2 or not 0 < prompt_len < ref_seq.shape[1]:
+        raise ValueError(f"ref_seq and other_seq must be [B, prompt_len + n] with n >= 1 and the same shape; got "
+                         f"{tuple(ref_seq.shape)}, {tuple(other_seq.shape)} and prompt_len={prompt_len}")
+    if not torch.equal(ref_seq[:, :prompt_len], other_seq[:, :prompt_len]):
+        raise ValueError(f"ref_seq and other_seq must start with the same {prompt_len}-token prompts")
+    ref_logits = new_token_logits(ref_forward, ref_seq, prompt_len)  # [B, n, V]
+    err = logit_error(ref_logits, new_token_logits(other_forward, ref_seq, prompt_len))
+    outcomes = check_agreement(ref_logits, ref_seq[:, prompt_len:], other_seq[:, prompt_len:], err, what)
+    return DecodeComparison(err, outcomes)

@@ -68,7 +68,7 @@ class Lesson:
 
     def __init__(self, browser, lab, notebook: Path):
         self.notebook = notebook
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.context = browser.new_context(viewport={"width": 1280, "height": 800})
         lab_h.keep_offline(self.context, lab)
         self.page = self.context.new_page()
         self.page.set_default_timeout(60_000)
@@ -124,3 +124,4 @@ def _lesson_fixture(prefix: str):
 
 rope_lesson = _lesson_fixture("03")
 kv_cache_lesson = _lesson_fixture("04")
+config_lesson = _lesson_fixture("11")

@@ -5,6 +5,9 @@ Used by the browser tests (tests/browser/test_jupyterlab.py) and by scripts/scre
 * ``JupyterLab`` starts ``jupyter lab`` on 127.0.0.1 with a random free port, a random token and its own
   settings, workspaces, runtime, config and data folders, serving a temporary copy of the notebooks; ``stop()``
   shuts the server down through its API and then kills its process group and any kernel it started.
+* ``JupyterLab`` also takes the course's JupyterLab defaults, ``scripts/jupyterlab_overrides.json``, exactly as
+  ``make lab`` installs them (an ``overrides.d`` file in its settings folder): the widgets' state is saved with
+  the notebook, so a lesson reopened after a run shows its widgets.
 * ``launch_chromium`` starts Debian's Chromium (never a downloaded browser) through Playwright.
 * ``open_notebook``, ``run_cells`` and ``widget_cells`` open a lesson in JupyterLab, find the cells that display
   a widget and the cells those need (a small slice of the lesson, found from the names each cell defines and uses),
@@ -37,6 +40,7 @@ CHROMIUM = os.environ.get("MODERN_BLOCK_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage"]
+OVERRIDES = Path(__file__).resolve().parents[2] / "scripts" / "jupyterlab_overrides.json"  # what make lab installs
 SERVER_START_S = 120  # first start of JupyterLab on a loaded 2-core machine can be slow
 CELL_RUN_S = 90
 
@@ -75,9 +79,12 @@ class JupyterLab:
         return f"{self.base_url}/{path.lstrip('/')}{sep}token={self.token}"
 
     def _env(self) -> dict:
-        dirs = {name: self.work_dir / name for name in ("settings", "workspaces", "runtime", "config", "data")}
+        dirs = {name: self.work_dir / name for name in ("settings", "workspaces", "runtime", "config", "data",
+                                                        "app_settings")}
         for d in dirs.values():
             d.mkdir(parents=True, exist_ok=True)
+        (dirs["app_settings"] / "overrides.d").mkdir(exist_ok=True)
+        shutil.copyfile(OVERRIDES, dirs["app_settings"] / "overrides.d" / "modern-block.json")
         for rel, value in LAB_SETTINGS.items():
             path = dirs["settings"] / rel
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +104,8 @@ class JupyterLab:
                f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root_dir}",
                "--ServerApp.open_browser=False", "--ServerApp.terminals_enabled=False", "--LabApp.news_url=",
-               "--LabApp.extension_manager=readonly"]
+               "--LabApp.extension_manager=readonly",
+               f"--LabApp.app_settings_dir={self.work_dir / 'app_settings'}"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and CI often run as root
             cmd.append("--allow-root")
         env = self._env()  # creates work_dir and the server's folders
@@ -289,12 +297,12 @@ WIDGET_OUTPUT = "application/vnd.jupyter.widget-view+json"
 
 
 QUIZ_CALL = re.compile(r"\bquiz\(")
-WIDGET_MAKERS = re.compile(r"quiz|explorer|calculator|widget_bundle|interactive")
+WIDGET_MAKERS = re.compile(r"quiz|explorer|calculator|reader|widget_bundle|interactive")
 
 
 def _shows_a_widget(source: str) -> bool:
     """For a notebook saved without outputs: does a top-level expression of the cell display a widget
-    (``quiz(...)``, ``display(rope_explorer())``, ``display(widget_bundle(...))``, ``cache_calculator()``)?"""
+    (``quiz("03_rope")``, ``rope_explorer()``, ``cache_calculator()``, ``config_reader()``)?"""
     def called(node):
         return node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else ""
 
@@ -363,6 +371,15 @@ def open_notebook(page, lab: JupyterLab, name: str, timeout_s: float = 120):
 def _api(lab: JupyterLab, path: str):
     with LOCAL.open(lab.url(f"api/{path}"), timeout=10) as r:
         return json.load(r)
+
+
+def lab_settings(lab: JupyterLab, plugin: str) -> dict:
+    """The settings JupyterLab gives a plugin: its schema's defaults (with the overrides applied) under the user's
+    own."""
+    with LOCAL.open(lab.url(f"lab/api/settings/{plugin}"), timeout=10) as r:
+        found = json.load(r)
+    defaults = {k: v.get("default") for k, v in found["schema"].get("properties", {}).items()}
+    return defaults | found["settings"]
 
 
 def wait_kernel_ready(page, lab: JupyterLab, name: str, timeout_s: float = 120):
@@ -440,6 +457,19 @@ def hide_left_sidebar(page) -> None:
         page.keyboard.press("Escape")
         page.keyboard.press("Control+b")
         page.locator("#jp-left-stack.lm-mod-hidden").wait_for(state="attached")
+
+
+def show_left_sidebar(page) -> None:
+    """Open the file browser again (the width a learner has with it open)."""
+    if page.locator("#jp-left-stack.lm-mod-hidden").count():
+        page.keyboard.press("Escape")
+        page.keyboard.press("Control+b")
+        page.locator("#jp-left-stack:not(.lm-mod-hidden)").wait_for(state="attached")
+
+
+def cell_source(cell_locator) -> str:
+    """The code a learner sees in a cell's editor."""
+    return cell_locator.locator(".jp-InputArea-editor").inner_text()
 
 
 def control(scope, kind: str, description: str):
@@ -537,3 +567,56 @@ def open_and_run_widgets(page, lab: JupyterLab, notebook: Path, kind: str = "les
     run_cells(panel, to_run)
     return panel, {"lesson": [cell(panel, i) for i in targets if i not in quizzes],
                    "quiz": [cell(panel, i) for i in targets if i in quizzes]}
+
+
+# ---- a whole lesson: run all, save, close, reopen -----------------------------------------------------------------
+
+
+def run_all(page, panel, timeout_s: float = 300) -> None:
+    """Run > Run All Cells, as a learner does, and wait until every code cell shows its ``[n]:``."""
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
+    code = panel.locator(".jp-Notebook .jp-CodeCell")
+
+    def done():
+        prompts = code.locator(".jp-InputPrompt").all_inner_texts()
+        return all(re.fullmatch(r"\[\d+\]:", p.strip()) for p in prompts)
+
+    wait_until(done, timeout_s, what="every cell to run", interval_s=1, page=page)
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator[data-status='idle']") \
+        .first.wait_for(timeout=timeout_s * 1000)
+
+
+def save_notebook(page, lab: JupyterLab, name: str, timeout_s: float = 60) -> None:
+    """File > Save (Ctrl+S) and wait until the file on disk is newer than before."""
+    path = Path(lab.root_dir) / name
+    before = path.stat().st_mtime_ns
+    page.keyboard.press("Escape")
+    page.keyboard.press("Control+s")
+    wait_until(lambda: path.stat().st_mtime_ns != before, timeout_s, what=f"{name} to be saved", page=page)
+    page.wait_for_timeout(500)  # the file is written in one go, but give the server a moment
+
+
+def shut_down_kernel(lab: JupyterLab, name: str) -> None:
+    """End the notebook's session and its kernel (what closing JupyterLab for the day does)."""
+    for s in _api(lab, "sessions"):
+        if s.get("path") == name:
+            req = urllib.request.Request(lab.url(f"api/sessions/{s['id']}"), method="DELETE")
+            LOCAL.open(req, timeout=30).close()
+
+
+def shown_output(output_locator) -> str:
+    """What one output (a ``.jp-OutputArea-output``) shows a learner: "widget", "widget error", "html", "image" or
+    "text" (a repr). The renderer's classes sit on the output element itself."""
+    text = output_locator.inner_text()
+    if WIDGET_FAILURES.search(text):
+        return "widget error"
+    classes = output_locator.evaluate("e => [...e.classList, ...[...e.querySelectorAll('*')].flatMap(c => "
+                                      "[...c.classList])]")
+    if "jupyter-widgets" in classes:
+        return "widget"
+    if "jp-RenderedHTMLCommon" in classes:
+        return "html"
+    if "jp-RenderedImage" in classes:
+        return "image"
+    return "text"

@@ -1,31 +1,55 @@
-"""Checks for the exercise notebooks: does the student's code agree with the package, and if not, why?
+"""Checks for the exercise notebooks: does the student's answer agree with the package, and if not, why?
 
-Each ``check_*`` takes the student's function or class, runs it next to the package's reference
-implementation on several inputs (shapes, batch 1 and > 1, float32 / float16 / bfloat16, tiny
-magnitudes, long positions, one KV head ...) and
+Each ``check_x(answer, mode=None)`` runs the student's function, class or value on several cases next to a
+float64 reference and
 
-* prints one line ``✓ check_x passed (...)`` when everything agrees;
-* raises ``NotAttempted`` when the code still raises ``NotImplementedError`` (the exercise stub);
+* prints ``✓ check_x passed (...)`` when everything agrees;
+* raises ``NotAttempted`` while the answer is the exercise's stub (``NotImplementedError``, or a value still None);
 * raises ``CheckFailed`` with a diagnosis otherwise (in a Jupyter notebook both are printed instead).
 
-A diagnosis names the likely mathematical mistake: the check computes the outputs of the common
-wrong formulas itself (LayerNorm's mean subtraction, eps outside the square root, the other RoPE
-layout, tiled KV heads, no causal mask, ...) and reports the one the student's output matches in every
-failing case.
-The formula is judged first, on float32 inputs; only then come precision (fp32 upcast), dtype and
-shape complaints, so a secondary problem never hides a wrong formula.
+What a message says. A known mistake is named only when it alone computes the student's output in every failing
+case and fails no passing case; when several do and no case tells them apart, all are named ("one of"); otherwise
+the message says where the output differs. No message lets a student compute a target: a failing case shows its
+inputs and the student's output, a number that is off is described by its direction and a rough band, and a value
+item never prints its answer (``verdict``). The formula is judged first; dtype, type and shape complaints come
+after (``run.require``), so a secondary problem never hides a wrong formula.
 
-Both exceptions subclass ``AssertionError``; the grader (``modern_block.classroom.grade``) tells them apart.
-Every check runs in well under a second on a CPU and leaves the global random state untouched.
+Modes (``mode.Mode``): the notebook (failures print, the package looks as the grader shows it while the student's
+code runs), a script or test (failures raise), the grader (inputs and grader-only cases drawn from its secret,
+nothing printed). Every check has grader-only cases, so a table of answers harvested from the notebook passes none;
+a value item must be computed in its cell, not typed in or looked up (``in_notebook``). What each exercise hides is
+``hiding.HIDES``; the grader's copy of the package is built from it.
 
-Layout: ``core`` (the shared machinery), ``reference`` (float64 formulas with a knob per mistake) and
-one module per lesson, ``lesson00`` ... ``lesson11``, ``lesson08b`` and ``lesson09b``; ``verdict`` names a
-mistake only when it explains every failing case; ``in_notebook`` is the student's loop (no check stops Run All;
-``summary()`` at the end). Under ``graded(secret)`` (the grader's mode) the inputs are drawn from the secret and
-nothing is printed.
+Writing a check (``lesson11.py`` is a short example; a new exercise of a lesson goes in that lesson's module and
+in ``__all__`` below, and its hidden pieces in ``hiding.HIDES``)::
+
+    def _count(d, n_layers, *, head=True):                  # the right answer, a knob per mistake
+        return ...
+
+    MISTAKES = [                                            # one record per known mistake
+        Mistake("the head was not counted: ...",            # what the teacher says
+                dict(head=False),                           # how it computes: the reference's knobs,
+                when=lambda c: not c.tied),                 #   or a function of the case; where it applies
+    ]
+
+    @exercise_check                                         # value="name" for a value item
+    def check_count(run: CheckRun, count) -> str:
+        public = [Case("count(768, 12)", partial(_count, 768, 12), (768, 12), tied=False)]
+
+        def secret(g):                                      # the grader-only cases, drawn from the secret
+            return [Case(...) for _ in range(3)]
+
+        for case in run.cases(public, secret, seed=300):    # one loop over the cases
+            got = run.call(case.text, count, *case.args)    # the student's code, on fresh copies
+            run.judge_int(case, got, MISTAKES)              # judge, judge_number, judge_equal for other kinds
+        return "1 case ..."                                 # the success line's summary
+
+Layout: ``core`` (Mistake, Case, CheckRun, the decorator), ``verdict`` (naming and wording), ``mode``,
+``hiding`` (what each exercise hides, the grader's view of the package), ``in_notebook`` (the student's loop and
+how a value item is read), ``reference`` (float64 formulas with a knob per mistake) and one module per lesson.
 """
 
-from .core import CheckFailed, NotAttempted, graded
+from .core import Case, CheckFailed, CheckRun, Mistake, NotAttempted
 from .in_notebook import summary
 from .lesson00 import check_causal_attention, check_gpt2_attention, check_gpt2_block_params, check_gpt2_small_params
 from .lesson01 import check_rms, check_rmsnorm
@@ -46,10 +70,17 @@ from .lesson08b import check_holm, check_verdict
 from .lesson09 import check_dequantize_q4_0, check_smollm2_cache_bytes, check_unpermute_qk
 from .lesson09b import check_llama3_rope_scaling, check_ntk_scaled_base
 from .lesson10 import check_bytes_per_token, check_floor_ms, check_quantize_row_int8
-from .lesson11 import check_active_parameters, check_kv_bytes_per_token, check_smallest_multiple_of
+from .lesson11 import (
+    check_active_parameters,
+    check_kv_bytes_per_token,
+    check_kv_cache_at,
+    check_moe_ffn_parameters,
+    check_smallest_multiple_of,
+)
+from .mode import Mode, answer_sources, graded
 
 __all__ = [
-    "CheckFailed", "NotAttempted", "graded", "summary",
+    "CheckFailed", "NotAttempted", "Mode", "graded", "answer_sources", "summary", "Case", "CheckRun", "Mistake",
     "check_gpt2_block_params", "check_causal_attention", "check_gpt2_attention", "check_gpt2_small_params",
     "check_rms", "check_rmsnorm",
     "check_swiglu_hidden_dim", "check_swiglu", "check_ffn_weight_count", "check_llama3_70b_d_ff",
@@ -64,5 +95,6 @@ __all__ = [
     "check_smollm2_cache_bytes", "check_dequantize_q4_0", "check_unpermute_qk",
     "check_llama3_rope_scaling", "check_ntk_scaled_base",
     "check_bytes_per_token", "check_floor_ms", "check_quantize_row_int8",
-    "check_kv_bytes_per_token", "check_smallest_multiple_of", "check_active_parameters",
+    "check_kv_bytes_per_token", "check_smallest_multiple_of", "check_active_parameters", "check_moe_ffn_parameters",
+    "check_kv_cache_at",
 ]

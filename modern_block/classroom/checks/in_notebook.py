@@ -1,51 +1,29 @@
-"""The checks in a Jupyter notebook: the student's loop.
+"""The student's loop in Jupyter, and how a value item's answer is read.
 
 * A failing or not-attempted check prints its message (``✗`` / ``…``, on stderr) instead of raising, so Run All
   goes to the end of the notebook (nbgrader's autograde, which runs the notebook in a kernel too, scores a check
   cell with output on stderr as failed, as one that raised); ``summary()``, the notebook's last cell, lists
   every check that ran and its result.
-* While the student's code runs inside a check, the package's own implementation of what the exercise asks
-  for (the check's ``components``) raises, as it does in the grader's copy of the package: handing in
-  ``modern_block.rope_cache``, subclassing it or calling it from one's own function is flagged here too.
-* A value item typed in as a number literal is recognised from the notebook's input history.
-
-A notebook is an IPython kernel (Jupyter, JupyterLab, VS Code, Colab); anywhere else (a script, pytest, the
-grader) the checks raise as before.
+* A value item whose text asks for it computed is read from the cells that ran (the notebook's input history,
+  or the submission's cells in the grader): the latest cell that assigns it must compute it. A number, or
+  arithmetic on numbers only (``124_439_808 * 1``, ``int('124439808')``, ``7 * 4096``), is typed in; a read of a
+  table of answers (``PRESETS``) is looked up. The notebook and the grader read the same cells the same way.
+* In a notebook that cell runs again, in a copy of the student's variables, with the exercise's pieces hidden
+  (``hiding.grader_view``): a value computed with the package's own answer fails here as it does in the grader.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
-import contextvars
+import io
 import sys
-import types
+
+from .mode import answer_sources  # noqa: F401  (the grader's way of passing the submission's cells)
 
 _RESULTS: dict[str, tuple[str, str]] = {}  # check name -> (status, message): the latest run of each
-_FORCED: list[bool] = []
-
-
-def active() -> bool:
-    """Whether the checks run in a Jupyter kernel (or in ``notebook_mode()``)."""
-    if _FORCED:
-        return _FORCED[-1]
-    shell = _shell()
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
-@contextlib.contextmanager
-def notebook_mode(on: bool = True):
-    """Behave as in a notebook (or not) inside the block, whatever runs it (for tests)."""
-    _FORCED.append(on)
-    try:
-        yield
-    finally:
-        _FORCED.pop()
-
-
-def _shell():
-    ipython = sys.modules.get("IPython")
-    return ipython.get_ipython() if ipython is not None else None
+_PURE = {"int", "float", "round", "abs", "pow", "eval", "str", "sum", "max", "min", "divmod", "complex"}
 
 
 def report(name: str, error: BaseException | None, summary: str = "") -> None:
@@ -91,118 +69,123 @@ def summary() -> None:
     print(summary_text())
 
 
-# ---- the package's own implementations, hidden while the student's code runs ---------------------------
+# ---- value items ---------------------------------------------------------------------------------------
 
 
-def _targets(name: str):
-    """(owner, attribute) pairs to replace for the component ``name`` (``f``, ``Class`` or ``Class.method``),
-    among the package's loaded modules outside the classroom."""
-    top, _, method = name.partition(".")
-    for module_name, module in list(sys.modules.items()):
-        if not module_name.startswith("modern_block.") or module_name.startswith("modern_block.classroom"):
-            continue
-        obj = vars(module).get(top)
-        if obj is None or getattr(obj, "__module__", None) != module_name:
-            continue
-        if isinstance(obj, type):
-            attrs = [method] if method else [k for k, v in vars(obj).items() if isinstance(v, types.FunctionType)]
-            yield from ((obj, a) for a in attrs if isinstance(vars(obj).get(a), types.FunctionType))
-        elif isinstance(obj, types.FunctionType) and not method and not obj.__code__.co_freevars:
-            yield obj, None
+def _statements(body: list[ast.stmt]):
+    """The statements of a cell that run in its namespace: the top level and the blocks of with, if, for, while
+    and try (not the bodies of functions and classes)."""
+    for stmt in body:
+        yield stmt
+        if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for field in ("body", "orelse", "finalbody"):
+                yield from _statements(getattr(stmt, field, []))
+            for handler in getattr(stmt, "handlers", []):
+                yield from _statements(handler.body)
 
 
-def _raising_code(message: str) -> types.CodeType:
-    namespace: dict = {}
-    exec(f"def hidden(*args, **kwargs):\n    raise RuntimeError({message!r})\n", namespace)
-    return namespace["hidden"].__code__
-
-
-@contextlib.contextmanager
-def hiding(components: tuple[str, ...]):
-    """Inside the block, the package's ``components`` raise the grader's message when called."""
-    if not components:
-        yield
-        return
-    from ..grading.package_copy import hidden_message
-
-    undo = []
+def _assignments(source: str, name: str) -> list[ast.expr]:
+    """The values a cell assigns to ``name`` in its namespace, in order."""
     try:
-        for name in components:
-            for owner, attr in _targets(name):
-                code = _raising_code(hidden_message(name))
-                if attr is None:  # a function: every reference to it (from ... import) sees the new code
-                    undo.append((owner, "__code__", owner.__code__))
-                    owner.__code__ = code
-                else:
-                    original = vars(owner)[attr]
-                    replacement = types.FunctionType(code, original.__globals__, attr)
-                    undo.append((owner, attr, original))
-                    setattr(owner, attr, replacement)
-        yield
-    finally:
-        for owner, attr, original in reversed(undo):
-            setattr(owner, attr, original)
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a student's cell: any parse failure
+        return []
+    found = []
+    for stmt in _statements(tree.body):
+        if isinstance(stmt, ast.Assign):
+            targets, value = stmt.targets, stmt.value
+        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+            targets, value = [stmt.target], stmt.value
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            found.append(value)
+    return found
 
 
-# ---- value items -------------------------------------------------------------------------------------
+def answer_cell(sources, name: str) -> tuple[str, ast.expr] | None:
+    """The latest cell that assigns ``name`` (outside a function), and the value it assigns last."""
+    for source in reversed(list(sources)):
+        if name in source and (values := _assignments(source, name)):
+            return source, values[-1]
+    return None
 
 
-def _is_literal(node: ast.AST) -> bool:
+def _literal_only(node: ast.AST) -> bool:
+    """Numbers and strings, and arithmetic or builtin conversions of them only: no name of the problem."""
     if isinstance(node, ast.Constant):
-        return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+        return isinstance(node.value, (int, float, str, complex)) and not isinstance(node.value, bool)
     if isinstance(node, ast.UnaryOp):
-        return _is_literal(node.operand)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("int", "float"):
-        return len(node.args) == 1 and _is_literal(node.args[0])
+        return _literal_only(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _literal_only(node.left) and _literal_only(node.right)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return all(_literal_only(e) for e in node.elts)
+    if isinstance(node, ast.Call):
+        func = node.func
+        pure = (isinstance(func, ast.Name) and func.id in _PURE) or (
+            isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "math")
+        return pure and all(_literal_only(a) for a in node.args) and all(_literal_only(k.value) for k in node.keywords)
     return False
 
 
-_SOURCES: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("modern_block_answer_sources",
-                                                                                  default=None)
+def _resolved(sources, value: ast.expr, depth: int = 0) -> ast.expr:
+    """``value`` with a bare name (or a conversion of one, ``int(x)``) replaced by what the cells assigned to it."""
+    inner = value
+    if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id in _PURE and \
+            len(inner.args) == 1 and not inner.keywords:
+        inner = inner.args[0]
+    if depth < 8 and isinstance(inner, ast.Name) and not hasattr(builtins, inner.id):
+        found = answer_cell(sources, inner.id)
+        if found is not None:
+            return _resolved(sources, found[1], depth + 1)
+    return value
 
 
-@contextlib.contextmanager
-def answer_sources(sources: list[str]):
-    """Inside the block ``typed_in`` reads these cell sources (in the order they ran) instead of the notebook's
-    input history: the grader, which runs the checks outside the student's process, passes the submission's
-    cells this way, so a value typed in fails there too (one context per grading thread)."""
-    token = _SOURCES.set(tuple(sources))
+def not_computed(sources, name: str, tables: tuple[str, ...]) -> str | None:
+    """Why the latest cell assigning ``name`` does not compute it (typed in, or read from one of ``tables``), or
+    None when it does (or no cell assigns it)."""
+    found = answer_cell(sources, name)
+    if found is None:
+        return None
+    value = _resolved(sources, found[1])
+    if _literal_only(value):
+        return (f"{name} is typed in (a number, or arithmetic on numbers only); the exercise asks for it computed: "
+                "name the model's sizes (n_layers = 61, ...) and write the formula with those names, or call a "
+                "function of your own, so the cell shows how the value comes about.")
+    read = sorted({n.id for n in ast.walk(value) if isinstance(n, ast.Name)} |
+                  {n.attr for n in ast.walk(value) if isinstance(n, ast.Attribute)})
+    looked_up = [t for t in tables if t in read]
+    if looked_up:
+        return (f"{name} is looked up in modern_block.{looked_up[0]}, the package's table of answers; the exercise "
+                "asks for it computed from the model's sizes.")
+    return None
+
+
+def rerun_hidden(source: str, name: str, namespace, hidden: tuple[str, ...]) -> str | None:
+    """Run ``source`` (the cell that assigned ``name``) again in a copy of ``namespace`` with ``hidden`` hidden,
+    as the grader runs it; why it no longer assigns ``name``, or None when it does."""
+    from .hiding import grader_view
+
     try:
-        yield
-    finally:
-        _SOURCES.reset(token)
+        from IPython.core.inputtransformer2 import TransformerManager
 
-
-def has_sources() -> bool:
-    return _SOURCES.get() is not None
-
-
-def typed_in(name: str) -> bool:
-    """Whether the latest cell that assigns ``name`` at its top level assigns a number literal (the cells: the
-    grader's ``answer_sources``, else the notebook's input history)."""
-    given = _SOURCES.get()
-    if given is not None:
-        history = list(given)
-    else:
-        shell = _shell()
-        history = list(shell.user_ns.get("In", [])) if shell is not None else []
-    for source in reversed(list(history)):
-        if name not in source:
-            continue
+        source = TransformerManager().transform_cell(source)  # line magics, as the kernel ran them
+    except Exception:  # no IPython (a plain process): the cell as written
+        pass
+    if "run_cell_magic" in source:  # a cell magic runs in the kernel's own namespace: not repeatable here
+        return None
+    scope = dict(namespace)
+    scope.pop(name, None)
+    error: BaseException | None = None
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            grader_view(hidden):
         try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):  # a student's cell: any parse failure
-            continue
-        value: ast.expr | None = None
-        for stmt in tree.body:
-            if isinstance(stmt, ast.Assign):
-                targets, assigned = stmt.targets, stmt.value
-            elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
-                targets, assigned = [stmt.target], stmt.value
-            else:
-                continue
-            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-                value = assigned
-        if value is not None:
-            return _is_literal(value)
-    return False
+            exec(compile(source, "<answer cell>", "exec"), scope)
+        except Exception as err:
+            error = err
+    if name in scope:
+        return None
+    why = f"{type(error).__name__}: {error}" if error is not None else "it no longer assigns it"
+    return (f"{name}'s cell fails as the grader runs it, with the package's own answer hidden ({why}); compute "
+            "the value yourself.")

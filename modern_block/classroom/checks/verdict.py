@@ -1,148 +1,129 @@
-"""A check's verdict over all of its cases, and the words for how an output is off.
+"""A check's verdict over all its cases, and the words for how an answer is off.
 
-A check compares the student's output with the reference in several cases. Each failing case records which
-of the check's candidate mistakes compute exactly what the student returned there; each passing case, which
-mistakes would have failed it. When the check is over, a mistake is named only if it explains every failing
-case and fails no passing one; a coincidence in one case (two mistakes giving the same number at one size)
-names nothing. Without an explanation the message says where the output differs (which half of the last
-dimension, which positions or heads, a constant factor), never the whole right formula.
+Every failing case records which known mistakes compute exactly what the student returned there; every passing
+case is kept, to ask later whether a mistake would have failed it. When the check is over, the mistakes named are
+those that explain every failing case and fail no passing one: one ("Likely mistake: ..."), several that no case
+of the check tells apart ("Likely mistake, one of: ..."), or none (the message then says where the output
+differs). A compound diagnosis ("two at once: ...") that contains a named one gives way to it.
+
+No message lets a student compute a target: a number that is off is described by its direction and a rough
+size (a band: "by 1% to 10%", "by about 13 orders of magnitude"), never by an exact ratio or the right value.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 import torch
+
+ONE = "\nLikely mistake: "
+SEVERAL = "\nLikely mistake, one of:"
+ONE_NOTE = "(Your output equals what that mistake computes in every failing case.)"
+SEVERAL_NOTE = "(Each of these computes your output in every failing case; no case of this check tells them apart.)"
 
 
 @dataclass
 class Failure:
     case: str
     detail: str  # how the output is off, in words
-    explained: list[str] = field(default_factory=list)  # the mistakes whose output equals the student's here
+    diagnoses: list[str] = field(default_factory=list)  # the check's known mistakes for this case, in its order
+    explains: Callable[[str], bool] = lambda diagnosis: False  # whether a mistake computes the student's output here
     known: bool = True  # whether the check knows mistakes for this case (not for a precision-only case)
 
 
 class Verdict:
-    """The failing cases of one run of a check, in order."""
+    """The failing and passing cases of one run of a check, in order. What a mistake computes in a case is asked
+    only when it matters (a check may know hundreds of mistakes, two at a time)."""
 
     def __init__(self, name: str):
         self.name = name
         self.failures: list[Failure] = []
-        self.contradicted: set[str] = set()  # mistakes that would have failed a case the student passes
+        self.passes: list[Callable[[str], bool]] = []  # per passing case: would this mistake have failed it?
 
-    def add(self, case: str, detail: str, explained: list[str], known: bool = True) -> None:
-        self.failures.append(Failure(case, detail, explained, known))
+    def failed(self, case: str, detail: str, diagnoses: list[str], explains: Callable[[str], bool],
+               known: bool = True) -> None:
+        self.failures.append(Failure(case, detail, diagnoses, explains, known))
 
-    def passed(self, wrong_here: list[str]) -> None:
-        """A case the student passes, and the mistakes that would have failed it."""
-        self.contradicted.update(wrong_here)
+    def passed(self, would_fail: Callable[[str], bool]) -> None:
+        self.passes.append(would_fail)
 
     def mistakes(self) -> list[str]:
-        """The candidate mistakes that explain every failing case and fail no case the student passes, in the
-        order the check lists them (cases for which the check knows no mistakes, such as a bfloat16 precision
-        case, do not count)."""
+        """The known mistakes that explain every failing case and fail no passing one, in the check's order
+        (cases for which the check knows no mistakes, such as a bfloat16 precision case, do not count)."""
         judged = [f for f in self.failures if f.known]
         if not judged:
             return []
-        named = [d for d in judged[0].explained
-                 if d not in self.contradicted and all(d in f.explained for f in judged[1:])]
-        # the simpler explanation wins: a compound diagnosis ("two at once: A and: B") that contains a named one
-        return [d for d in named if not any(e != d and e in d for e in named)]
+        named = [d for d in judged[0].diagnoses if judged[0].explains(d)]
+        named = [d for d in named if all(f.explains(d) for f in judged[1:])]
+        named = [d for d in named if not any(would_fail(d) for would_fail in self.passes)]
+        return [d for d in named if not any(e != d and e in d for e in named)]  # the simpler explanation wins
 
     def message(self) -> str:
         first = self.failures[0]
-        n = len(self.failures)
         text = f"{self.name}: {first.case}: {first.detail}"
-        if n > 1:
-            text += f"\n({n} cases fail; the others: " + "; ".join(f.case for f in self.failures[1:4]) + \
-                    (" ..." if n > 4 else "") + ")"
+        if len(self.failures) > 1:
+            others = [f.case for f in self.failures[1:4]]
+            text += f"\n({len(self.failures)} cases fail; the others: " + "; ".join(others) + \
+                (" ..." if len(self.failures) > 4 else "") + ")"
         named = self.mistakes()
-        if named:
-            text += "\nLikely mistake: " + "\nor: ".join(named)
-            text += ("\n(Your output equals what that mistake computes in every failing case.)" if len(named) == 1
-                     else "\n(These mistakes give the same output in every failing case; each would explain it.)")
-        elif any(f.explained for f in self.failures):
+        if len(named) == 1:
+            text += f"{ONE}{named[0]}\n{ONE_NOTE}"
+        elif named:
+            text += SEVERAL + "".join(f"\n- {d}" for d in named) + f"\n{SEVERAL_NOTE}"
+        elif any(f.explains(d) for f in self.failures for d in f.diagnoses[:64]):
             text += "\n(No single known mistake explains every failing case.)"
         return text
 
 
-_CURRENT: contextvars.ContextVar[Verdict | None] = contextvars.ContextVar("modern_block_check_verdict", default=None)
+def named(message: str) -> list[str]:
+    """The mistakes a check's message names."""
+    if ONE in message:
+        return [message.split(ONE, 1)[1].split(f"\n{ONE_NOTE}", 1)[0]]
+    if SEVERAL in message:
+        body = message.split(SEVERAL, 1)[1].split(f"\n{SEVERAL_NOTE}", 1)[0]
+        return [line[2:] for line in body.split("\n") if line.startswith("- ")]
+    return []
 
 
-def current() -> Verdict | None:
-    return _CURRENT.get()
+# ---- how an answer is off, without the right value -----------------------------------------------------
 
 
-def start(name: str) -> contextvars.Token:
-    return _CURRENT.set(Verdict(name))
-
-
-def finish(token: contextvars.Token) -> Verdict | None:
-    verdict = _CURRENT.get()
-    _CURRENT.reset(token)
-    return verdict
-
-
-_OBSERVED: contextvars.ContextVar[list | None] = contextvars.ContextVar("modern_block_check_observed", default=None)
-
-
-@contextlib.contextmanager
-def observing():
-    """Inside the block every judged case is recorded as (got, want, [(diagnosis, the mistake's output)]): the
-    audit of the diagnoses (tests/test_verdict.py) replays each mistake from it."""
-    seen: list = []
-    token = _OBSERVED.set(seen)
-    try:
-        yield seen
-    finally:
-        _OBSERVED.reset(token)
-
-
-def observe(got, want, candidates) -> None:
-    seen = _OBSERVED.get()
-    if seen is None:
-        return
-    outputs = []
-    for diagnosis, make in candidates:
-        try:
-            outputs.append((diagnosis, make() if callable(make) else make))
-        except Exception:
-            outputs.append((diagnosis, None))
-    seen.append((got, want, outputs))
-
-
-# ---- how an answer is off --------------------------------------------------------------------------------
-
-
-def _simple_fraction(ratio: float) -> Fraction | None:
-    """``ratio`` as p/q with small p and q (2, 1/2, 3/2 ...), when it is one to 1e-9."""
-    if not math.isfinite(ratio) or ratio <= 0:
-        return None
-    f = Fraction(ratio).limit_denominator(12)
-    return f if f.numerator <= 64 and abs(float(f) - ratio) <= 1e-9 * ratio and f != 1 else None
+def rough_factor(ratio: float) -> str:
+    """How far a positive ratio (got / right) is from 1, in bands: never the ratio itself."""
+    if ratio >= 10 or ratio <= 0.1:
+        orders = round(abs(math.log10(ratio)))
+        return f"too {'large' if ratio > 1 else 'small'} by about {orders} order{'s' * (orders != 1)} of magnitude"
+    if ratio >= 1.5:
+        return "too large: between 1.5 and 10 times the right value"
+    if ratio <= 0.5:
+        return "too small: between a tenth and a half of the right value"
+    off = abs(ratio - 1)
+    band = "less than 1%" if off < 0.01 else "1% to 10%" if off < 0.1 else "10% to 50%"
+    return f"too {'large' if ratio > 1 else 'small'} by {band}"
 
 
 def how_off(value: float, want: float) -> str:
-    """How a number is off, without saying the right one: an exact simple factor, or too large / too small by
-    roughly so many percent (one significant digit)."""
-    if want == 0:
-        return "it should be 0"
+    """How a number is off, in words that do not give the right one away."""
+    if want == 0 or value == 0:
+        return f"it is too {'large' if value > want else 'small'}"
     ratio = value / want
+    if not math.isfinite(ratio):
+        return f"it is too {'large' if abs(value) > abs(want) else 'small'}"
     if ratio < 0:
         return "it has the wrong sign"
-    f = _simple_fraction(ratio)
-    if f is not None:
-        words = {Fraction(1, 2): "half", Fraction(2): "twice", Fraction(1, 3): "a third"}
-        return f"it is exactly {words.get(f, f'{f}×' if f.denominator > 1 else f'{f.numerator}×')} the right value"
-    pct = abs(ratio - 1) * 100
-    rough = float(f"{pct:.1g}") if pct >= 1 else None
-    size = f"roughly {rough:g}%" if rough is not None else "less than 1%"
-    return f"it is too {'large' if ratio > 1 else 'small'} by {size}"
+    return f"it is {rough_factor(ratio)}"
+
+
+def shown(value) -> str:
+    """A student's number as the message shows it: exact for an int, ten significant digits for a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return repr(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:.10g}"
+
+
+# ---- where two tensors differ --------------------------------------------------------------------------
 
 
 def _ranges(indices: list[int]) -> str:
@@ -156,19 +137,21 @@ def _ranges(indices: list[int]) -> str:
     return ", ".join(parts)
 
 
-def where_differs(got: torch.Tensor, want: torch.Tensor, bad: torch.Tensor, dims: tuple[str, ...] = ()) -> str:
-    """Where two same-shaped tensors differ (``bad``: the elementwise mismatch): which half of the last dimension,
-    which indices along the named dimensions (``dims`` names the trailing ones: "head", "position" ..., "" for
-one not to report), and a
-    constant factor between them if there is one."""
+def where_differs(got: torch.Tensor, want: torch.Tensor, bad: torch.Tensor, dims: tuple[str, ...] = (),
+                  halves: bool = False) -> str:
+    """Where two same-shaped tensors differ (``bad``: the elementwise mismatch): a constant factor between them
+    (as a rough band), which half of the last dimension (``halves``: for head vectors, whose halves RoPE pairs),
+    which indices along the named trailing dimensions (``dims``, "" for one not to report)."""
     notes = []
     g, w = got.detach().double(), want.detach().double()
     nonzero = w.abs() > 1e-6 * (w.abs().max() + 1e-30)
     if nonzero.any() and torch.isfinite(g).all():
         r = g[nonzero] / w[nonzero]
-        if (r - r.mean()).abs().max() <= 1e-3 * r.mean().abs() and abs(r.mean().item() - 1) > 1e-3:
-            notes.append(f"everywhere it is {r.mean().item():.4g} × the correct output (a constant factor)")
-    if want.dim() >= 1 and want.shape[-1] >= 2 and want.shape[-1] % 2 == 0:
+        mean = r.mean().item()
+        if mean != 0 and (r - mean).abs().max() <= 1e-3 * abs(mean) and abs(mean - 1) > 1e-3:
+            band = "it has the wrong sign" if mean < 0 else rough_factor(mean)
+            notes.append(f"everywhere it is the correct output times one constant factor ({band})")
+    if halves and want.dim() >= 1 and want.shape[-1] >= 2 and want.shape[-1] % 2 == 0:
         half = want.shape[-1] // 2
         lo, hi = bool(bad[..., :half].any()), bool(bad[..., half:].any())
         if lo != hi:

@@ -1,11 +1,12 @@
-"""The summative grader's parts (the command is ``python -m modern_block grade``).
+"""The summative grader's parts: the engine behind nbgrader's autograde step and ``python -m modern_block grade``.
 
 The grade is decided in the grader's process, which never runs a line of student code:
 
 * ``files``: the class folder, looked at lazily and bounded per student, each notebook read when it is graded,
   without following links or blocking; the outputs, written atomically;
-* ``notebook``: read and validate notebooks, find the exercises of the reference (the notebook handed out)
-  and the cells of a submission that answer them (no regular expression can take long on student text);
+* ``notebook``: read and validate notebooks, find the exercises of the reference (the notebook handed out),
+  their points and ids, and the cells of a submission that answer them (no regular expression can take long
+  on student text);
 * ``sandbox``, ``bwrap``, ``cgroups``, ``zygote``, ``seccomp_filter``, ``sandbox_user``: each submission's
   process in a bubblewrap sandbox of its own (never host uid 0; new user, mount, pid, network and IPC namespaces;
   a seccomp filter; memory, processes and CPU bounded for the whole sandbox; docs/sandbox.md);
@@ -17,8 +18,10 @@ The grade is decided in the grader's process, which never runs a line of student
   (``modern_block.classroom.checks``, under ``graded``: inputs drawn from a per-run secret) judge them unchanged;
   arguments go as fresh copies, only declared outputs come back;
 * ``session``: grade one submission (time limits, restarts, the runs with different pieces hidden);
-* ``report``: text, JSON and the long CSV gradebook, with every student-supplied string made harmless;
-* ``points``: what each exercise is worth (nbgrader's ``points``), partial credit per check, the stable ids;
-* ``gradebook``: a regrade merged into the gradebook file, the one-row-per-student export;
-* ``feedback``: one Markdown file per student and notebook.
+* ``engine``: one submission graded against a trusted reference, its points, caps and its verdicts written
+  into the notebook's check cells where nbgrader reads them;
+* ``autograde``: nbgrader's autograde step with the engine in place of nbgrader's kernel;
+* ``names``: student names compared as a person sees them (TR39 skeletons), flagged where two look alike;
+* ``report``: text, JSON lines and the long CSV, with every student-supplied string made harmless;
+* ``feedback``: one Markdown file per student and notebook (``grade --feedback``; nbgrader writes its own).
 """

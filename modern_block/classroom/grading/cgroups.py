@@ -1,85 +1,151 @@
-"""Limits for a whole sandbox (all its processes together): a cgroup per sandbox, where this process may make one.
+"""Limits for a whole sandbox (all its processes together): a control group (cgroup) per sandbox.
 
-Linux offers this through control groups. Where the grader may create child groups of its own (cgroup v1
-controllers mounted writable, as on this project's machines, or running as root on most v1 hosts), each sandbox
-gets one group under the grader's own, with
+Each sandbox gets a group of its own with
 
-* ``memory``: the memory of all its processes (and their files in the sandbox's tmpfs) together, swap included;
-* ``pids``: the number of its processes and threads;
-* ``cpu``: one CPU's worth of time per wall-clock second, so with the grader's wall-clock limit the CPU time of
-  the whole sandbox is bounded.
+* memory: the memory of all its processes, their files in the sandbox's tmpfs included, swap excluded;
+* pids: the number of its processes and threads;
+* cpu (where the controller is there): one CPU's worth of time per wall-clock second, so with the grader's
+  wall-clock limit the CPU time of the whole sandbox is bounded.
 
-Elsewhere (cgroup v2 without delegation, containers with a read-only ``/sys/fs/cgroup``) ``Cgroups.open``
-returns None and the sandbox falls back to limits on every process (address space, CPU time, processes; set by
-the sandboxed process before any submission code, inherited by every process it starts) plus its pid
-namespace, which ends every process with the sandbox.
+Where the groups live, tried in this order:
+
+* cgroup v1 (legacy and hybrid hosts): under the grader's own group in the memory, pids and cpu hierarchies,
+  where it may create groups there (usually as root);
+* cgroup v2, a delegated subtree: the grader's own group when it has been handed to it (a systemd unit with
+  ``Delegate=yes``, ``systemd-run --user --scope -p Delegate=yes``, a container with a writable cgroup
+  namespace). The processes in it move to a leaf (``LEAF``) first: v2 lets a group hand controllers down only
+  when no process lives in it;
+* cgroup v2 under systemd: the grader starts its pre-loaded interpreter in a transient scope of its own with
+  delegation (``scope_command``: ``systemd-run --scope -p Delegate=yes``; as ``--user`` for an ordinary
+  user), and that scope is the subtree.
+
+The grader itself moves each sandbox's first process into its group (``Group.add``) before that process enters
+the sandbox: no file of the cgroup file system is handed to the sandbox's user, and the sandbox has no ``/sys``.
+Where none of these is possible ``Cgroups.open`` returns None and the grader refuses, unless the instructor
+accepts limits on each process only (``sandbox.NO_CGROUP_FLAG``).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import time
 from pathlib import Path
 
 CONTROLLERS = ("memory", "pids", "cpu")
-ROOT = Path("/sys/fs/cgroup")
+REQUIRED = ("memory", "pids")
+LEAF = "leaf"  # v2: where the processes of a delegated group go, so that it may hand its controllers down
+SYSTEMD = Path("/run/systemd/system")  # present where systemd manages the machine (sd_booted)
 
 
-def _own_paths() -> dict[str, str]:
-    """This process's cgroup path for each v1 controller (``/proc/self/cgroup``)."""
-    paths: dict[str, str] = {}
+def _read(path: Path) -> str:
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        return path.read_text()
     except OSError:
-        return paths
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        for controller in controllers.split(","):
-            paths[controller] = path
+        return ""
+
+
+def cgroup_paths(pid: int | str = "self") -> dict[str, str]:
+    """A process's group in each v1 controller's hierarchy, and in v2 under the key ``""``
+    (``/proc/PID/cgroup``)."""
+    paths: dict[str, str] = {}
+    for line in _read(Path(f"/proc/{pid}/cgroup")).splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for controller in parts[1].split(",") if parts[1] else [""]:
+                paths[controller] = parts[2]
     return paths
 
 
-def _mount_of(controller: str) -> tuple[Path, str] | None:
-    """Where the v1 hierarchy of ``controller`` is mounted, and which of its folders is mounted there
-    (``/proc/self/mountinfo``)."""
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split(" - ", 1)
-        if len(fields) != 2 or len(fields[0].split()) < 5 or len(fields[1].split(" ")) < 3:
-            continue
-        kind, _, options = fields[1].split(" ", 2)
-        if kind == "cgroup" and controller in options.split(" ")[-1].split(","):
-            return Path(fields[0].split()[4]), fields[0].split()[3]
+def _mount(kind: str, controller: str = "") -> tuple[Path, str] | None:
+    """Where a hierarchy is mounted (``kind`` "cgroup" with ``controller``, or "cgroup2"), and which of its
+    groups is mounted there (``/proc/self/mountinfo``)."""
+    for line in _read(Path("/proc/self/mountinfo")).splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split(" ")
+        if sep and len(fields) >= 5 and len(rest) >= 3 and rest[0] == kind and \
+                (not controller or controller in rest[2].split(",")):
+            return Path(fields[4]), fields[3]
     return None
 
 
+def _folder(mount: tuple[Path, str], path: str) -> Path:
+    """The folder of group ``path`` under ``mount`` (a mount of a subgroup: its prefix taken off)."""
+    mounted = mount[1].rstrip("/")
+    if mounted and (path + "/").startswith(mounted + "/"):
+        path = path[len(mounted):]
+    return mount[0] / path.lstrip("/")
+
+
+def v2_group(pid: int | str = "self") -> Path | None:
+    """A process's cgroup v2 folder, where the v2 hierarchy is mounted."""
+    mount, path = _mount("cgroup2"), cgroup_paths(pid).get("")
+    return _folder(mount, path) if mount and path is not None else None
+
+
+def delegated(folder: Path) -> bool:
+    """Whether this process may manage the v2 group ``folder``: it may write the group's files, and where
+    systemd manages the tree and this process is root (who may write anything), systemd marked the group
+    delegated (the ``trusted.delegate`` attribute)."""
+    if not all(os.access(p, os.W_OK) for p in (folder, folder / "cgroup.procs", folder / "cgroup.subtree_control")):
+        return False
+    if os.geteuid() != 0 or not SYSTEMD.is_dir():
+        return True
+    try:
+        return os.getxattr(folder, "trusted.delegate") == b"1"
+    except OSError:
+        return False
+
+
+def scope_command(argv: list[str], user: tuple[int, int] | None) -> list[str] | None:
+    """``argv`` run in a transient systemd scope with delegation (the system's manager for root, which starts it
+    as ``user`` through setpriv; the user's own manager otherwise), or None where systemd does not manage a
+    cgroup v2 hierarchy with memory and pids here."""
+    systemd_run, setpriv = shutil.which("systemd-run"), shutil.which("setpriv")
+    mount = _mount("cgroup2")
+    if systemd_run is None or not SYSTEMD.is_dir() or mount is None or any("$" in arg for arg in argv) or \
+            not set(REQUIRED) <= set(_read(mount[0] / "cgroup.controllers").split()):
+        return None  # ($: systemd-run may expand variables in the command line)
+    cmd = [systemd_run, *([] if os.geteuid() == 0 else ["--user"]), "--scope", "--quiet", "--collect",
+           "-p", "Delegate=yes", "--"]
+    if user is not None:
+        if setpriv is None:
+            return None
+        cmd += [setpriv, f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--"]
+    return cmd + argv
+
+
 class Group:
-    """One sandbox's cgroup: one folder per controller."""
+    """One sandbox's cgroup: its folder for each controller (in v2 the same folder for all)."""
 
-    def __init__(self, folders: dict[str, Path]):
-        self.folders = folders
+    def __init__(self, folders: dict[str, Path], version: int = 1):
+        self.folders, self.version = folders, version
 
-    @property
-    def procs_files(self) -> list[str]:
-        return [str(folder / "cgroup.procs") for folder in self.folders.values()]
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into the group. Raises OSError."""
+        for folder in dict.fromkeys(self.folders.values()):
+            (folder / "cgroup.procs").write_text(str(pid))
 
     def out_of_memory(self) -> bool:
         """Whether the memory limit was hit (a process was killed or refused memory for it)."""
+        memory = self.folders.get("memory")
+        if memory is None:
+            return False
         try:
-            control = (self.folders["memory"] / "memory.oom_control").read_text()
+            if self.version == 2:
+                events = dict(line.split() for line in _read(memory / "memory.events").splitlines())
+                return int(events.get("oom", 0)) + int(events.get("oom_kill", 0)) > 0
+            control = _read(memory / "memory.oom_control")
             kills = [int(line.split()[1]) for line in control.splitlines() if line.startswith("oom_kill ")]
-            return bool(kills and kills[0]) or int((self.folders["memory"] / "memory.failcnt").read_text()) > 0
-        except (OSError, ValueError, IndexError):
+            return bool(kills and kills[0]) or int(_read(memory / "memory.failcnt") or 0) > 0
+        except ValueError:
             return False
 
     def remove(self, wait: float = 2.0) -> None:
         """Remove the folders (their processes have been killed; the kernel may take a moment to let go)."""
         deadline = time.monotonic() + wait
-        for folder in self.folders.values():
+        for folder in dict.fromkeys(self.folders.values()):
             while True:
                 try:
                     folder.rmdir()
@@ -93,58 +159,99 @@ class Group:
 
 
 class Cgroups:
-    """The grader's parent group in each controller, under its own cgroup; one child per sandbox."""
+    """The grader's parent group (one per v1 controller, one in v2); a child per sandbox."""
 
-    def __init__(self, parents: dict[str, Path]):
-        self.parents = parents
+    def __init__(self, parents: dict[str, Path], version: int = 1):
+        self.parents, self.version = parents, version
         self.count = 0
 
     @classmethod
-    def open(cls) -> Cgroups | None:
-        """The parent groups, or None where this process may not create cgroups (say so in the docs)."""
-        own = _own_paths()
+    def open(cls, base: Path | None = None) -> Cgroups | None:
+        """The parent groups: in the v2 group ``base`` (the pre-loaded interpreter's systemd scope) where given,
+        else in v1 where this process may make groups, else in its own v2 group where delegated to it; None
+        where there is no such place."""
         name = f"modern-block-grade-{os.getpid()}-{secrets.token_hex(3)}"
+        if base is None:
+            found = cls._v1(name)
+            if found is not None:
+                return found
+            base = v2_group()
+            if base is None or not delegated(base):
+                return None
+        return cls._v2(base, name)
+
+    @classmethod
+    def _v1(cls, name: str) -> Cgroups | None:
+        own = cgroup_paths()
         parents: dict[str, Path] = {}
         try:
             for controller in CONTROLLERS:
-                found = _mount_of(controller)
-                if found is None or controller not in own:
+                mount = _mount("cgroup", controller)
+                if mount is None or controller not in own:
                     raise OSError(f"no cgroup v1 {controller} hierarchy")
-                mount, mounted = found
-                path = own[controller]
-                if mounted != "/" and (path + "/").startswith(mounted.rstrip("/") + "/"):
-                    path = path[len(mounted.rstrip("/")):]
-                folder = mount / path.lstrip("/") / name
+                folder = _folder(mount, own[controller]) / name
                 folder.mkdir()
                 parents[controller] = folder
-            return cls(parents)
+            return cls(parents, 1)
         except OSError:
             Group(parents).remove(wait=0)
             return None
 
-    def create(self, memory_bytes: int, processes: int, owner: tuple[int, int] | None = None) -> Group:
-        """A child group limiting memory (swap included), processes and CPU (one CPU); ``owner`` (uid, gid) may
-        move its own processes into it. Raises OSError."""
-        self.count += 1
-        folders = {c: parent / f"s{self.count}" for c, parent in self.parents.items()}
-        group = Group({})
+    @classmethod
+    def _v2(cls, base: Path, name: str) -> Cgroups | None:
+        """Hand ``base``'s controllers down (its processes moved to its leaf first) to a parent group of ours."""
+        available = _read(base / "cgroup.controllers").split()
+        if not set(REQUIRED) <= set(available):
+            return None
+        wanted = [c for c in CONTROLLERS if c in available]
+        enable = " ".join(f"+{c}" for c in wanted)
+        parent = base / name
         try:
-            for controller, folder in folders.items():
-                folder.mkdir()
+            for _ in range(3):  # a process may arrive while the others move
+                if set(wanted) <= set(_read(base / "cgroup.subtree_control").replace("+", "").split()):
+                    break
+                for pid in _read(base / "cgroup.procs").split():
+                    (base / LEAF).mkdir(exist_ok=True)
+                    try:
+                        (base / LEAF / "cgroup.procs").write_text(pid)
+                    except ProcessLookupError:
+                        pass
+                try:
+                    (base / "cgroup.subtree_control").write_text(enable)
+                except OSError:
+                    continue
+            parent.mkdir()
+            (parent / "cgroup.subtree_control").write_text(enable)
+            return cls(dict.fromkeys(wanted, parent), 2)
+        except OSError:
+            Group({"": parent}).remove(wait=0)
+            return None
+
+    def create(self, memory_bytes: int, processes: int) -> Group:
+        """A child group limiting memory (no swap), processes and CPU (one CPU). Raises OSError."""
+        self.count += 1
+        group = Group({}, self.version)
+        try:
+            for controller, parent in self.parents.items():
+                folder = parent / f"s{self.count}"
+                if folder not in group.folders.values():
+                    folder.mkdir()
                 group.folders[controller] = folder
-            memory = folders["memory"]
-            (memory / "memory.limit_in_bytes").write_text(str(memory_bytes))
-            if (memory / "memory.memsw.limit_in_bytes").exists():
-                (memory / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
-            (folders["pids"] / "pids.max").write_text(str(processes))
-            (folders["cpu"] / "cpu.cfs_period_us").write_text("100000")
-            (folders["cpu"] / "cpu.cfs_quota_us").write_text("100000")
-            if owner is not None:
-                for folder in folders.values():
-                    os.chown(folder / "cgroup.procs", *owner)
+            if self.version == 2:
+                settings = {("memory", "memory.max"): memory_bytes, ("memory", "memory.swap.max"): 0,
+                            ("pids", "pids.max"): processes, ("cpu", "cpu.max"): "100000 100000"}
+            else:
+                settings = {("memory", "memory.limit_in_bytes"): memory_bytes,
+                            ("memory", "memory.memsw.limit_in_bytes"): memory_bytes, ("pids", "pids.max"): processes,
+                            ("cpu", "cpu.cfs_period_us"): 100000, ("cpu", "cpu.cfs_quota_us"): 100000}
+            optional = {"memory.swap.max", "memory.memsw.limit_in_bytes"}  # where swap is not accounted: absent
+            for (controller, file), value in settings.items():
+                path = group.folders[controller] / file if controller in group.folders else None
+                if path is not None and (file not in optional or path.exists()):
+                    path.write_text(str(value))
         except OSError:
             group.remove(wait=0)
-            raise
+            raise OSError("cannot create a cgroup with its limits") from None
         return group
 
     def close(self) -> None:

@@ -1,14 +1,18 @@
 """The grader's files: the class folder read lazily, without following links or blocking, one student at a time
 bounded; the outputs written so that nothing planted at their paths can redirect them.
 
-Collection walks the folders the instructor names (those names are followed, as given) and only looks: each
-notebook is read when it is graded (``Submission.read``), so the grader holds at most one notebook per job.
-The class root is the folder given, or the folder common to all the paths given (``grade class/*``); the
-student is the name directly under it, whatever lies deeper. Inside a student's folder a symbolic link, a
-pipe, a device, a folder too deep or a file over ``MAX_NOTEBOOK_BYTES`` is never opened or followed: it gets
-an error row of its own. A student whose folder holds more than ``MAX_STUDENT_ENTRIES`` entries,
-``MAX_STUDENT_FILES`` notebooks or ``MAX_STUDENT_BYTES`` of them (by their sizes, read from the folder, never
-from the files) gets one error row, and no other row changes; the walk of that folder stops there. A name
+Collection walks the folders the instructor names and only looks: each notebook is read when it is graded
+(``Submission.read``), so the grader holds at most one notebook per job. The class root is the folder given,
+or the folder common to all the paths given (``grade class/*``); the student is the name directly under it,
+whatever lies deeper. The class root is taken as given (links followed); below it no symbolic link is
+followed, whatever paths are given (``grade class/*/*.ipynb`` names a student's link to ``solutions/``, or a
+notebook in a student folder that is a link, by its path): each notebook is opened one folder at a time from
+the class root down, with ``O_NOFOLLOW`` (``read_inside``). A link, a pipe, a device, a folder too deep or a
+file over ``MAX_NOTEBOOK_BYTES`` is never opened or followed: it gets an error row of its own. A student
+whose folder holds more than ``MAX_STUDENT_ENTRIES`` entries, ``MAX_STUDENT_FILES`` notebooks or
+``MAX_STUDENT_BYTES`` of them (by their sizes, read from the folder, never from the files) gets one error
+row, and no other row changes; the walk of that folder stops there. A hidden entry at the class root, and a
+notebook there beside a folder of the same name, get a refusal row each (never silence). A name
 with control characters or letters of look-alike scripts mixed (a Cyrillic ``о`` in a Latin name) is shown
 escaped and its row is an error.
 
@@ -52,27 +56,28 @@ class Submission:
     notebook: str  # as shown in the report
     student: str  # as shown in the report (escaped)
     read_error: str | None = None  # set at collection: the row is an error, nothing is read
-    follow: bool = False  # a file the instructor named: read through a link
+    root: str = ""  # the class root: no link below it is followed
+    name: str = ""  # the student's folder name as it is (rows are keyed by it; ``student`` shows it)
 
     def read(self) -> tuple[bytes | None, str | None]:
         """The notebook's bytes now, or why there are none."""
         if self.read_error:
             return None, self.read_error
-        return read_regular(os.path.realpath(self.path) if self.follow else self.path)
+        return read_inside(self.path, self.root) if self.root else read_regular(self.path)
 
 
-def read_regular(path: str) -> tuple[bytes | None, str | None]:
+def read_regular(path: str, dir_fd: int | None = None) -> tuple[bytes | None, str | None]:
     """A regular file's bytes (at most ``MAX_NOTEBOOK_BYTES``), or why it is not read. Links are not followed,
-    and nothing is opened that could block (a pipe) or act (a device)."""
+    and nothing is opened that could block (a pipe) or act (a device). ``dir_fd``: ``path`` is relative to it."""
     try:
-        info = os.lstat(path)
+        info = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
         if stat.S_ISLNK(info.st_mode):
             return None, "a symbolic link: the grader reads only regular files"
         if not stat.S_ISREG(info.st_mode):
             return None, "not a regular file"
         if info.st_size > MAX_NOTEBOOK_BYTES:
             return None, f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
     except OSError as err:
         if err.errno == errno.ELOOP:
             return None, "a symbolic link: the grader reads only regular files"
@@ -91,6 +96,37 @@ def read_regular(path: str) -> tuple[bytes | None, str | None]:
             return None, f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
         return b"".join(chunks), None
     except OSError as err:
+        return None, f"cannot read the file ({err.strerror or err})"
+    finally:
+        os.close(fd)
+
+
+LINK = "a symbolic link: the grader does not follow links in a class folder"
+
+
+def read_inside(path: str, folder: str) -> tuple[bytes | None, str | None]:
+    """The regular file ``path`` below ``folder`` (a class root, or one student's folder), or why it is not read:
+    ``folder`` itself is taken as given (links followed: the instructor named it), then every folder on the way
+    down and the file are opened with ``O_NOFOLLOW`` relative to the one above, so a link anywhere below
+    ``folder`` (the notebook, a folder on the way, the student's folder) is refused, and nothing can be swapped
+    in between the check and the read. The nbgrader engine reads each student's notebook this way too."""
+    parts = os.path.relpath(os.path.abspath(path), os.path.abspath(folder)).split(os.sep)
+    if parts[0] in (os.curdir, os.pardir):
+        return None, "not inside the class folder"
+    nofollow = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as err:
+        return None, f"cannot read the folder {one_line(folder)} ({err.strerror or err})"
+    try:
+        for part in parts[:-1]:
+            below = os.open(part, nofollow | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        return read_regular(parts[-1], fd)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            return None, LINK
         return None, f"cannot read the file ({err.strerror or err})"
     finally:
         os.close(fd)
@@ -155,8 +191,7 @@ def _walk(folder: str, depth: int, student: _Student) -> bool:
     for entry in sorted(entries, key=lambda e: e.name):
         if entry.is_symlink():
             if entry.name.endswith(".ipynb") or os.path.isdir(entry.path):
-                student.found.append((entry.path, "a symbolic link: the grader does not follow links in a class "
-                                                  "folder"))
+                student.found.append((entry.path, LINK))
         elif entry.is_dir(follow_symlinks=False):
             if entry.name.endswith(".ipynb"):
                 student.found.append((entry.path, "not a regular file (a folder)"))
@@ -202,23 +237,24 @@ def _student_of(path: str, root: str) -> str:
     return parts[0] if len(parts) > 1 else os.path.splitext(parts[0])[0]
 
 
-def _add(student: _Student, path: str) -> None:
-    """One path directly under the class root, or given by name, into its student's folder walk."""
+def _add(student: _Student, path: str, named: bool = False) -> None:
+    """One path directly under the class root, or a file given by name (``named``: whatever its name ends
+    with), into its student's folder walk."""
     if os.path.islink(path):
-        if path.endswith(".ipynb") or os.path.isdir(path):
-            student.found.append((path, "a symbolic link: the grader does not follow links in a class folder"))
+        if named or path.endswith(".ipynb") or os.path.isdir(path):
+            student.found.append((path, LINK))
     elif os.path.isdir(path):
         if path.endswith(".ipynb"):
             student.found.append((path, "not a regular file (a folder)"))
         else:
             _walk(path, 0, student)
-    elif path.endswith(".ipynb"):
+    elif named or path.endswith(".ipynb"):
         _notebook(student, path)
 
 
 def collect(paths, exclude=()) -> list[Submission]:
     """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``, ``exclude`` left
-    out), looked at, not read. A notebook named here is read through a link; inside a folder nothing is.
+    out), looked at, not read; no link below the class root is followed, whether named or found.
     Raises FileNotFoundError for a path that does not exist, CollectionError for a class root of more than
     ``MAX_FILES`` entries."""
     given = [os.fspath(p) for p in paths]
@@ -233,14 +269,13 @@ def collect(paths, exclude=()) -> list[Submission]:
 
     root = _root(given)
     students: dict[str, _Student] = {}
-    named: set[str] = set()  # files given by name: read through a link
     for path in given:
         if os.path.isdir(path) and os.path.abspath(path) == root:  # the class root: one student per entry
             try:
                 with os.scandir(path) as it:
                     tops = []
                     for entry in it:
-                        if not entry.name.startswith("."):
+                        if entry.name != ".ipynb_checkpoints":  # a hidden one gets a row (below), never none
                             tops.append(entry.path)
                         if len(tops) > MAX_FILES:
                             raise CollectionError(f"{path} holds more than {MAX_FILES:,} entries: grade it in parts")
@@ -248,18 +283,20 @@ def collect(paths, exclude=()) -> list[Submission]:
                 raise CollectionError(f"cannot read the folder {path} ({err.strerror or err})") from None
         else:
             tops = [path]
-            if not os.path.isdir(path):
-                named.add(path)
         for top in sorted(tops):
             if left_out(top):
                 continue
             student = students.setdefault(_student_of(top, root), _Student(_student_of(top, root)))
             if student.over:
                 continue
-            if top in named:
-                student.found.append((top, None))
+            beside = os.path.dirname(os.path.abspath(top)) == root and not os.path.isdir(top) and \
+                os.path.isdir(os.path.splitext(top)[0])
+            if os.path.basename(top).startswith(".") or beside:
+                student.found.append((top, "a notebook at the class root beside the folder of the same name: not "
+                                           "graded (move it into that folder)" if beside else "a hidden name (it "
+                                           "starts with a dot): not graded (rename it to grade it)"))
             else:
-                _add(student, top)
+                _add(student, top, named=top == path and not os.path.isdir(path))
     subs: list[Submission] = []
     seen: set[str] = set()
     for name in sorted(students):
@@ -268,18 +305,17 @@ def collect(paths, exclude=()) -> list[Submission]:
             subs.append(_submission(os.path.join(root, name), name, student.over))
             continue
         for path, refusal in student.found:
-            key = os.path.realpath(path) if path in named else os.path.abspath(path)  # the file read
-            if not left_out(path) and key not in seen:
-                seen.add(key)
-                subs.append(_submission(path, name, refusal, follow=path in named))
+            if not left_out(path) and os.path.abspath(path) not in seen:
+                seen.add(os.path.abspath(path))
+                subs.append(_submission(path, name, refusal, root))
     return subs
 
 
-def _submission(path: str, name: str, refusal: str | None, follow: bool = False) -> Submission:
+def _submission(path: str, name: str, refusal: str | None, root: str = "") -> Submission:
     problem = name_problem(name)
     if problem and not refusal:
         refusal = f"the name {one_line(name)!r} has {problem}: not graded (rename the folder)"
-    return Submission(path, one_line(path), one_line(name), refusal, follow)
+    return Submission(path, one_line(path), one_line(name), refusal, root, name)
 
 
 def refuse_target(path: str, option: str) -> None:

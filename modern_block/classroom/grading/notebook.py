@@ -5,6 +5,11 @@ An exercise is a section headed ``## Exercise N: title`` (to the next heading of
 level); its check cells are the cells calling ``checks.check_...(name, ...)``, nothing else. A notebook
 without such headings is split at its check cells instead.
 
+Points and ids are nbgrader's, read from the reference only (a submission's metadata never counts): an
+exercise is worth its check cells' ``points`` (1 where a cell has none or an unusable value), shared equally
+by the check calls of a cell, so each call that passes earns its share (partial credit); its id is its answer
+cell's ``grade_id`` (``ex2_rmsnorm``), else ``exN``.
+
 A submission is only read, never trusted: its code cells run, in order, in the student's process, except
 the cells that are the reference's check cells (same cell id, or the same text). Each exercise is checked
 where its check cell stands in the submission (else at the end of its section, else at the end), by the
@@ -15,13 +20,18 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from dataclasses import dataclass, field
 
 MAX_NOTEBOOK_BYTES = 20 << 20
+MAX_CELLS = 5_000  # a course notebook has about a hundred
+MAX_VALUES = 1_000_000  # JSON containers and strings of one notebook, counted in its text before it is parsed
 MAX_HEADING = 500  # characters: a longer line is never taken for a heading
 MAX_LITERAL = 1 << 64  # a number a check cell may pass (a larger one is no exercise's argument)
 SEPARATORS = ":.·—–-"
+DEFAULT_POINTS = 1.0
+MAX_POINTS = 1000.0  # a cell worth more is a typing slip, not a weight: it counts DEFAULT_POINTS
 CHECK_CALL = re.compile(r"\bcheck_\w+\s*\(")
 
 
@@ -80,6 +90,7 @@ class Cell:
     source: str
     id: str | None = None
     generated_from: str | None = None
+    nbgrader: dict = field(default_factory=dict)  # the cell's nbgrader metadata (trusted in a reference only)
 
 
 @dataclass
@@ -94,12 +105,39 @@ class CheckCall:
 
 
 @dataclass
+class CheckCell:
+    """One check cell of the reference: its calls, its points, how a submission's copy is recognised."""
+
+    calls: list[CheckCall]
+    points: float = DEFAULT_POINTS
+    id: str | None = None  # the cell's id
+    grade_id: str = ""  # nbgrader's
+    source: str = ""  # its text, normalised
+
+
+@dataclass
 class RefExercise:
     number: int
     title: str
-    calls: list[CheckCall] = field(default_factory=list)
-    check_ids: set = field(default_factory=set)
-    check_sources: set = field(default_factory=set)
+    cells: list[CheckCell] = field(default_factory=list)
+    id: str = ""  # stable across runs: the answer cell's nbgrader grade_id, else exN
+
+    @property
+    def calls(self) -> list[CheckCall]:
+        return [call for cell in self.cells for call in cell.calls]
+
+    @property
+    def check_ids(self) -> set:
+        return {cell.id for cell in self.cells if cell.id}
+
+    @property
+    def check_sources(self) -> set:
+        return {cell.source for cell in self.cells}
+
+    @property
+    def weights(self) -> list[float]:
+        """The points of each check call, in order: a cell's points shared by its calls."""
+        return [cell.points / len(cell.calls) for cell in self.cells for _ in cell.calls]
 
 
 @dataclass
@@ -116,6 +154,11 @@ def read_notebook(data: bytes) -> list[Cell]:
         raise NotebookError("the file is empty")
     if len(data) > MAX_NOTEBOOK_BYTES:
         raise NotebookError(f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
+    # parsed, 20 MB of `[],` would be 7 million lists (400 MB): the grader counts before it parses
+    if data.count(b"[") + data.count(b"{") + data.count(b'"') // 2 > MAX_VALUES:
+        raise NotebookError(f"the notebook holds more than {MAX_VALUES:,} JSON values: not graded")
+    if data.count(b'"cell_type"') > 2 * MAX_CELLS:
+        raise NotebookError(f"the notebook has more than {MAX_CELLS:,} cells: not graded")
     try:
         raw = json.loads(data.decode("utf-8-sig"))
     except UnicodeDecodeError:
@@ -137,6 +180,8 @@ def read_notebook(data: bytes) -> list[Cell]:
         raise NotebookError("not a notebook: 'cells' is not a list")
     if not cells:
         raise NotebookError("the notebook has no cells")
+    if len(cells) > MAX_CELLS:
+        raise NotebookError(f"the notebook has more than {MAX_CELLS:,} cells: not graded")
     meta: dict = raw["metadata"] if isinstance(raw.get("metadata"), dict) else {}
     generated = meta.get("modern_block", {}).get("generated_from") if isinstance(meta.get("modern_block"), dict) \
         else None
@@ -150,7 +195,9 @@ def read_notebook(data: bytes) -> list[Cell]:
         if not isinstance(source, str):
             raise NotebookError(f"not a valid notebook: cell {i} has no source text")
         cell_id = cell.get("id") if isinstance(cell.get("id"), str) else None
-        out.append(Cell(i, cell["cell_type"], source, cell_id))
+        cell_meta = cell.get("metadata")
+        grader = cell_meta.get("nbgrader") if isinstance(cell_meta, dict) else None
+        out.append(Cell(i, cell["cell_type"], source, cell_id, nbgrader=grader if isinstance(grader, dict) else {}))
     if out:
         out[0].generated_from = generated if isinstance(generated, str) else None
     return out
@@ -220,8 +267,18 @@ def _shown(node: ast.AST) -> str:
         return "an expression that cannot be shown"
 
 
+def cell_points(meta: dict) -> float:
+    """A check cell's points: nbgrader's ``points`` when it is a number from 0 to ``MAX_POINTS``, else 1."""
+    value = meta.get("points")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return DEFAULT_POINTS
+    value = float(value)
+    return value if math.isfinite(value) and 0 <= value <= MAX_POINTS else DEFAULT_POINTS
+
+
 def reference_from(cells: list[Cell], name: str) -> Reference:
-    """The exercises of a reference notebook. Raises BadReference when it has none the grader can use."""
+    """The exercises of a reference notebook, with their points and ids. Raises BadReference when it has none
+    the grader can use."""
     exercises, unchecked = [], []
     found = sections(cells)
     if not found:  # no headings: each check cell closes an exercise
@@ -229,18 +286,25 @@ def reference_from(cells: list[Cell], name: str) -> Reference:
             (c for c in cells if c.kind == "code" and calls_a_check(c.source)), start=1)]
     for number, title, section in found:
         ex = RefExercise(number, title)
+        answer = ""
         for cell in section:
             if cell.kind == "code" and calls_a_check(cell.source):
-                ex.calls += parse_check_cell(cell)
-                ex.check_sources.add(_normal(cell.source))
-                if cell.id:
-                    ex.check_ids.add(cell.id)
+                ex.cells.append(CheckCell(parse_check_cell(cell), cell_points(cell.nbgrader), cell.id,
+                                          str(cell.nbgrader.get("grade_id", "")), _normal(cell.source)))
+            elif cell.kind == "code" and cell.nbgrader.get("solution") and not answer:
+                answer = str(cell.nbgrader.get("grade_id", ""))
         if not title and ex.calls:
             ex.title = ex.calls[0].check
         if ex.calls:
+            checked = next((c.grade_id for c in ex.cells if c.grade_id), "").removesuffix("_check")
+            ex.id = answer or checked or f"ex{number}"
             exercises.append(ex)
         else:
             unchecked.append((number, title))
+    ids = [e.id for e in exercises]
+    for ex in exercises:  # ids are unique within a lesson
+        if ids.count(ex.id) > 1:
+            ex.id = f"{ex.id}-{ex.number}"
     if not exercises:
         raise BadReference("no exercises found: expected sections headed '## Exercise N: title' with a cell "
                               "calling a modern_block.classroom.checks function")
@@ -267,8 +331,8 @@ def plan_run(cells: list[Cell], ref: Reference) -> Plan:
         raise NotebookError(f"this notebook is {generated.rsplit('/', 1)[-1]}, the reference is "
                             f"{ref.generated_from.rsplit('/', 1)[-1]}: graded against the wrong lesson?")
     code = [c for c in cells if c.kind == "code"]
-    all_ids = set().union(*(e.check_ids for e in ref.exercises))
-    all_sources = set().union(*(e.check_sources for e in ref.exercises))
+    all_ids = {i for e in ref.exercises for i in e.check_ids}
+    all_sources = {s for e in ref.exercises for s in e.check_sources}
     is_check = {c.index for c in code if (c.id and c.id in all_ids) or _normal(c.source) in all_sources}
     by_number = {number: (title, section) for number, title, section in sections(cells)}
     end = cells[-1].index + 1

@@ -10,11 +10,15 @@ installed one (which it hides). The copy holds:
   subclassing it or calling it inside one's own function fails in the student's process, with a message that
   says why;
 * ``modern_block.classroom.checks`` as names that do nothing (the notebook's ``from modern_block.classroom
-  import checks`` works; the checks and their reference formulas run in the grader only);
+  import checks`` works; the checks and their reference formulas run in the grader only), which also hides the
+  torch functions an exercise forbids (``checks.hiding.sandbox_stub``);
 * the two modules the sandboxed process runs (``grading.runner``, ``grading.wire``).
 
 The fast layer, interop, training and the rest of the classroom are not in it: none of the exercise notebooks
 uses them, and each holds implementations of the pieces the exercises ask for.
+
+What each exercise hides, and the message a hidden piece raises, are the checks' (``checks.hiding``): the grader
+depends on the checks, never the reverse.
 """
 
 from __future__ import annotations
@@ -25,36 +29,9 @@ import hashlib
 import shutil
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2]  # modern_block/classroom/grading/package_copy.py -> modern_block
+from ..checks.hiding import PACKAGE, hidden_message, model_files, sandbox_stub, with_bases
+
 RUNNER_FILES = ("classroom/grading/runner.py", "classroom/grading/wire.py")
-CHECKS_STUB = '''"""The checks run in the grader, not in the submission's process: here every check does nothing."""
-
-import contextlib
-
-
-class CheckFailed(AssertionError):
-    pass
-
-
-class NotAttempted(AssertionError):
-    pass
-
-
-@contextlib.contextmanager
-def graded(secret):
-    yield
-
-
-def _not_here(*args, **kwargs):
-    return None
-
-
-'''
-
-
-def hidden_message(name: str) -> str:
-    return (f"modern_block.{name} is not available while this notebook is graded: the exercise asks for your "
-            "own implementation, written with plain PyTorch")
 
 
 def _raise(name: str) -> list[ast.stmt]:
@@ -85,28 +62,6 @@ def hide(source: str, names: set[str]) -> tuple[str, set[str]]:
     return ast.unparse(tree) + "\n", found
 
 
-def model_files() -> list[Path]:
-    return sorted(p for p in PACKAGE.glob("*.py") if p.name != "__main__.py")
-
-
-def with_bases(hidden: frozenset[str], sources: list[str]) -> frozenset[str]:
-    """``hidden`` and, for each class in it, the classes of ``sources`` (the model files) it derives from,
-    transitively (a base named directly or as ``module.Name``)."""
-    bases: dict[str, set[str]] = {}
-    for source in sources:
-        for node in ast.parse(source).body:
-            if isinstance(node, ast.ClassDef):
-                bases[node.name] = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
-                                    if isinstance(b, (ast.Name, ast.Attribute))}
-    out, todo = set(hidden), list(hidden)
-    while todo:
-        for base in bases.get(todo.pop(), set()) & set(bases):
-            if base not in out:
-                out.add(base)
-                todo.append(base)
-    return frozenset(out)
-
-
 def build(root: Path, hidden: frozenset[str]) -> Path:
     """Write the copy for the components ``hidden`` under ``root`` (once per set) and return the folder to
     put on ``sys.path``. Components defined outside the model files (the trainer's ``lr_at``) are not in the
@@ -130,11 +85,7 @@ def build(root: Path, hidden: frozenset[str]) -> Path:
     (target / "classroom" / "grading" / "__init__.py").write_text("")
     for name in RUNNER_FILES:
         shutil.copyfile(PACKAGE / name, target / name)
-    from .. import checks
-
-    stub = CHECKS_STUB + "".join(f"{name} = _not_here\n" for name in checks.__all__
-                                  if name not in ("CheckFailed", "NotAttempted", "graded"))
-    (target / "classroom" / "checks" / "__init__.py").write_text(stub + f"__all__ = {list(checks.__all__)!r}\n")
+    (target / "classroom" / "checks" / "__init__.py").write_text(sandbox_stub(hidden_all))
     compileall.compile_dir(str(staging), quiet=2)
     for path in [staging, *staging.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)

@@ -10,6 +10,12 @@ forwards each call to the student's process and brings back plain data:
   stand-in's current parameter values have been sent there (a tied parameter once, under its first name:
   a module that only claims to be tied never gets the other copy, and its outputs show it).
 
+What a stand-in holds is bounded: a module's parameters, persistent buffers and tensor attributes together at
+most ``MAX_MODULE_BYTES`` (a larger one is refused before it is built); a non-persistent buffer (recomputed,
+not learned: RoPE tables) is kept by name, shape and dtype only (a tensor on the ``meta`` device, no data) and
+never sent back; and the link holds its stand-ins weakly, so each is released as soon as the check lets go of
+it.
+
 Trust flows one way. Arguments travel by value (tensors, numbers, containers, and the grader's own modules,
 rebuilt there from their weights), so the student's code only ever changes its copies; nothing comes back
 but the call's value and the arguments the check declared as outputs (``checks.core.Output``). Every string
@@ -19,6 +25,7 @@ from the student's process that reaches a report is put on one line, its control
 from __future__ import annotations
 
 import keyword
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +42,8 @@ MAX_NAME = 300  # characters of one dotted name
 MAX_PARTS = 32  # parts of one dotted name
 MAX_SUBMODULES = 5_000  # submodules a stand-in may have
 MAX_ATTRS = 100  # attributes of a plain object
+MAX_MODULE_BYTES = 48 << 20  # a module's parameters, persistent buffers, tensor attributes (LlamaStyleLM(1000): 13 MB)
+MAX_ERROR = 3000  # characters of a student's exception message
 
 
 class StudentError(Exception):
@@ -45,7 +54,7 @@ _ERROR_CLASSES: dict[str, type] = {}
 
 
 def student_error(name, message) -> Exception:
-    message = one_line(str(message))
+    message = one_line(str(message)[:MAX_ERROR])[:MAX_ERROR]
     if name == "NotImplementedError":
         return NotImplementedError(message)
     name = name if isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name) else "Error"
@@ -79,7 +88,7 @@ class Link:
 
     def __init__(self, sandbox: Sandbox, deadline: float):
         self.sandbox, self.deadline = sandbox, deadline
-        self.proxies: dict[int, object] = {}
+        self.proxies: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # while a check holds them
 
     def request(self, message: dict) -> dict:
         return self.sandbox.request(message, self.deadline)
@@ -168,7 +177,24 @@ def checked_description(module) -> dict:
     for name in names:
         if not isinstance(name, str) or len(name) > MAX_NAME or name.count(".") >= MAX_PARTS:
             raise ValueError(f"a name longer than {MAX_NAME} characters or {MAX_PARTS} parts")
+    kept = [p[1] for p in parts["params"]] + [b[1] for b in parts["buffers"] if b[2]] + list(parts["attrs"].values())
+    size = sum(t.numel() * t.element_size() for t in kept if isinstance(t, torch.Tensor))
+    if size > MAX_MODULE_BYTES:
+        raise ValueError(f"a module of {size / 2**20:,.0f} MB of parameters and buffers (the grader takes modules of "
+                         f"at most {MAX_MODULE_BYTES >> 20} MB)")
     return parts
+
+
+def _meta(value) -> torch.Tensor:
+    """A non-persistent buffer as the stand-in keeps it: its shape and dtype on the ``meta`` device, from the
+    tensor or from a ``(shape, dtype)`` pair the student's process sends instead of its data."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty(value.shape, dtype=value.dtype, device="meta")
+    if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[1], torch.dtype) and \
+            isinstance(value[0], (tuple, list)) and len(value[0]) <= 16 and \
+            all(type(n) is int and 0 <= n < 1 << 40 for n in value[0]):
+        return torch.empty(tuple(value[0]), dtype=value[1], device="meta")
+    return torch.empty(0, device="meta")
 
 
 class _Missing:
@@ -245,6 +271,8 @@ class RemoteModule(nn.Module):
             owner.register_parameter(leaf, shared[group])
         for name, value, persistent in module["buffers"]:
             owner, leaf = self._owner(name)
+            if not persistent:  # its name, shape and dtype; its data stays in the student's process
+                value = _meta(value)
             owner.register_buffer(leaf, value, persistent=bool(persistent))
         for name, value in module["attrs"].items():
             owner, leaf = self._owner(name)
@@ -270,9 +298,11 @@ class RemoteModule(nn.Module):
         return owner, leaf
 
     def _state(self) -> dict:
-        """The values to send before a call: each parameter once (a tied one under its first name)."""
+        """The values to send before a call: each parameter once (a tied one under its first name), and the
+        persistent buffers."""
+        persistent = set(self.state_dict())
         return {"params": {n: p.detach() for n, p in self.named_parameters()},
-                "buffers": {n: b.detach() for n, b in self.named_buffers()}}
+                "buffers": {n: b.detach() for n, b in self.named_buffers() if n in persistent}}
 
     def forward(self, *args, **kwargs):
         return self._link.call(self._number, None, list(args), kwargs, push=self._state())[0]

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from .notebook import Cell, sections
 
 PASSED, FAILED, NOT_ATTEMPTED, NOT_GRADED = "passed", "failed", "not attempted", "not graded"
+MAX_ERROR, MAX_OUTPUT = 1_200, 1_500  # characters of a cell's error and output kept, after escaping
 STATUSES = (PASSED, FAILED, NOT_ATTEMPTED)
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 _ESCAPED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})  # C0 and C1 controls, format characters (bidirectional
@@ -46,6 +47,13 @@ def printable(text: str, newlines: bool = True) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def bounded(text: str, limit: int, newlines: bool = True) -> str:
+    """``text`` escaped as in ``printable``, then cut to ``limit`` characters: escaping first, since one format
+    character grows to six (no character beyond ``limit`` can be shown, so only those are escaped)."""
+    shown = printable(text[:limit], newlines)
+    return shown if len(shown) <= limit and len(text) <= limit else shown[:limit] + " [... cut]"
 
 
 def one_line(text: str) -> str:
@@ -282,5 +290,5 @@ def render_csv(header, rows) -> str:
 
 
 def gradebook(reports: list[Report], graded_at: str = "") -> str:
-    """The long CSV gradebook of ``reports``: one row per student and exercise."""
+    """The long CSV of ``reports``: one row per student and exercise, with its header."""
     return render_csv(COLUMNS, gradebook_rows(reports, graded_at))

@@ -225,15 +225,17 @@ class Runner:
 
     @staticmethod
     def describe_module(module: nn.Module) -> dict:
-        """Parameters (tied ones named once, with the name they share), buffers (persistent or not), the
-        names of the submodules and their simple attributes (numbers, strings, tensors)."""
+        """Parameters (tied ones named once, with the name they share), buffers (persistent ones with their data,
+        non-persistent ones by shape and dtype only: recomputed, never learned, and the grader keeps no more),
+        the names of the submodules and their simple attributes (numbers, strings, tensors)."""
         first: dict[int, str] = {}
         params = []
         for name, p in module.named_parameters(remove_duplicate=False):
             shared = first.setdefault(id(p), name)
             params.append([name, p.detach() if shared == name else None, shared, bool(p.requires_grad)])
         persistent = set(module.state_dict())
-        buffers = [[name, b.detach(), name in persistent] for name, b in module.named_buffers(remove_duplicate=False)]
+        buffers = [[name, b.detach(), True] if name in persistent else [name, (tuple(b.shape), b.dtype), False]
+                   for name, b in module.named_buffers(remove_duplicate=False)]
         submodules, attrs = [], {}
         for prefix, sub in module.named_modules(remove_duplicate=False):
             if prefix:

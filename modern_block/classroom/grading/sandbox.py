@@ -1,26 +1,17 @@
-"""Each submission runs in a sandbox of its own, built by bubblewrap (``bwrap``), the sandbox Flatpak uses.
+"""Each submission runs in a sandbox of its own, built by bubblewrap (``bwrap``), the sandbox Flatpak uses;
+``bwrap.bwrap_command`` lists what it sees.
 
-    bwrap --seccomp FD --unshare-all --unshare-user --disable-userns --cap-drop ALL --uid 1000 --gid 1000
-          --die-with-parent --new-session --clearenv --setenv HOME /tmp ...
-          --ro-bind /usr /usr --symlink usr/lib /lib ...   the system's libraries, as on the host
-          --ro-bind PREFIX PREFIX ...                        the interpreter and its virtual environment
-          --tmpfs PACKAGE --tmpfs CHECKOUT ...               inside those: the installed package, the checkout
-          --ro-bind COPY /opt/modern-block                   the package as the submission sees it
-          --ro-bind NOTEBOOK /submission/notebook.ipynb      this submission's copy
-          --proc /proc --remount-ro /proc --tmpfs /dev --dev-bind /dev/null /dev/null ... --remount-ro /dev
-          --size 268435456 --tmpfs /tmp --chdir /tmp
-          --info-fd N -- /bin/sh -c 'printf x > /proc/self/fd/M && exec sleep 2147483647'
-
-Never root: started as root, the grader starts bubblewrap and the zygote as an unprivileged user (the
-system user ``modern-block-sandbox`` where the instructor made one, else ``nobody``: ``sandbox_user``), so the
-user namespace maps the submission's uid to that user, never to uid 0; started as anyone else, as itself. New
+Never root: started as root, the grader starts bubblewrap and the zygote as an unprivileged user of their own
+(the system user ``modern-block-sandbox``, made when missing, never the shared ``nobody``: ``sandbox_user``), so
+the user namespace maps the submission's uid to that user, never to uid 0; started as anyone else, as itself. New
 user, mount, pid, network, IPC and UTS namespaces: the submission sees only what is listed (no solutions,
 no reference, no other submission, no home folder), reaches no network, signals and traces only its own
 processes, and everything it starts ends with it: killing bwrap (or the grader dying: ``--die-with-parent``)
 ends the namespace's init, and the kernel ends every process in it. Its files live in a tmpfs that goes with
-it. Memory, processes and CPU are bounded for the whole sandbox by a cgroup where the grader may make one
-(``cgroups``), else by limits on every process (set before any submission code, inherited by every process it
-starts) plus the pid namespace.
+it. Memory, processes and CPU are bounded for the whole sandbox by a cgroup (``cgroups``: v1, a delegated v2
+subtree, or a systemd scope); where none can be made the grader refuses unless the instructor passes
+``--no-cgroup-i-accept-per-process-limits``, and then only limits on every process (set before any submission
+code, inherited by every process it starts) and the pid namespace bound it.
 
 The process that runs the student's code is not a fresh interpreter (importing torch costs about two
 CPU-seconds, most of a class's grading time): the zygote (``zygote.py``), which has imported torch and
@@ -49,26 +40,34 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import package_copy, seccomp_filter, wire
 from .bwrap import (
     COPY_MOUNT,
     ENV,
     TMPFS_BYTES,
+    HolderError,
     Interpreter,
     InterpreterError,
     bwrap_command,
     bwrap_features,
+    hold,
     installed_packages,
+    kill_group,
+    read_until,
 )
-from .cgroups import Cgroups, Group
+from .cgroups import Cgroups, Group, scope_command, v2_group
 from .sandbox_user import sandbox_user, user_processes
 
 STARTUP_TIMEOUT = 180.0  # seconds for the zygote to import torch, or a sandbox to start, on a busy machine
 INTERPRETER_BYTES = 1 << 30  # memory of the loaded interpreter (torch, IPython), on top of --memory-mb
 PROCESSES = 128  # processes and threads of one sandbox (with a cgroup)
 EXTRA_PROCESSES = 64  # without a cgroup: processes a submission may add to its user's count
+OPEN_FILES = 256  # open files of each of its processes (no process can hold more pipes or sockets' buffers)
 UNSAFE_FLAG = "--no-sandbox-i-trust-these-notebooks"
+NO_CGROUP_FLAG = "--no-cgroup-i-accept-per-process-limits"  # Limits(without_cgroup=True)
+STATUS_LINE = 4096  # bytes of one report of the process that enters a sandbox
 _PROBE = "import sys; sys.exit(0 if sys.path else 1)"
 
 
@@ -90,6 +89,7 @@ class Limits:
     memory_mb: int = 2048  # memory a submission may use on top of the loaded interpreter
     cpu_seconds: int = 630  # CPU time of each of its processes (a backstop: the grader's clocks act first)
     sandbox: bool = True  # False: plain processes, no isolation (--no-sandbox-i-trust-these-notebooks)
+    without_cgroup: bool = False  # True: grade where no cgroup can be made (--no-cgroup-i-accept-per-process-limits)
 
 
 class Sandbox:
@@ -99,6 +99,7 @@ class Sandbox:
                  group: Group | None, files: list[Path]):
         self.sock, self.status, self.holder, self.group, self.files = sock, status, holder, group, files
         self.pid: int | None = None  # the student's process, as the joiner reports it
+        self.joining: int | None = None  # the joiner, waiting to be moved into the cgroup
         self.ended: int | None = None  # its wait status, once reported
         self.closed = False
         self.error: str | None = None  # the joiner's, when it could not start the student's process
@@ -126,10 +127,11 @@ class Sandbox:
             raise SandboxLost("garbled", "a reply that is not a dict")
         return reply
 
-    def read_status(self, timeout: float) -> None:
-        """Read the joiner's reports (the student's pid, then its wait status) that arrive within ``timeout``."""
+    def read_status(self, timeout: float, joining: bool = False) -> None:
+        """Read the joiner's reports (its own pid when it waits for its cgroup, the student's pid, then its wait
+        status) that arrive within ``timeout`` (``joining``: until the joiner's own pid)."""
         deadline = time.monotonic() + timeout
-        while self.ended is None and not self.closed:
+        while self.ended is None and not self.closed and not (joining and self.joining is not None):
             if not select.select([self.status], [], [], max(0.0, deadline - time.monotonic()))[0]:
                 return
             try:
@@ -138,13 +140,15 @@ class Sandbox:
                 chunk = b""
             if not chunk:
                 return
-            self._lines += chunk
+            self._lines = (self._lines + chunk)[-STATUS_LINE:]
             while b"\n" in self._lines:
                 line, self._lines = self._lines.split(b"\n", 1)
                 try:
                     report = json.loads(line)
                 except ValueError:
                     continue
+                if isinstance(report.get("joining"), int):
+                    self.joining = report["joining"]
                 if isinstance(report.get("pid"), int):
                     self.pid = report["pid"]
                 if isinstance(report.get("status"), int):
@@ -182,10 +186,10 @@ class Sandbox:
             except OSError:
                 pass
         if self.holder is not None:
-            _kill_group(self.holder.pid)
+            kill_group(self.holder.pid)
             self.holder.wait()
         elif self.pid is not None:
-                _kill_group(self.pid)  # no sandbox: its session (a process that left it survives)
+                kill_group(self.pid)  # no sandbox: its session (a process that left it survives)
         if self.group is not None:
             self.group.remove()
         for path in self.files:
@@ -193,35 +197,6 @@ class Sandbox:
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def _read_until(fd: int, deadline: float, done) -> bytes:
-    """Bytes from ``fd`` until ``done(data)`` or end of file; raises TimeoutError at ``deadline``."""
-    data = b""
-    while not done(data):
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise TimeoutError("no answer in time")
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
-def _json_complete(data: bytes) -> bool:
-    try:
-        json.loads(data)
-        return True
-    except ValueError:
-        return False
 
 
 class Launcher:
@@ -251,6 +226,7 @@ class Launcher:
             self.as_user = {"user": self.user[0], "group": self.user[1], "extra_groups": []}
         self.hidden = [*installed_packages(self.interpreter.path), str(self.run_dir)]
         self.cgroups: Cgroups | None = None
+        self.scope_problem = ""  # why the systemd scope could not be used, where it was tried
         self.bwrap: str | None = None
         self.features: frozenset[str] = frozenset()
         self.zygote: subprocess.Popen | None = None
@@ -270,6 +246,8 @@ class Launcher:
                 self._probe()
                 self.cgroups = Cgroups.open()
             self._start_zygote()
+            if limits.sandbox and self.cgroups is None and not limits.without_cgroup:
+                raise SandboxError(self._no_cgroup())
         except BaseException:
             self.close()
             raise
@@ -299,8 +277,18 @@ class Launcher:
         """How memory, processes and CPU are bounded, in words."""
         if not self.limits.sandbox:
             return "no sandbox: limits on each process only"
-        return ("a cgroup per sandbox (memory, processes, CPU)" if self.cgroups else
-                "limits on every process plus the sandbox's pid namespace (no cgroup may be created here)")
+        if self.cgroups is not None:
+            return f"a cgroup per sandbox (cgroup v{self.cgroups.version}: memory, processes, CPU)"
+        return f"limits on every process plus the sandbox's pid namespace (no cgroup: {NO_CGROUP_FLAG})"
+
+    def _no_cgroup(self) -> str:
+        tried = f"; systemd-run: {self.scope_problem}" if self.scope_problem else ""
+        return ("the grader bounds each sandbox's memory, processes and CPU with a cgroup and cannot make one here "
+                f"(cgroup v1 controllers not writable, no delegated cgroup v2 subtree{tried}). Run it as root, "
+                "or in a delegated scope (systemd-run --user --scope -p Delegate=yes python -m modern_block grade "
+                f"...), or pass {NO_CGROUP_FLAG} to bound each process of a submission only (address space, CPU "
+                "time, processes, open files; memfd, shared memory and new sockets are refused), so that its "
+                "processes together may hold more memory than --memory-mb")
 
     def _refusal(self, why: str) -> str:
         who = f" for uid {self.uid}" if self.user else ""
@@ -337,29 +325,53 @@ class Launcher:
         if done.returncode != 0:
             raise SandboxError(self._refusal((done.stderr.strip() or f"exit status {done.returncode}")[-500:]))
 
-    def _start_zygote(self) -> None:
-        mine, theirs = socket.socketpair()
-        home = self.run_dir / "zygote"
-        home.mkdir(mode=0o700)
+    def _private_folder(self, prefix: str) -> Path:
+        """A folder of the run with a random name, only the sandbox user's (mode 0700)."""
+        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=self.run_dir))
         if self.user is not None:
-            os.chown(home, *self.user)
+            os.chown(folder, *self.user)
+        return folder
+
+    def _start_zygote(self) -> None:
+        """Start the zygote: in a systemd scope of its own, which then holds the sandboxes' cgroups, where no
+        other cgroup could be made and systemd is there; else as a plain process."""
+        home = self._private_folder("zygote-")
+        argv = [self.interpreter.executable, "-I", "-S", "-c",
+                (Path(__file__).parent / "zygote.py").read_text(encoding="utf-8"), "FD",
+                json.dumps(list(self.interpreter.path)), self.seccomp.hex()]
+        scope = scope_command(argv, self.user) if self.limits.sandbox and self.cgroups is None else None
+        if scope is not None:
+            try:
+                manager = {k: v for k, v in os.environ.items() if k in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")}
+                self._start(scope, home, {}, manager)  # (the user's manager is found through these)
+                base = v2_group(self.zygote.pid) if self.zygote else None
+                self.cgroups = Cgroups.open(base) if base is not None else None
+                if self.cgroups is not None:
+                    return
+                self.scope_problem = f"its scope {base} cannot be managed"
+            except SandboxError as err:
+                self.scope_problem = " ".join(str(err).split())[-300:]
+            self._stop_zygote()
+        self._start(argv, home, self.as_user)
+
+    def _start(self, argv: list[str], home: Path, as_user: dict, manager: dict | None = None) -> None:
+        mine, theirs = socket.socketpair()
+        argv = [str(theirs.fileno()) if arg == "FD" else arg for arg in argv]
         env = {**ENV, "MPLCONFIGDIR": str(home / "matplotlib"), "IPYTHONDIR": str(home / "ipython"), "HOME": str(home)}
-        log = self.run_dir / "zygote.log"
-        source = (Path(__file__).parent / "zygote.py").read_text(encoding="utf-8")
+        env.update(manager or {})
+        log = home.with_suffix(".log")
         try:
             with open(log, "wb") as out:
-                self.zygote = subprocess.Popen(
-                    [self.interpreter.executable, "-I", "-S", "-c", source, str(theirs.fileno()),
-                     json.dumps(list(self.interpreter.path)), self.seccomp.hex()], env=env, cwd=home,
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=out, pass_fds=[theirs.fileno()],
-                    start_new_session=True, **self.as_user)
+                self.zygote = subprocess.Popen(argv, env=env, cwd=home, stdin=subprocess.DEVNULL, stdout=out,
+                                               stderr=out, pass_fds=[theirs.fileno()], start_new_session=True,
+                                               **as_user)
         except OSError as err:
-            raise SandboxError(f"cannot start {self.interpreter.executable}: {err}") from None
+            raise SandboxError(f"cannot start {argv[0]}: {err}") from None
         finally:
             theirs.close()
         self.control = mine
         try:
-            answer = _read_until(mine.fileno(), time.monotonic() + STARTUP_TIMEOUT, lambda d: d.endswith(b"\n"))
+            answer = read_until(mine.fileno(), time.monotonic() + STARTUP_TIMEOUT, lambda d: d.endswith(b"\n"))
             if answer == b"ready\n":
                 return
         except TimeoutError:
@@ -367,55 +379,41 @@ class Launcher:
         tail = log.read_text(errors="replace")[-2000:]
         raise SandboxError(f"the grader's interpreter ({self.interpreter.executable}) did not start:\n{tail}")
 
+    def _stop_zygote(self) -> None:
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+        if self.zygote is not None:
+            kill_group(self.zygote.pid)
+            self.zygote.wait()
+            self.zygote = None
+
     def _notebook_file(self, number: int, notebook: bytes | None, files: list) -> Path | None:
-        """The submission's copy that bubblewrap binds (readable by the sandbox user only), listed in ``files``."""
+        """The submission's copy that bubblewrap binds, alone in a folder with a random name that only the
+        sandbox user may open; the folder is listed in ``files``."""
         if notebook is None:
             return None
-        nb = self.run_dir / f"notebook-{number}.ipynb"
+        folder = self._private_folder(f"n{number}-")
+        files.append(folder)
+        nb = folder / "notebook.ipynb"
         nb.write_bytes(notebook)
-        files.append(nb)
         if self.user is not None:
             os.chown(nb, *self.user)
-            nb.chmod(0o400)
+        nb.chmod(0o400)
         return nb
 
     def _holder(self, number: int, copy: Path, notebook: bytes | None, files: list) -> tuple[subprocess.Popen, int]:
         """Start bubblewrap for one sandbox, holding its namespaces open; its first process's pid."""
         nb = self._notebook_file(number, notebook, files)
-        info_r, info_w = os.pipe()
-        ready_r, ready_w = os.pipe()
-        if self.user is not None:
-            os.fchown(ready_w, *self.user)  # the shell inside reopens it through /proc/self/fd
         seccomp = self._seccomp_fd()
-        hold = ["/bin/sh", "-c", f"printf x > /proc/self/fd/{ready_w} && exec sleep 2147483647"]
-        cmd = bwrap_command(self._bwrap, self.interpreter, str(copy), str(nb) if nb else None, self.hidden, hold,
-                            self.features, seccomp)
-        cmd[-len(hold) - 1:-len(hold) - 1] = ["--info-fd", str(info_w)]
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, pass_fds=[info_w, ready_w, seccomp], start_new_session=True,
-                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd="/", **self.as_user)
+            return hold(lambda argv: bwrap_command(self._bwrap, self.interpreter, str(copy), str(nb) if nb else None,
+                                                   self.hidden, argv, self.features, seccomp),
+                        self.user, self.as_user, [seccomp])
+        except HolderError as err:
+            raise SandboxError(self._refusal(str(err))) from None
         finally:
-            os.close(info_w)
-            os.close(ready_w)
             os.close(seccomp)
-        try:
-            deadline = time.monotonic() + 60
-            ready = _read_until(ready_r, deadline, lambda d: len(d) >= 1)
-            info = json.loads(_read_until(info_r, deadline, _json_complete) or b"{}")
-            if ready != b"x" or not isinstance(info.get("child-pid"), int):
-                raise OSError("bubblewrap did not start")
-            return proc, info["child-pid"]
-        except (OSError, ValueError, TimeoutError) as err:
-            _kill_group(proc.pid)
-            proc.wait()
-            said = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise SandboxError(self._refusal(said.strip()[-500:] or str(err))) from None
-        finally:
-            os.close(info_r)
-            os.close(ready_r)
-            if proc.stderr is not None:
-                proc.stderr.close()
 
     def spawn(self, hidden: frozenset[str], notebook: bytes | None = None) -> Sandbox:
         """A fresh sandbox, its package copy without the components ``hidden``, serving requests. Raises
@@ -424,55 +422,54 @@ class Launcher:
             self.count += 1
             number = self.count
             copy = package_copy.build(self.run_dir, hidden)
-            group = self.cgroups.create(self.limits.memory_mb * (1 << 20) + INTERPRETER_BYTES + TMPFS_BYTES,
-                                        PROCESSES, self.user) if self.cgroups else None
-        files: list[Path] = []
-        holder, ours, status = None, None, None
+        ours, theirs = socket.socketpair()
+        status, status_theirs = socket.socketpair()
+        box = Sandbox(ours, status, None, None, [])
         try:
-            spec = {"sandbox": self.bwrap is not None, "memory_mb": self.limits.memory_mb,
-                    "cpu_seconds": self.limits.cpu_seconds, "cgroup": group.procs_files if group else [],
-                    "processes": None if group else user_processes(self.uid) + EXTRA_PROCESSES}
-            if self.bwrap:
-                holder, spec["pid"] = self._holder(number, copy, notebook, files)
-                spec.update(path=[COPY_MOUNT, *self.interpreter.path], workdir="/tmp", env=ENV)
-            else:
-                workdir = self.run_dir / f"work-{number}"
-                workdir.mkdir(mode=0o700)
-                files.append(workdir)
-                spec.update(path=[str(copy), *self.interpreter.path], workdir=str(workdir),
-                            env={**ENV, "HOME": str(workdir), "TMPDIR": str(workdir),
-                                 "MPLCONFIGDIR": str(workdir / "matplotlib"), "IPYTHONDIR": str(workdir / ".ipython")})
-            ours, theirs = socket.socketpair()
-            status, status_theirs = socket.socketpair()
             try:
-                with self.lock:
-                    socket.send_fds(self._control, [json.dumps(spec).encode()], [theirs.fileno(),
-                                                                                 status_theirs.fileno()])
-            except OSError:
-                raise SandboxError("the grader's pre-loaded interpreter has ended") from None
+                if self.cgroups is not None:
+                    with self.lock:
+                        box.group = self.cgroups.create(self.limits.memory_mb * (1 << 20) + INTERPRETER_BYTES +
+                                                        TMPFS_BYTES, PROCESSES)
+                spec: dict[str, Any] = {
+                    "sandbox": self.bwrap is not None, "memory_mb": self.limits.memory_mb, "open_files": OPEN_FILES,
+                    "cpu_seconds": self.limits.cpu_seconds, "cgroup": box.group is not None,
+                    "processes": None if box.group else user_processes(self.uid) + EXTRA_PROCESSES}
+                if self.bwrap:
+                    box.holder, spec["pid"] = self._holder(number, copy, notebook, box.files)
+                    spec.update(path=[COPY_MOUNT, *self.interpreter.path], workdir="/tmp", env=ENV)
+                else:
+                    workdir = self._private_folder(f"work-{number}-")
+                    box.files.append(workdir)
+                    spec.update(path=[str(copy), *self.interpreter.path], workdir=str(workdir),
+                                env={**ENV, "HOME": str(workdir), "TMPDIR": str(workdir), "MPLCONFIGDIR":
+                                     str(workdir / "matplotlib"), "IPYTHONDIR": str(workdir / ".ipython")})
+                try:
+                    with self.lock:
+                        socket.send_fds(self._control, [json.dumps(spec).encode()], [theirs.fileno(),
+                                                                                     status_theirs.fileno()])
+                except OSError:
+                    raise SandboxError("the grader's pre-loaded interpreter has ended") from None
             finally:
                 theirs.close()
                 status_theirs.close()
-        except BaseException:
-            for s in (ours, status):
-                if s is not None:
-                    s.close()
-            if holder is not None:
-                _kill_group(holder.pid)
-                holder.wait()
-            if group is not None:
-                group.remove(wait=0)
-            raise
-        box = Sandbox(ours, status, holder, group, files)
-        try:
+            if box.group is not None:  # the process that enters the sandbox waits until it is in its cgroup
+                box.read_status(STARTUP_TIMEOUT, joining=True)
+                if box.joining is None:
+                    raise OSError(box.error or "it did not report")
+                box.group.add(box.joining)
+                box.status.sendall(b"go\n")
             ready = wire.receive(ours, time.monotonic() + STARTUP_TIMEOUT)
         except (TimeoutError, EOFError, OSError, wire.ProtocolError) as err:
             box.read_status(1.0)
-            why = getattr(box, "error", None) or type(err).__name__
+            why = box.error or (str(err) if isinstance(err, OSError) else "") or type(err).__name__
             box.close()
             if not self.started:
                 raise SandboxError(self._refusal(f"a process could not enter it ({why})")) from None
             raise SandboxLost("died", f"the sandboxed process did not start ({why})") from None
+        except BaseException:
+            box.close()
+            raise
         box.read_status(0)
         if ready != {"ready": True}:
             box.close()
@@ -481,13 +478,7 @@ class Launcher:
         return box
 
     def close(self) -> None:
-        if self.control is not None:
-            self.control.close()
-            self.control = None
-        if self.zygote is not None:
-            _kill_group(self.zygote.pid)
-            self.zygote.wait()
-            self.zygote = None
+        self._stop_zygote()
         if self.cgroups is not None:
             self.cgroups.close()
             self.cgroups = None

@@ -33,7 +33,19 @@ from .notebook import (
     reference_from,
 )
 from .remote import MISSING, Link
-from .report import FAILED, NOT_ATTEMPTED, PASSED, Exercise, Report, cell_labels, one_line, printable
+from .report import (
+    FAILED,
+    MAX_ERROR,
+    MAX_OUTPUT,
+    NOT_ATTEMPTED,
+    PASSED,
+    Exercise,
+    Report,
+    bounded,
+    cell_labels,
+    one_line,
+    printable,
+)
 from .sandbox import Launcher, Sandbox, SandboxLost
 
 MAX_RESTARTS = 6
@@ -133,9 +145,9 @@ class _Run:
         self.done.append(cell)
         error = reply.get("error")
         if isinstance(error, list) and len(error) == 2:
-            text = one_line(f"{error[0]}: {error[1]}")[:3000]
+            text = bounded(f"{error[0]}: {error[1]}", MAX_ERROR, newlines=False)  # escaped, then cut
             self.errors[cell.index] = text
-            self.record(cell.index, text, printable(str(reply.get("output", ""))[:5000]))
+            self.record(cell.index, text, bounded(str(reply.get("output", "")), MAX_OUTPUT))
 
     def close(self) -> None:
         if self.box is not None:

@@ -1,20 +1,22 @@
 """Messages between the grader and the student's process: no pickle, no compression, every size checked.
 
-A frame is its length in 8 bytes (big-endian), then a safetensors buffer: an 8-byte little-endian header
-length, a JSON header naming each tensor's dtype, shape and byte range, then the tensors' raw bytes. The
-message itself (nested dicts, lists, tuples, str, int, float, bool, None) is JSON in the header's
-``__metadata__``, each tensor standing there as ``{"T": index}``; a tuple is ``{"t": [...]}``, a dict
-``{"d": {...}}``, a dtype ``{"dt": "float32"}``, a device ``{"dv": "cpu"}``, a value the grader does not use (a
-complex tensor) ``{"u": "what it was"}``.
+A frame is its length in 8 bytes (big-endian), then a safetensors buffer: tensor ``message``, the message's
+JSON as bytes (``U8``), and tensors ``0``, ``1``, ... The message (nested dicts, lists, tuples, str, int,
+float, bool, None) holds each tensor as ``{"T": index}``; a tuple is ``{"t": [...]}``, a dict ``{"d": {...}}``,
+a dtype ``{"dt": "float32"}``, a device ``{"dv": "cpu"}``, a value the grader does not use (a complex tensor)
+``{"u": "what it was"}``.
 
-Reading is bounded before anything is allocated or walked: the frame (``MAX_FRAME``) and the header
-(``MAX_HEADER``) by their announced lengths, the tensors by their declared dtypes, shapes and offsets, which
-must tile the data exactly (so their total is the bytes received, never more); the JSON by an upper bound of
-its values counted in its text, digits per integer (``parse_int``), then depth and values while it is turned
-into the message. Nothing is ever decompressed or unpickled, so no reply costs the grader more than a small
-multiple of its own length, and decoding (linear in that length) is checked against the same deadline as
-the wait. A frame that breaks any rule raises ``ProtocolError``; a value the grader will not use becomes
-``Unsupported``.
+The safetensors library parses the buffer (``safetensors.deserialize``: the header's JSON, each tensor's dtype,
+shape and byte range, which must tile the data exactly, so the tensors are the bytes received, never more).
+Before it runs, the frame is bounded (``MAX_FRAME``, from its announced length), its header (``MAX_HEADER``)
+and the count of tensors the header can name (its ``{`` counted, ``MAX_TENSORS``); after, before any tensor
+or value is built, the names, the dtypes allowed (``DTYPES``), the elements (``MAX_ELEMENTS``) and the
+message's JSON: an upper bound of its values counted in its text, digits per integer (``parse_int``), then
+depth and values while it is turned into the message. The library copies the tensors' bytes once, and the
+frame is let go before the tensors are built on those copies, so a reply costs the grader twice its length
+at most; nothing is ever decompressed or unpickled, and decoding (linear in the length) is checked against
+the same deadline as the wait. A frame that breaks any rule raises ``ProtocolError``; a value the grader will
+not use becomes ``Unsupported``.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import struct
 import time
 
 import torch
+from safetensors import SafetensorError, deserialize
 
 MAX_FRAME = 96 << 20  # bytes per message
-MAX_HEADER = 8 << 20  # bytes of JSON per message
+MAX_HEADER = 8 << 20  # bytes of JSON per message (the safetensors header, and the message)
 MAX_ELEMENTS = 1 << 25  # tensor elements per message, all tensors together
 MAX_TENSORS = 10_000
 MAX_NODES = 200_000  # values per message
@@ -42,6 +45,7 @@ DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 _HEADER = struct.Struct(">Q")
 _ST_HEADER = struct.Struct("<Q")
+MESSAGE = "message"  # the tensor holding the message's JSON
 
 
 class ProtocolError(Exception):
@@ -61,24 +65,33 @@ class Unsupported:
 # ---- writing ---------------------------------------------------------------------------------------------
 
 
-def encode(message) -> bytes:
-    """The payload of one frame (raises ProtocolError for a message over the limits)."""
+def encode(message) -> bytearray:
+    """The payload of one frame, its tensors' bytes copied once, straight into it (raises ProtocolError for a
+    message over the limits)."""
     tensors: list[torch.Tensor] = []
     budget = {"nodes": MAX_NODES, "elements": MAX_ELEMENTS}
-    tree = _encode(message, 0, budget, tensors)
-    header: dict = {"__metadata__": {"message": json.dumps(tree, separators=(",", ":"))}}
-    blobs, offset = [], 0
+    tree = json.dumps(_encode(message, 0, budget, tensors), separators=(",", ":")).encode()
+    header: dict = {MESSAGE: {"dtype": "U8", "shape": [len(tree)], "data_offsets": [0, len(tree)]}}
+    offset = len(tree)
     for i, t in enumerate(tensors):
-        blob = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[str(i)] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape),
-                          "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
+        size = t.numel() * t.element_size()
+        header[str(i)] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-    if len(text) > MAX_HEADER or _ST_HEADER.size + len(text) + offset > MAX_FRAME:
-        raise ProtocolError(f"a message of {_ST_HEADER.size + len(text) + offset:,} bytes is over the limits")
-    return b"".join([_ST_HEADER.pack(len(text)), text, *blobs])
+    start = _ST_HEADER.size + len(text)
+    if len(text) > MAX_HEADER or len(tree) > MAX_HEADER or start + offset > MAX_FRAME:
+        raise ProtocolError(f"a message of {start + offset:,} bytes is over the limits")
+    data = bytearray(start + offset)
+    view = memoryview(data)  # (a bytearray's own slice assignment would copy the source first)
+    view[:start] = _ST_HEADER.pack(len(text)) + text
+    view[start:start + len(tree)] = tree
+    for i, t in enumerate(tensors):
+        begin, end = header[str(i)]["data_offsets"]
+        if end > begin:
+            view[start + begin:start + end] = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data
+    view.release()
+    return data
 
 
 def _encode(v, depth: int, budget: dict, tensors: list):
@@ -120,7 +133,8 @@ def _encode(v, depth: int, budget: dict, tensors: list):
 def send(sock: socket.socket, message, timeout: float | None = None) -> None:
     data = encode(message)
     sock.settimeout(timeout)
-    sock.sendall(_HEADER.pack(len(data)) + data)
+    sock.sendall(_HEADER.pack(len(data)))
+    sock.sendall(data)
 
 
 # ---- reading ---------------------------------------------------------------------------------------------
@@ -148,7 +162,10 @@ def receive(sock: socket.socket, deadline: float | None = None):
     (n,) = _HEADER.unpack(_read(sock, _HEADER.size, deadline))
     if n > MAX_FRAME:
         raise ProtocolError(f"a message announced as {n:,} bytes is over the {MAX_FRAME:,}-byte limit")
-    message = decode(_read(sock, n, deadline))
+    frame = bytes(_read(sock, n, deadline))  # what the library reads (the received buffer let go)
+    parsed = _parse(frame)
+    del frame  # the tensors are built on the library's copies alone
+    message = _build(*parsed)
     if deadline is not None and time.monotonic() > deadline:
         raise TimeoutError("the reply took too long to read")
     return message
@@ -171,42 +188,47 @@ def _json(text: bytes, what: str):
 
 def decode(data: bytes | bytearray):
     """The message in one frame's payload (see the module's docstring for the checks)."""
-    if isinstance(data, bytes):
-        data = bytearray(data)  # torch.frombuffer wants a writable buffer
+    return _build(*_parse(bytes(data)))
+
+
+def _parse(data: bytes) -> tuple[bytes, list[tuple[torch.dtype, list[int], bytearray]]]:
+    """The message's JSON text and each tensor's (dtype, shape, bytes), as the safetensors library reads them,
+    bounded before and checked after."""
     if len(data) < _ST_HEADER.size:
         raise ProtocolError("a message shorter than its header")
     (h,) = _ST_HEADER.unpack_from(data)
     if h > MAX_HEADER or _ST_HEADER.size + h > len(data):
         raise ProtocolError(f"a header announced as {h:,} bytes (the limit: {MAX_HEADER:,}, the frame: {len(data):,})")
-    header = _json(bytes(data[_ST_HEADER.size:_ST_HEADER.size + h]), "a header")
-    if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict) or \
-            not isinstance(header["__metadata__"].get("message"), str):
-        raise ProtocolError("a header without the message")
-    entries = {k: v for k, v in header.items() if k != "__metadata__"}
-    if len(entries) > MAX_TENSORS or set(entries) != {str(i) for i in range(len(entries))}:
-        raise ProtocolError("tensors not numbered 0, 1, 2, ... or too many of them")
-    start, end, elements = _ST_HEADER.size + h, _ST_HEADER.size + h, 0
-    plan = []
+    if data.count(b"{", _ST_HEADER.size, _ST_HEADER.size + h) > MAX_TENSORS + 2:  # each tensor's entry has one
+        raise ProtocolError(f"a header naming more than {MAX_TENSORS:,} tensors")
+    try:
+        entries = dict(deserialize(data))
+    except SafetensorError as err:
+        raise ProtocolError(f"not a valid safetensors frame ({' '.join(str(err).split())[:200]})") from None
+    names = {str(i) for i in range(len(entries) - 1)} | {MESSAGE}
+    if set(entries) != names:
+        raise ProtocolError("tensors other than the message and 0, 1, 2, ...")
+    text = entries.pop(MESSAGE)
+    if text["dtype"] != "U8" or len(text["shape"]) != 1 or len(text["data"]) > MAX_HEADER:
+        raise ProtocolError("a message that is not JSON text of at most 8 MB")
+    plan, elements = [], 0
     for i in range(len(entries)):
-        entry = entries[str(i)]
-        if not isinstance(entry, dict) or entry.get("dtype") not in DTYPES or not isinstance(entry.get("shape"), list) \
-                or not isinstance(entry.get("data_offsets"), list) or len(entry["data_offsets"]) != 2:
-            raise ProtocolError(f"tensor {i}: a malformed entry")
-        shape, (begin, stop) = entry["shape"], entry["data_offsets"]
-        if len(shape) > 16 or not all(type(s) is int and 0 <= s < 1 << 40 for s in shape + [begin, stop]):
-            raise ProtocolError(f"tensor {i}: a malformed shape or byte range")
-        count = math.prod(shape)
-        elements += count
-        dtype = DTYPES[entry["dtype"]]
-        if elements > MAX_ELEMENTS or start + begin != end or stop - begin != count * dtype.itemsize:
-            raise ProtocolError(f"tensor {i}: its byte range does not follow the previous one or match its shape")
-        end = start + stop
-        plan.append((dtype, shape, start + begin, count))
-    if end != len(data):
-        raise ProtocolError("tensors that do not cover the message's data exactly")
-    tensors = [torch.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape).clone()
-               if count else torch.zeros(shape, dtype=dtype) for dtype, shape, offset, count in plan]
-    tree = _json(header["__metadata__"]["message"].encode(), "a message")
+        entry = entries.pop(str(i))
+        if entry["dtype"] not in DTYPES or len(entry["shape"]) > 16:
+            raise ProtocolError(f"tensor {i}: a dtype the grader does not take ({str(entry['dtype'])[:20]}) or "
+                                "more than 16 dimensions")
+        elements += math.prod(entry["shape"])
+        if elements > MAX_ELEMENTS:
+            raise ProtocolError(f"tensors of more than {MAX_ELEMENTS:,} elements in one message")
+        plan.append((DTYPES[entry["dtype"]], entry["shape"], entry["data"]))
+    return bytes(text["data"]), plan
+
+
+def _build(text: bytes, plan: list[tuple[torch.dtype, list[int], bytearray]]):
+    """The message from its parsed parts: each tensor on the library's copy of its bytes (no further copy)."""
+    tree = _json(text, "a message")
+    tensors = [torch.frombuffer(data, dtype=dtype).reshape(shape) if len(data) else torch.zeros(shape, dtype=dtype)
+               for dtype, shape, data in plan]
     return _decode(tree, 0, {"nodes": MAX_NODES}, tensors)
 
 

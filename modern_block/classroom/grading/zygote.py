@@ -5,14 +5,17 @@ on grading. So one interpreter (this script, run by ``sandbox.Launcher`` with ``
 part of the course package) imports torch and IPython once, then, for each submission, forks a process that
 enters the sandbox bubblewrap has built for it, the way ``nsenter(1)`` enters a container:
 
-    zygote ──fork──▶ joiner: joins the sandbox's cgroup; setns(2) into its user, mount, network, IPC, UTS and
-                     pid namespaces; chroot to its root; forks ──▶ the student's process (pid 3 inside): drops
+    zygote ──fork──▶ joiner: reports its pid and waits while the grader moves it into the sandbox's cgroup;
+                     setns(2) into its user, mount, network, IPC, UTS and pid namespaces; chroot to its
+                     root; forks ──▶ the student's process (pid 3 inside): drops
                      the capabilities that joining gave it, loads the seccomp filter (the program the grader
                      built, the one bubblewrap loads), closes every file but its socket, imports the
                      sandbox's copy of the package and serves the grader (``runner.boot``)
                      The joiner waits and reports how the student's process ended.
 
-The zygote runs as the user bubblewrap runs as (never root: ``sandbox.sandbox_user``). Bubblewrap makes the
+The zygote runs as the user bubblewrap runs as (never root: ``sandbox.sandbox_user``) and is not dumpable
+(``PR_SET_DUMPABLE`` 0: no other process of that user may trace it or read its memory; its children inherit
+that). Every student process may hold at most ``spec["open_files"]`` open files. Bubblewrap makes the
 namespaces, the mounts and the limits; this file only joins them. Without a sandbox
 (``--no-sandbox-i-trust-these-notebooks``) the joiner only starts the student's process in a session and
 folder of its own.
@@ -22,6 +25,7 @@ import ctypes
 import fcntl
 import json
 import os
+import resource
 import signal
 import socket
 import sys
@@ -31,7 +35,7 @@ NAMESPACES = (("mnt", 0x00020000), ("net", 0x40000000), ("ipc", 0x08000000), ("u
 CLONE_NEWUSER = 0x10000000
 NS_GET_PARENT = 0xB702  # ioctl: the user namespace that owns this one
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
-PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_DUMPABLE = 22, 2, 4
 BOOT = "from modern_block.classroom.grading.runner import boot"
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -108,6 +112,8 @@ def student(sock_fd: int, spec: dict) -> None:
             load_filter(_FILTER[0])
         os.closerange(3, sock_fd)
         os.closerange(sock_fd + 1, 1 << 16)
+        if spec.get("open_files"):  # bounds the pipes (and their buffers) a process can hold
+            resource.setrlimit(resource.RLIMIT_NOFILE, (spec["open_files"], spec["open_files"]))
         os.chdir(spec["workdir"])
         null = os.open(os.devnull, os.O_RDONLY)
         log = os.open("output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # its own, never the grader's
@@ -132,9 +138,10 @@ def joiner(sock_fd: int, status_fd: int, spec: dict) -> None:
     """Put a process for the student into the sandbox, wait for it, report how it ended. Never returns."""
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for procs in spec.get("cgroup", []):
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
+        if spec.get("cgroup"):  # the grader moves this process into the sandbox's cgroup, then says go
+            os.write(status_fd, json.dumps({"joining": os.getpid()}).encode() + b"\n")
+            if os.read(status_fd, 3) != b"go\n":
+                raise OSError("not moved into the sandbox's cgroup")
         if spec.get("sandbox"):
             enter(spec["pid"])
         pid = os.fork()
@@ -157,6 +164,10 @@ def joiner(sock_fd: int, status_fd: int, spec: dict) -> None:
 def main(control_fd: int, path: list, program: bytes) -> None:
     """Import what every submission needs, then fork a joiner for each request on the control socket."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cannot make the zygote non-dumpable")
+    for name in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS"):  # only for systemd-run, which started it
+        os.environ.pop(name, None)
     _FILTER[0] = program
     sys.path[:] = path
     import IPython.core.interactiveshell  # noqa: F401
