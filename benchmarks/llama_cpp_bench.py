@@ -178,9 +178,13 @@ def main(argv=None) -> dict:
                         help="only bits per character, written to this file (run beside a timing run)")
     parser.add_argument("--merge-bpc", type=Path, default=None,
                         help="put the bits per character of a --bpc-only file into --out and stop")
+    parser.add_argument("--merge-threads", type=Path, default=None,
+                        help="put the thread blocks of another run's file (e.g. --threads 2) into --out and stop")
     args = parser.parse_args(argv)
     if args.bpc_only or args.merge_bpc:
         return bpc_only(args)
+    if args.merge_threads:
+        return merge_threads(args.out, args.merge_threads)
     llama_cpp = llama_cpp_module(args.llama_dir)
     import transformers
 
@@ -323,6 +327,17 @@ def bpc_only(args) -> dict:
     bpc = formats_bpc(model, tok, max(args.threads), llama_cpp_module(args.llama_dir), smollm2_path())
     write(args.bpc_only, bpc)
     return bpc
+
+
+def merge_threads(out: Path, other: Path) -> dict:
+    """Another run's thread blocks into ``out``, each block keeping that run's date and machine note (every block is
+    one process's interleaved rounds; the ratios are read within a block, never across two runs)."""
+    results, extra = json.loads(out.read_text()), json.loads(other.read_text())
+    for key, block in extra["threads"].items():
+        results["threads"][key] = {**block, "run": {"date": extra["date"], "machine": extra["machine"]}}
+    write(out, results)
+    print_table(results)
+    return results
 
 
 def results_dict(blocks, bpc, tokens_check, nbytes, T0, args, llama_cpp, t_start) -> dict:
