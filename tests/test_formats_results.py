@@ -34,8 +34,9 @@ def bench():
 def test_every_row_is_keyed_by_its_format_and_consistent(results):
     assert set(results["formats"]) == PATHS and set(results["threads"]) == {"1", "2"}
     assert results["gpu"] is None and results["torch"] and results["date"] and "load average" in results["machine"]
-    for block in results["threads"].values():
-        assert set(block["rows"]) == PATHS
+    for key, block in results["threads"].items():
+        assert block["threads"] == int(key) and set(block["rows"]) == PATHS  # each block measured at its count
+        assert "run" not in block or "load average" in block["run"]["machine"]  # merged: its own run's note
         for name, row in block["rows"].items():
             assert len(row["step_s"]) == results["rounds"]
             assert row["ms_per_token"] == pytest.approx(1e3 * statistics.median(row["step_s"]))
