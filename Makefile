@@ -2,13 +2,14 @@
 #   make lab   - create .venv, install the course with its lab extra (JupyterLab, widgets) and the course's JupyterLab
 #                settings, open JupyterLab on notebooks/
 #   make test  - create .venv, install the course with its dev extra (lab, classroom, test tools), run the test suite
+# and for contributors: make test-fast (the unit tests: no notebooks, browser or sandbox) and make lint (ruff, mypy)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # JupyterLab refuses to run as root unless told (containers, CI); ordinary users get no extra flag
 LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test install exercises check-exercises mutation llama-cpp bench-llama-cpp
+.PHONY: lab test test-fast lint install exercises check-exercises mutation llama-cpp bench-llama-cpp
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +50,16 @@ lab: $(INSTALLED_LAB) $(LAB_OVERRIDES)
 
 test: install
 	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile --nbval-lax --durations=25 tests notebooks
+
+# the unit tests only: no notebook, no browser, no grader's sandbox, nothing marked slow (about a minute on 2 cores)
+test-fast: install
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile -q -m "not slow and not browser and not sandbox" \
+		--ignore=tests/browser tests
+
+# the linter and the type checker (settings in pyproject.toml); .ci/run runs this too
+lint: install
+	$(BIN)/ruff check modern_block tests scripts benchmarks
+	$(BIN)/mypy
 
 exercises: install
 	$(BIN)/python -m modern_block exercises build

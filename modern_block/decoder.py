@@ -10,13 +10,14 @@ attention and SwiGLU; the models between the two (lesson 08's ladder) with a mix
 (GPT-2's, GQA, MLA, the fast layer's static cache) ends in the one ``causal_attention`` here.
 """
 
+import math
 from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .params import count_parameters, init_gpt2_style
+from .params import count_parameters
 from .validate import check_positions, dropout_rate, positive_int, token_ids
 
 
@@ -51,7 +52,7 @@ class DecoderLM(nn.Module):
     added to the token embeddings (GPT-2), or ``rope``, a module that returns the (cos, sin) tables of the
     positions (``rope.RotaryEmbedding``), which every block hands to its attention to rotate q and k (Llama).
     The head maps back to V logits; with ``tie=True`` it is the embedding matrix itself. The weights start as
-    GPT-2's (``params.init_gpt2_style``), each block naming the linears that write into the residual stream.
+    GPT-2's (``init_gpt2_style``, below), each block naming the linears that write into the residual stream.
     """
 
     def __init__(self, emb: nn.Embedding, blocks: Sequence[nn.Module], norm: nn.Module, *, max_len: int,
@@ -96,3 +97,23 @@ class DecoderLM(nn.Module):
 
     def num_parameters(self) -> int:
         return count_parameters(self)
+
+
+def init_gpt2_style(model: DecoderLM, std: float = 0.02) -> None:
+    """GPT-2's initialisation of a ``decoder.DecoderLM``: Normal(0, 0.02) weights for every linear layer and
+    embedding, zero biases (norm scales keep their ones). The linears that write into the residual stream,
+    which each block names in ``residual_projections()``, get std 0.02/sqrt(2·n_layers): every layer adds
+    two such outputs to the stream, and the smaller std keeps the stream's variance from growing with depth.
+
+    The draws follow ``model.modules()`` (the order the parts were registered in), so a model built from the
+    same parts in the same order gets the same weights from the same seed."""
+    blocks: list = list(model.blocks)  # each family's blocks: each names its residual projections
+    n_layers = len(blocks)
+    residual = [linear for block in blocks for linear in block.residual_projections()]
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, 0.0, std / math.sqrt(2 * n_layers) if module in residual else std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, 0.0, std)

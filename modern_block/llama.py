@@ -45,7 +45,7 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def residual_projections(self) -> list:
-        """The linears that write into the residual stream (``params.init_gpt2_style`` starts them smaller)."""
+        """The linears that write into the residual stream (``decoder.init_gpt2_style`` starts them smaller)."""
         return [self.attn.out_proj, self.ffn.out_proj]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:

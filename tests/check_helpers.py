@@ -4,7 +4,7 @@ name at most one."""
 import pytest
 
 from modern_block.classroom.checks import CheckFailed
-from modern_block.classroom.checks.verdict import named
+from modern_block.classroom.checks.diagnosis import named
 
 __all__ = ["named", "rejects"]
 

@@ -48,8 +48,8 @@ import nbformat
 import pytest
 from submissions import RIGHT_RMS, ROOT, WRONG_RMS, answered, read_report, sandbox_problem, solution_source, write
 
+from modern_block.classroom.grading.class_folder import MAX_STUDENT_BYTES, MAX_STUDENT_ENTRIES
 from modern_block.classroom.grading.engine import MAX_CELL_ROWS, MAX_REPORT_CHARS
-from modern_block.classroom.grading.files import MAX_STUDENT_BYTES, MAX_STUDENT_ENTRIES
 from modern_block.classroom.grading.names import shown as one_line
 from modern_block.classroom.grading.remote import MAX_MODULE_BYTES
 from modern_block.classroom.grading.sandbox import OPEN_FILES

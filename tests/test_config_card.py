@@ -44,6 +44,15 @@ def test_the_issues_seven_configs_are_read_as_transformers_builds_them():
     assert cards["Phi-4-mini"].rope["scaling"] == "longrope"
 
 
+def test_the_attention_is_named_by_its_ratio_of_heads():
+    """MHA when every query head has its own K/V head, MQA with one K/V head, GQA between."""
+    olmo = config_card("OLMo 2 7B").summary()
+    assert "MHA 32/32" in olmo and "GQA 32/32" not in olmo
+    assert "GQA 32/8 heads of 128" in config_card("Llama 3.1 8B").summary()
+    mqa = config_card(load_config("Llama 3.1 8B") | {"num_key_value_heads": 1}).summary()
+    assert "MQA 32/1 heads of 128" in mqa
+
+
 def test_openai_counts_the_head_in_its_active_figure_not_the_embedding():
     """gpt-oss's published active parameters (5.13B for 120b, 3.61B for 20b) are the card's active count less the
     embedding: the unembedding (head) is in them."""

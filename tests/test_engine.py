@@ -10,8 +10,8 @@ from submissions import ROOT
 
 from modern_block.classroom.grading import names
 from modern_block.classroom.grading.engine import MAX_CELL_ROWS, annotate, finish, score
+from modern_block.classroom.grading.grade_report import Exercise, Report, bounded
 from modern_block.classroom.grading.notebook import read_notebook, reference_from
-from modern_block.classroom.grading.report import Exercise, Report, bounded
 
 
 def weighted_lesson01():

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from modern_block.classroom.grading import feedback
-from modern_block.classroom.grading.files import OutputError
-from modern_block.classroom.grading.report import Exercise, Report
+from modern_block.classroom.grading.class_folder import OutputError
+from modern_block.classroom.grading.grade_report import Exercise, Report
 
 TRACEBACK = """before
 ---------------------------------------------------------------------------

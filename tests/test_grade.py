@@ -42,7 +42,7 @@ from submissions import (
 
 from modern_block.classroom import grade
 from modern_block.classroom.grading import engine, sandbox
-from modern_block.classroom.grading.files import Submission
+from modern_block.classroom.grading.class_folder import Submission
 
 REFERENCE = ROOT / "exercises"
 TIMEOUT = 12  # seconds per cell and check in the class run; the endless notebooks cost this much each
@@ -117,6 +117,14 @@ def attacks(folder: Path, secret: Path, port: int) -> dict[tuple[str, str], list
     add("mutates_the_tables", "07_llama_block", ["failed", "not attempted", "not attempted"], dict(
         ex1_block=injected("07_llama_block", "ex1_block", "x = x + self.attn", MUTATE_TABLES)))
 
+    # a forbidden torch function with the checks' import deleted: the sandbox's stub hides it all the same
+    dropped = answered("00_gpt2_block", dict(ex2_causal_attention="def causal_attention(q, k, v):\n"
+                       "    return F.scaled_dot_product_attention(q, k, v, is_causal=True)"), base="solutions")
+    dropped.cells[3].source = dropped.cells[3].source.replace("\n\nfrom modern_block.classroom import checks", "")
+    assert "checks" not in dropped.cells[3].source
+    write(folder, "drops_the_checks_import", "00_gpt2_block", dropped)
+    expected[("drops_the_checks_import", "00_gpt2_block")] = ["passed", "failed", "passed", "passed"]
+
     # facts the student's process reports: a tied head, which implementation ran
     untied = solution_source("07_llama_block", "ex2_llama_lm").replace(
         "self.head.weight = self.emb.weight  # one matrix, two uses", "self.tie_claimed = True")
@@ -144,7 +152,7 @@ _runner.Runner.describe_module = staticmethod(_forged)"""
     add("execs_the_package_source", l01, ["not attempted", "failed"], dict(
         ex2_rmsnorm="import inspect, modern_block.rmsnorm as _m\nexec(inspect.getsource(_m))"))
     add("uses_the_checks_reference", l01, ["failed", "not attempted"], dict(
-        ex1_rms="from modern_block.classroom.checks.reference import rms_norm64\n\n\ndef rms(x, eps=1e-6):\n"
+        ex1_rms="from modern_block.classroom.checks.formulas import rms_norm64\n\n\ndef rms(x, eps=1e-6):\n"
                 "    return rms_norm64(x, None, eps).float() * 0 + (x.float().pow(2).mean(-1, keepdim=True) "
                 "+ eps).sqrt()"))
     add("searches_for_the_package", l01, ["not attempted", "failed"], dict(
@@ -363,16 +371,22 @@ def test_changed_inputs_do_not_flow_back(class_run):
 
 
 @needs_sandbox
+def test_a_forbidden_torch_function_raises_without_the_checks_import(class_run):
+    detail = class_run["rows"][("drops_the_checks_import", "00_gpt2_block")]["exercises"][1]["detail"]
+    assert "scaled_dot_product_attention is not available in this exercise" in detail, detail
+
+
+@needs_sandbox
 def test_facts_are_established_by_behaviour(class_run):
     rows = class_run["rows"]
-    assert rows[("forges_the_tie", "07_llama_block")]["exercises"][1]["detail"].startswith("check_llama_lm: with the "
-                                                                                            "same model with tie=True")
+    detail = rows[("forges_the_tie", "07_llama_block")]["exercises"][1]["detail"]
+    assert detail.startswith("check_llama_lm: forward(idx) with the same model with tie=True"), detail
     for student in ("switches_off_reuse_detection", "execs_the_package_source", "imports_the_package_answer",
                     "subclasses_the_package_answer", "searches_for_the_package"):
         detail = rows[(student, "01_rmsnorm")]["exercises"][1]["detail"]
         assert "modern_block.RMSNorm is not available while this notebook is graded" in detail or \
             "RMSNorm is not defined" in detail, (student, detail)
-    assert "No module named 'modern_block.classroom.checks.reference'" in \
+    assert "No module named 'modern_block.classroom.checks.formulas'" in \
         rows[("uses_the_checks_reference", "01_rmsnorm")]["exercises"][0]["detail"]
 
 

@@ -65,11 +65,11 @@ def test_a_forbidden_torch_function_raises_in_the_view_however_imported():
 def test_the_sandbox_stub_names_every_check_and_hides_the_forbidden_torch_functions(tmp_path):
     from modern_block.classroom import checks
 
-    stub = sandbox_stub(frozenset({"RMSNorm"}))
+    stub = sandbox_stub(frozenset({"RMSNorm"}), checks.__all__)
     namespace: dict = {}
     exec(compile(stub, "stub", "exec"), namespace)
     assert namespace["__all__"] == checks.__all__ and namespace["check_rms"](None) is None
-    assert "TorchFunctionMode" not in stub and "TorchFunctionMode" in sandbox_stub(frozenset({SDPA}))
+    assert "TorchFunctionMode" not in stub and "TorchFunctionMode" in sandbox_stub(frozenset({SDPA}), checks.__all__)
     site = package_copy.build(tmp_path, frozenset({SDPA, "causal_attention"}))
     probe = ("import torch, torch.nn.functional as F\n"
              "from modern_block.classroom import checks\n"

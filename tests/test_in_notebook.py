@@ -17,7 +17,8 @@ from nbclient import NotebookClient
 
 import modern_block as mb
 from modern_block.classroom import checks
-from modern_block.classroom.checks import CheckFailed, Mode, NotAttempted, in_notebook
+from modern_block.classroom.checks import Mode, in_notebook
+from modern_block.classroom.checks.errors import CheckFailed, NotAttempted
 from modern_block.classroom.checks.in_notebook import answer_sources, not_computed
 
 ROOT = Path(__file__).resolve().parents[1]

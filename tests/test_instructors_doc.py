@@ -19,7 +19,7 @@ import pytest
 from submissions import LAYERNORM_RMSNORM, ROOT, WRONG_RMS, answered, sandbox_problem, write
 
 from modern_block.classroom import grade
-from modern_block.classroom.grading.report import COLUMNS, number_text
+from modern_block.classroom.grading.grade_report import COLUMNS, number_text
 
 DOC = ROOT / "docs" / "instructors.md"
 TABLE_START = "<!-- exercise table: generated from solutions/ by tests/test_instructors_doc.py; do not edit -->"

@@ -35,12 +35,13 @@ TESTED_BY = {  # module -> the test files named after its topic (besides tests/t
     "modern_block.training.ladder": ["test_ladder.py"],
     "modern_block.training.workers": ["test_study.py"],
     "modern_block.training.report": ["test_study.py"],
-    "modern_block.classroom.checks.core": ["test_checks_graded.py", "test_exercises.py"],
+    "modern_block.classroom.checks.core": ["test_checks_graded.py"],
+    "modern_block.classroom.checks.errors": ["test_in_notebook.py", "test_exercises.py"],
     **{f"modern_block.classroom.checks.lesson{n:02d}": ["test_exercises.py"] for n in range(10)},
     "modern_block.classroom.checks.lesson08b": ["test_exercises.py"],
     "modern_block.classroom.checks.lesson09b": ["test_exercises.py"],
     **{f"modern_block.classroom.grading.{name}": ["test_sandbox.py"] for name in (
-        "bwrap", "files", "notebook", "package_copy", "remote", "report", "runner", "session", "wire")},
+        "bwrap", "class_folder", "grade_report", "notebook", "package_copy", "remote", "runner", "session", "wire")},
     "modern_block.classroom.grading.names": ["test_engine.py"],
     "modern_block.classroom.grading.autograde": ["test_nbgrader.py"],
 }

@@ -10,7 +10,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "modern_block"
 # the plain layer in course order; each file may import the ones before it (and the argument checks)
 MODEL_FILES = ["decoder", "gpt2", "rmsnorm", "ffn", "rope", "attention", "kv_cache", "mla", "llama", "generate"]
-HELPERS = {"validate", "params"}  # argument checks and parameter counting/initialisation, no model code
+HELPERS = {"validate", "params"}  # argument checks and parameter counting, no model code
 AROUND_THE_MODEL = {  # no model code
     "presets",  # real models' numbers for lesson 04: imports the cache formulas
     "files",  # atomic writes and the file system's refusals in one line (training and the grader)

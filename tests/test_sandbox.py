@@ -22,10 +22,10 @@ from submissions import ROOT
 import modern_block as mb
 from modern_block.classroom import checks, grade
 from modern_block.classroom.checks.core import Output, call_student
-from modern_block.classroom.grading import files, notebook, package_copy, wire
+from modern_block.classroom.grading import class_folder, notebook, package_copy, wire
 from modern_block.classroom.grading.bwrap import COPY_MOUNT, Interpreter, bwrap_command
+from modern_block.classroom.grading.grade_report import Exercise, Report, format_report, gradebook, one_line, printable
 from modern_block.classroom.grading.remote import MAX_MODULE_BYTES, Link, RemoteModule, module_spec
-from modern_block.classroom.grading.report import Exercise, Report, format_report, gradebook, one_line, printable
 from modern_block.classroom.grading.runner import BoundedText, Runner, build_module
 from modern_block.classroom.grading.sandbox import Launcher, Limits, SandboxError, SandboxLost
 from modern_block.classroom.grading.session import groups
@@ -344,11 +344,11 @@ def test_collection_refuses_links_special_files_and_oversized_files(tmp_path):
     os.mkfifo(folder / "pipe.ipynb")
     (folder / "big").mkdir()
     with open(folder / "big" / "01.ipynb", "wb") as f:
-        f.truncate(files.MAX_NOTEBOOK_BYTES + 1)  # sparse: never read
+        f.truncate(class_folder.MAX_NOTEBOOK_BYTES + 1)  # sparse: never read
     (folder / "dir.ipynb").mkdir()
     os.mkdir(os.fsencode(folder) + b"/\xff")
     (Path(os.fsdecode(os.fsencode(folder) + b"/\xff")) / "01.ipynb").write_text("{}")
-    subs = {(s.student, Path(s.path).name): s for s in files.collect([folder])}
+    subs = {(s.student, Path(s.path).name): s for s in class_folder.collect([folder])}
     assert subs[("ok", "01.ipynb")].read() == (b"{}", None)
     assert subs[(one_line(os.fsdecode(b"\xff")), "01.ipynb")].read()[0] is None  # an undecodable name: refused
     for key, reason in {("link", "01.ipynb"): "a symbolic link", ("linked_folder", "linked_folder"): "a symbolic link",
@@ -371,32 +371,33 @@ def test_no_link_below_the_class_root_is_followed_whatever_paths_are_given(tmp_p
     (folder / "deep" / "sub" / "inner").symlink_to(solutions, target_is_directory=True)
     named = sorted(glob.glob(str(folder / "*" / "*.ipynb")) + glob.glob(str(folder / "*" / "sub" / "*" / "*.ipynb")))
     assert len(named) == 4  # the shell's expansion follows the links: the grader must not
-    subs = {s.student: s for s in files.collect(named)}
+    subs = {s.student: s for s in class_folder.collect(named)}
     assert subs["honest"].read() == (b"{}", None)
     for student in ("linker", "folder_link", "deep"):
         data, error = subs[student].read()
         assert data is None and "symbolic link" in error, (student, error)
-    assert files.read_inside(str(folder / "deep" / "sub" / "inner" / "01.ipynb"), str(folder / "deep"))[0] is None
-    assert files.read_inside(str(solutions / "01.ipynb"), str(folder))[1] == "not inside the class folder"
+    inner = str(folder / "deep" / "sub" / "inner" / "01.ipynb")
+    assert class_folder.read_inside(inner, str(folder / "deep"))[0] is None
+    assert class_folder.read_inside(str(solutions / "01.ipynb"), str(folder))[1] == "not inside the class folder"
     (tmp_path / "root_link").symlink_to(folder, target_is_directory=True)  # the root itself: the instructor's
-    via_root = {s.student: s.read() for s in files.collect([tmp_path / "root_link"])}
+    via_root = {s.student: s.read() for s in class_folder.collect([tmp_path / "root_link"])}
     assert via_root["honest"] == (b"{}", None) and via_root["linker"][0] is None
 
 
 def test_outputs_are_written_whole_and_never_through_a_link(tmp_path):
     target = tmp_path / "grades.csv"
-    files.write_atomic(str(target), "a,b\n", "--csv")
-    files.write_atomic(str(target), "c,d\n", "--csv")
+    class_folder.write_atomic(str(target), "a,b\n", "--csv")
+    class_folder.write_atomic(str(target), "c,d\n", "--csv")
     assert target.read_text() == "c,d\n" and os.listdir(tmp_path) == ["grades.csv"]
     victim = tmp_path / "victim"
     victim.write_text("keep")
     (tmp_path / "link.csv").symlink_to(victim)
     (tmp_path / "folder.csv").mkdir()
     for planted, message in (("link.csv", "symbolic link"), ("folder.csv", "not a regular file")):
-        with pytest.raises(files.OutputError, match=message):
-            files.write_atomic(str(tmp_path / planted), "x", "--csv")
-    with pytest.raises(files.OutputError, match="File name too long"):
-        files.write_atomic(str(tmp_path / ("x" * 300)), "x", "--csv")
+        with pytest.raises(class_folder.OutputError, match=message):
+            class_folder.write_atomic(str(tmp_path / planted), "x", "--csv")
+    with pytest.raises(class_folder.OutputError, match="File name too long"):
+        class_folder.write_atomic(str(tmp_path / ("x" * 300)), "x", "--csv")
     assert victim.read_text() == "keep" and sorted(os.listdir(tmp_path)) == ["folder.csv", "grades.csv", "link.csv",
                                                                             "victim"]
 

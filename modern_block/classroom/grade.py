@@ -44,11 +44,10 @@ from pathlib import Path
 
 from .exercises import default_root
 from .grading import feedback, names
+from .grading.class_folder import CollectionError, OutputError, Submission, read_regular, refuse_target
+from .grading.class_folder import collect as _collect_files
 from .grading.engine import grade_notebook, launcher_for
-from .grading.files import CollectionError, OutputError, Submission, read_regular, refuse_target
-from .grading.files import collect as _collect_files
-from .grading.notebook import BadReference, NotebookError, Reference, read_notebook, reference_from
-from .grading.report import (
+from .grading.grade_report import (
     COLUMNS,
     FAILED,
     NOT_ATTEMPTED,
@@ -59,6 +58,7 @@ from .grading.report import (
     one_line,
     render_csv,
 )
+from .grading.notebook import BadReference, NotebookError, Reference, read_notebook, reference_from
 from .grading.sandbox import NO_CGROUP_FLAG, UNSAFE_FLAG, Limits, SandboxError
 from .grading.session import Options
 
@@ -302,7 +302,8 @@ def _self_limits(args, limits: Limits, python: str) -> tuple[Limits, str | None]
         launcher_for(python, limits)
         return limits, None
     except SandboxError as err:
-        return Limits(limits.memory_mb, limits.cpu_seconds, sandbox=False), one_line(str(err)).split(": ", 1)[-1][:200]
+        why = one_line(str(err)).split(": ", 1)[-1].split(". Install ", 1)[0]  # the reason, not the remedies
+        return Limits(limits.memory_mb, limits.cpu_seconds, sandbox=False), why
 
 
 class _Outputs:

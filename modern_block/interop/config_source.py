@@ -41,7 +41,7 @@ def load_config(source) -> dict:
     elif isinstance(source, str) and source in PUBLISHED:
         source = CONFIGS / PUBLISHED[source][0]
     if isinstance(source, (bytes, bytearray)):
-        data, where = bytes(source), "the file's bytes"
+        data, where = bytes(source), "the input"
     elif isinstance(source, (str, Path)):
         path = Path(source).expanduser()
         if not path.is_file():

@@ -41,13 +41,19 @@ class FieldLine:
     implies: str = ""
 
 
+def attention_text(a) -> str:
+    """MHA, MQA or GQA by the ratio of query heads to KV heads, e.g. 'GQA 32/8'."""
+    kind = "MHA" if a.n_kv_heads == a.n_heads else "MQA" if a.n_kv_heads == 1 else "GQA"
+    return f"{kind} {a.n_heads}/{a.n_kv_heads}"
+
+
 def block_text(card) -> str:
     """The family's block in one line: norms and their placement, QK-norm, attention, FFN."""
     a = card.arch
     spec = a.spec
     parts = [f"{NORMS[spec.norm]}, {len(spec.layer_norms)} per layer ({PLACEMENT[spec.layer_norms]})"]
     parts.append(f"QK-norm: {QK_NORM[a.qk_norm_kind]}" if a.qk_norm_kind else "no QK-norm")
-    parts.append("MLA attention" if a.mla else f"GQA {a.n_heads}/{a.n_kv_heads}")
+    parts.append("MLA attention" if a.mla else attention_text(a))
     if a.positions:
         parts.append(f"learned absolute positions ({a.positions:,} vectors added to the embedding), no RoPE")
     biases = [name for name, on in (("q/k/v", a.qkv_bias), ("o", a.o_bias), ("FFN", a.mlp_bias),
@@ -204,7 +210,7 @@ def summary(card, context: int, gpu: str) -> str:
         lines.append(f"  MoE: {a.moe_layers} of {a.n_layers} layers, {e.n} routed experts ({e.top_k} per token) + "
                      f"{e.n_shared} shared, each {e.width:,} wide")
     kind = (f"MLA latent {a.mla['kv_lora_rank']} + RoPE key {a.mla['qk_rope_head_dim']}" if a.mla
-            else f"GQA {a.n_heads}/{a.n_kv_heads} heads of {a.head_dim}")
+            else f"{attention_text(a)} heads of {a.head_dim}")
     beyond = (a.context or context) < context
     lines.append(f"  KV cache ({kind}): {card.kv_bytes_per_token():,} B/token; at {context:,} tokens "
                  f"{card.cache_bytes(context) / 2**30:,.2f} GiB" + (" (beyond its context)" if beyond else ""))

@@ -49,7 +49,8 @@ Layout: ``core`` (Mistake, Case, CheckRun, the decorator), ``verdict`` (naming a
 how a value item is read), ``reference`` (float64 formulas with a knob per mistake) and one module per lesson.
 """
 
-from .core import Case, CheckFailed, CheckRun, Mistake, NotAttempted
+from .core import Case, CheckRun, Mistake
+from .errors import CheckFailed, NotAttempted
 from .in_notebook import summary
 from .lesson00 import check_causal_attention, check_gpt2_attention, check_gpt2_block_params, check_gpt2_small_params
 from .lesson01 import check_rms, check_rmsnorm

@@ -21,19 +21,12 @@ import torch
 import torch.nn as nn
 
 from . import in_notebook
+from .diagnosis import Diagnosis, how_off, shown, where_differs
+from .errors import CheckFailed, NotAttempted
 from .hiding import HIDES, TABLES, USES, grader_view
 from .mode import Mode
-from .verdict import Verdict, how_off, shown, where_differs
 
 M = TypeVar("M", bound=nn.Module)
-
-
-class NotAttempted(AssertionError):
-    """The code under test still raises ``NotImplementedError``: the exercise has not been done yet."""
-
-
-class CheckFailed(AssertionError):
-    """The code runs but disagrees with the reference; the message says what is likely wrong."""
 
 
 class Case:
@@ -182,7 +175,7 @@ class CheckRun:
     def __init__(self, name: str, mode: Mode):
         self.name, self.mode = name, mode
         self.hidden = HIDES.get(name, ())
-        self.verdict = Verdict(name)
+        self.diagnosis = Diagnosis(name)
 
     # -- inputs --
 
@@ -282,7 +275,7 @@ class CheckRun:
         """After the values: fail with ``message`` unless ``ok`` (a dtype, a type), only if no case failed so far
         (a wrong formula is said first)."""
         __tracebackhide__ = True
-        if not ok and not self.verdict.failures:
+        if not ok and not self.diagnosis.failures:
             self.fail(f"{where}: {message}")
 
     def _judge(self, case: Case, got, want, mistakes: Sequence[Mistake], same, same_wrong, detail: Callable[[], str],
@@ -298,13 +291,13 @@ class CheckRun:
             return any(not same(o, want) and same_wrong(got, o) for o in of(diagnosis))
 
         diagnoses = list(dict.fromkeys(m.diagnosis for m in mistakes))
-        if self.mode.observer is not None:  # the audit of the diagnoses (tests/test_verdict.py)
+        if self.mode.observer is not None:  # the audit of the diagnoses (tests/test_diagnosis.py)
             self.mode.observer(case, got, want, [(d, of(d)) for d in diagnoses], same_wrong)
         if same(got, want):
             # a mistake is contradicted here when every way of making it would have failed this case
-            self.verdict.passed(lambda d: bool(of(d)) and all(not same(o, want) for o in of(d)))
+            self.diagnosis.passed(lambda d: bool(of(d)) and all(not same(o, want) for o in of(d)))
             return True
-        self.verdict.failed(case.text, detail(), diagnoses, explains, bool(mistakes) if known is None else known)
+        self.diagnosis.failed(case.text, detail(), diagnoses, explains, bool(mistakes) if known is None else known)
         return False
 
     def judge(self, case: Case, got, mistakes: Sequence[Mistake] = (), *, want=None, rtol: float = 1e-4,
@@ -454,10 +447,10 @@ def _run(fn, run: CheckRun, value: str | None, answer, args, kwargs) -> str:
             try:
                 summary = fn(run, answer, *args, **kwargs)
             except CheckFailed:
-                if not run.verdict.failures:
+                if not run.diagnosis.failures:
                     raise  # a failure before any judged case: that is the verdict
-            if run.verdict.failures:  # the judged cases come first (see verdict)
-                raise CheckFailed(run.verdict.message()) from None
+            if run.diagnosis.failures:  # the judged cases come first (see diagnosis.py)
+                raise CheckFailed(run.diagnosis.message()) from None
         return summary
     except NotImplementedError as err:
         hint = f" (the stub says: {err})" if str(err) else ""

@@ -306,11 +306,10 @@ _hide_torch_functions({names!r})
 '''
 
 
-def sandbox_stub(hidden: frozenset[str]) -> str:
+def sandbox_stub(hidden: frozenset[str], public: list[str]) -> str:
     """The source of ``modern_block.classroom.checks`` in the grader's copy of the package, for a run that hides
-    ``hidden``: every public name exists and does nothing, and the hidden torch functions raise."""
-    from . import __all__ as public
-
+    ``hidden``: every public name (``public``, the checks' ``__all__``) exists and does nothing, and the hidden
+    torch functions raise."""
     stub = _STUB + "".join(f"{name} = _not_here\n" for name in public
                            if name not in ("CheckFailed", "NotAttempted", "graded"))
     stub += f"__all__ = {list(public)!r}\n"

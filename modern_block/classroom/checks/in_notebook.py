@@ -20,6 +20,7 @@ import contextlib
 import io
 import sys
 
+from .errors import NotAttempted
 from .mode import answer_sources  # noqa: F401  (the grader's way of passing the submission's cells)
 
 _RESULTS: dict[str, tuple[str, str]] = {}  # check name -> (status, message): the latest run of each
@@ -28,8 +29,6 @@ _PURE = {"int", "float", "round", "abs", "pow", "eval", "str", "sum", "max", "mi
 
 def report(name: str, error: BaseException | None, summary: str = "") -> None:
     """Print a check's result in the notebook and remember it for ``summary``."""
-    from .core import NotAttempted
-
     if error is None:
         _RESULTS[name] = ("passed", summary)
         print(f"✓ {name} passed ({summary})")

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from .core import Case, CheckRun, Mistake, dtype_name, exercise_check, shape_of
-from .reference import rms_norm64
+from .formulas import rms_norm64
 
 _HALF = ("x² overflows float16 above 65,504 (|x| > 256) and underflows below 6e-8 (|x| < 2.4e-4)")
 

@@ -8,7 +8,7 @@ import torch
 
 from ...rope import rope_cache
 from .core import Case, CheckRun, Mistake, Output, exercise_check, shape_of
-from .reference import rope64
+from .formulas import rope64
 
 
 def _tables64(positions, dh, base, which, *, exponent="2i/dh", shift=0, full=None, in_order=False, swapped=False):

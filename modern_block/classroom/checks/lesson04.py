@@ -10,7 +10,7 @@ from ...attention import GQAttention
 from ...rmsnorm import RMSNorm
 from ...rope import rope_cache
 from .core import Case, CheckRun, Mistake, Output, dtype_name, exercise_check, matches, shape_of
-from .reference import rms_norm64, rope64
+from .formulas import rms_norm64, rope64
 
 # ---- exercise 1: grouped KV heads ---------------------------------------------------------------------------
 
@@ -344,7 +344,7 @@ def check_kv_cache(run: CheckRun, attend_cached) -> str:
 def _check_cache_contents(run: CheckRun, case: Case, held) -> None:
     """After right outputs: the cache holds the n_kv rotated keys and the values of every token so far."""
     __tracebackhide__ = True
-    if run.verdict.failures:  # the outputs are wrong: that is the verdict
+    if run.diagnosis.failures:  # the outputs are wrong: that is the verdict
         return
     ref, x, cos, sin = case.args
     B, total, _ = x.shape

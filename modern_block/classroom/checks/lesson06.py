@@ -9,8 +9,8 @@ import torch
 from ...rmsnorm import RMSNorm
 from ...rope import rope_cache
 from .core import Case, CheckRun, Mistake, exercise_check
+from .formulas import rms_norm64, rope64
 from .lesson04 import GQA_LOAD_HINTS, grade_attention_module
-from .reference import rms_norm64, rope64
 
 
 def _qk64(x, w, w_other, cos, sin, *, order="norm_first", norm="own", rotate=True, center=False):

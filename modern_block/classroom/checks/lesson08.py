@@ -8,7 +8,7 @@ from functools import partial
 import torch
 
 from .core import Case, CheckRun, Mistake, exercise_check
-from .verdict import shown
+from .diagnosis import shown
 
 # ---- exercise 1: the learning-rate schedule ---------------------------------------------------------------
 

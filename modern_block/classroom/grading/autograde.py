@@ -1,7 +1,7 @@
 """nbgrader's autograde step with the course's engine in place of nbgrader's kernel (``nbgrader_config.py``).
 
 ``ReadSubmission`` comes first in nbgrader's sanitizing step: the notebook nbgrader read (it opens the path,
-following links) is replaced by the submitted file read again with ``files.read_inside`` from the course's
+following links) is replaced by the submitted file read again with ``class_folder.read_inside`` from the course's
 ``submitted/`` folder down, so no link there is followed (a student's notebook linked to ``source/`` is not
 graded, and nothing of the file it names reaches ``autograded/`` or the feedback), and its size, cells and JSON
 values are bounded before it is parsed.
@@ -24,10 +24,10 @@ import nbformat
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool, Float, Integer
 
+from .class_folder import read_inside, read_regular
 from .engine import annotate, grade_notebook, launcher_for
-from .files import read_inside, read_regular
+from .grade_report import one_line
 from .notebook import BadReference, NotebookError, Reference, read_notebook, reference_from
-from .report import one_line
 from .sandbox import Limits
 from .session import Options
 

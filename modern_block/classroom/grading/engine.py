@@ -22,8 +22,8 @@ import os
 import sys
 import threading
 
+from .grade_report import MAX_ERROR, MAX_OUTPUT, NOT_GRADED, PASSED, Report, bounded, one_line, short_traceback
 from .notebook import Reference
-from .report import MAX_ERROR, MAX_OUTPUT, NOT_GRADED, PASSED, Report, bounded, one_line, short_traceback
 from .sandbox import Launcher, Limits, SandboxError
 from .session import Options, grade_submission
 

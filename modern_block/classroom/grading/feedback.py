@@ -15,8 +15,8 @@ import hashlib
 import os
 import stat
 
-from .files import OutputError, write_atomic
-from .report import NOT_ATTEMPTED, PASSED, Report, number_text, one_line, printable, short_traceback
+from .class_folder import OutputError, write_atomic
+from .grade_report import NOT_ATTEMPTED, PASSED, Report, number_text, one_line, printable, short_traceback
 
 MAX_NAME = 80
 _MARK = {PASSED: "✓", NOT_ATTEMPTED: "·"}

@@ -12,7 +12,7 @@ an invisible joiner: nothing a person sees) is refused, like control characters 
 
 from __future__ import annotations
 
-from .report import one_line
+from .grade_report import one_line
 
 
 class NamesUnavailable(RuntimeError):

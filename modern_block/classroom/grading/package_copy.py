@@ -29,6 +29,7 @@ import hashlib
 import shutil
 from pathlib import Path
 
+from .. import checks
 from ..checks.hiding import PACKAGE, hidden_message, model_files, sandbox_stub, with_bases
 
 RUNNER_FILES = ("classroom/grading/runner.py", "classroom/grading/wire.py")
@@ -85,7 +86,7 @@ def build(root: Path, hidden: frozenset[str]) -> Path:
     (target / "classroom" / "grading" / "__init__.py").write_text("")
     for name in RUNNER_FILES:
         shutil.copyfile(PACKAGE / name, target / name)
-    (target / "classroom" / "checks" / "__init__.py").write_text(sandbox_stub(hidden_all))
+    (target / "classroom" / "checks" / "__init__.py").write_text(sandbox_stub(hidden_all, checks.__all__))
     compileall.compile_dir(str(staging), quiet=2)
     for path in [staging, *staging.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)

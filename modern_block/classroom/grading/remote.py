@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .report import one_line
+from .grade_report import one_line
 from .sandbox import Sandbox, SandboxLost
 from .wire import Unsupported
 

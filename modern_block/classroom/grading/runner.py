@@ -287,6 +287,8 @@ def boot(config: dict) -> None:
         import IPython.core.interactiveshell  # noqa: F401
 
         import modern_block  # noqa: F401  (the sandbox's copy)
+        import modern_block.classroom.checks  # noqa: F401  (its stub: the forbidden torch functions raise, whether
+        #                                       or not the notebook imports the checks)
 
         os.environ.update(config.get("env", {}))
         torch.set_num_threads(1)

@@ -21,19 +21,7 @@ from dataclasses import dataclass
 from .. import checks
 from ..checks import graded
 from ..checks.in_notebook import answer_sources
-from .notebook import (
-    BadReference,
-    Cell,
-    NotebookError,
-    Plan,
-    Reference,
-    RefExercise,
-    plan_run,
-    read_notebook,
-    reference_from,
-)
-from .remote import MISSING, Link
-from .report import (
+from .grade_report import (
     FAILED,
     MAX_ERROR,
     MAX_OUTPUT,
@@ -46,6 +34,18 @@ from .report import (
     one_line,
     printable,
 )
+from .notebook import (
+    BadReference,
+    Cell,
+    NotebookError,
+    Plan,
+    Reference,
+    RefExercise,
+    plan_run,
+    read_notebook,
+    reference_from,
+)
+from .remote import MISSING, Link
 from .sandbox import Launcher, Sandbox, SandboxLost
 
 MAX_RESTARTS = 6

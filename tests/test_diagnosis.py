@@ -1,4 +1,4 @@
-"""Feedback a student can trust (``checks.verdict``): every known mistake a check can name is named when a student
+"""Feedback a student can trust (``checks.diagnosis``): every known mistake a check can name is named when a student
 makes it, together only with mistakes no case can tell apart from it (and where a case could, the check has one),
 value items never print their answer, integer checks never print a case's right value, and a number that is off
 is described by a rough band.
@@ -21,8 +21,8 @@ from test_exercises import RIGHT, gpt2_block_params_ok
 
 from modern_block.classroom import checks
 from modern_block.classroom.checks import CheckFailed, Mode
+from modern_block.classroom.checks.diagnosis import how_off, rough_factor, where_differs
 from modern_block.classroom.checks.lesson07 import COUNT_MISTAKES
-from modern_block.classroom.checks.verdict import how_off, rough_factor, where_differs
 from modern_block.statistics import holm
 
 SECRETS = (11, 22, 33)

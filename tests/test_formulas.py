@@ -1,4 +1,4 @@
-"""The checks' float64 reference formulas (modern_block/classroom/checks/reference.py): with every knob off they
+"""The checks' float64 reference formulas (modern_block/classroom/checks/formulas.py): with every knob off they
 are the package's own RMSNorm and RoPE; each knob is the one mistake it names, and no two knobs coincide."""
 
 import itertools
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from modern_block import RMSNorm, apply_rope, apply_rope_interleaved, rope_cache
-from modern_block.classroom.checks.reference import rms_norm64, rope64
+from modern_block.classroom.checks.formulas import rms_norm64, rope64
 
 torch.manual_seed(0)
 X, W = torch.randn(3, 5, 8) + 0.5, torch.rand(8) + 0.5

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...files import write_text_atomic
+from .grade_report import one_line
 from .notebook import MAX_NOTEBOOK_BYTES
-from .report import one_line
 
 MAX_DEPTH = 16  # folder levels below a student's folder
 MAX_FILES = 20_000  # rows in one run: a class root with more is refused as a whole, never cut

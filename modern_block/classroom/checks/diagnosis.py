@@ -1,4 +1,4 @@
-"""A check's verdict over all its cases, and the words for how an answer is off.
+"""A check's diagnosis over all its cases, and the words for how an answer is off.
 
 Every failing case records which known mistakes compute exactly what the student returned there; every passing
 case is kept, to ask later whether a mistake would have failed it. When the check is over, the mistakes named are
@@ -33,7 +33,7 @@ class Failure:
     known: bool = True  # whether the check knows mistakes for this case (not for a precision-only case)
 
 
-class Verdict:
+class Diagnosis:
     """The failing and passing cases of one run of a check, in order. What a mistake computes in a case is asked
     only when it matters (a check may know hundreds of mistakes, two at a time)."""
 
