@@ -6,9 +6,7 @@
 * a lesson's code lines fit the editor with the file browser open (100 characters at 1280 px), and so do the lines
   it prints (the output area).
 
-The setup cell (cell 1) is written by scripts/stamp_notebooks.py and is held to its own template. The lessons listed
-in ``NOT_YET`` are being rewritten elsewhere and still fail a rule: their tests are expected failures (strict, so
-the marker has to go as soon as one passes); their quiz and widget cells are held to every rule already.
+The setup cell (cell 1) is written by scripts/stamp_notebooks.py and is held to its own template.
 """
 
 import re
@@ -26,22 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 WIDTH = 100
 SETUP_CELL = 1
-NOT_YET = {  # rule -> lessons whose other cells still break it (owned by the helpers rewriting them)
-    # lesson 10 stops at its own bf16-tokens assert on this machine: it was not run again with the style (its quiz
-    # cells are new)
-    "style": {"10_fast_decoding"},
-    "fonts": {"10_fast_decoding"},
-    "code width": {"10_fast_decoding"},
-    "printed width": {"10_fast_decoding"},
-}
 SMALL = re.compile(r"\b(?:fontsize|labelsize|title_fontsize)\s*=\s*"
                    r"(?:(\d+(?:\.\d+)?)|[\"']((?:xx?-)?small|smaller)[\"'])")
 COURSE_WIDGETS = re.compile(r"\b(?:quiz|\w*explorer|\w*calculator|\w*reader)\(")  # the cells this issue keeps
 
 
 def _lessons(rule: str):
-    return [pytest.param(p, id=p.stem, marks=pytest.mark.xfail(strict=True, reason=f"{p.stem}: {rule} not yet"))
-            if p.stem in NOT_YET[rule] else pytest.param(p, id=p.stem) for p in LESSONS]
+    """Every lesson, one test each (``rule`` names the rule in the test's purpose)."""
+    return [pytest.param(p, id=p.stem) for p in LESSONS]
 
 
 def _code(path: Path):

@@ -12,7 +12,7 @@ from test_fast import model_for, prompts
 
 from modern_block import generate
 from modern_block.fast import decoding as fast
-from modern_block.fast.agreement import new_token_logits
+from modern_block.fast.agreement import LOGIT_BUDGET, new_token_logits
 from modern_block.fast.profiling import decode_weight_bytes
 from modern_block.fast.weights import (
     FORMATS,
@@ -63,16 +63,9 @@ def test_the_int8_kernel_computes_the_dequantized_product():
     torch.testing.assert_close(got, want, atol=0.05, rtol=0.02)  # the kernel's input is rounded to bf16
 
 
-# The largest logit error a format may make, as a share of the largest |logit| (fp32's, on the same tokens).
-# Measured on SmolLM2 (lesson 10's prompt, 16 tokens): bf16 0.53 of 37.6 (1.4%; 0.545, 1.45%, with the CPU's bf16
-# instructions off), int8 1.70 (4.5%), with torch 2.13.0 and 2.14.1; on the tiny models below at most 1.37% and
-# 3.99%. The budget leaves 1.38x and 1.8x over the worst measured: a larger error is not rounding but a wrong kernel.
-LOGIT_BUDGET = {"bf16": 0.02, "int8": 0.08}
-
-
 def hold_to_fp32(model, fast_model, idx, n, fmt):
     """Decode n tokens with the plain fp32 model and the format's; hold them to the margin rule
-    (tests/decodes.py) with the logit error within the format's budget."""
+    (tests/decodes.py) with the logit error within the format's budget (LOGIT_BUDGET, fast/agreement.py)."""
     want, got = generate(model, idx, n), fast.generate(fast_model, idx, n)  # [B, T0 + n] each
     with torch.no_grad():
         largest = model(want).abs().amax().item()
@@ -165,7 +158,7 @@ def test_bad_input_is_refused_with_the_rule():
         dequantize_int8(torch.ones(2, 2), torch.ones(2))
     with pytest.raises(ValueError, match="one entry per row"):
         dequantize_int8(torch.ones(2, 2, dtype=torch.int8), torch.ones(3))
-    assert FORMATS == ("fp32", "bf16", "int8")
+    assert FORMATS == ("fp32", "bf16", "int8", "w8a8")
 
 
 def test_the_compiled_one_row_product_is_the_dequantized_product():

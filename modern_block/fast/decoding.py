@@ -17,8 +17,9 @@ that can each be switched on alone and measured (lesson 10 measures them on Smol
    (full graph, static shapes) fuses each layer's small element-wise ops into a few kernels and takes Python
    out of the layer loop.
 
-Beside the steps, ``weights`` ("fp32", "bf16" or "int8"; ``weights.py``) stores the matrices in fewer bytes, which
-lowers the floor itself: the residual stream and the cache stay in the model's dtype.
+Beside the steps, ``weights`` ("fp32", "bf16", "int8" or "w8a8"; ``weights.py``, ``w8a8.py``) stores the matrices
+in fewer bytes, which lowers the floor itself: the residual stream and the cache stay in the model's dtype; "w8a8"
+also rounds each matrix's input to int8, per token, and multiplies integers.
 
 The rule: any model built on ``decoder.DecoderLM`` (GPT2LM, LlamaStyleLM with GQA or MLA and any RoPE
 scaling, the ladder's models) is accepted; the fast layer fuses ``GQAttention`` and ``SwiGLU`` and leaves every
@@ -39,6 +40,7 @@ from ..kv_cache import KVCache
 from ..validate import positive_int, token_ids
 from .fused import fused_copy
 from .static_cache import StaticKVCache
+from .w8a8 import activation_ranges
 from .weights import FORMATS, StoredEmbedding, convert_weights
 
 
@@ -118,19 +120,32 @@ COMPILE_OPTIONS = {"cpp_wrapper": True, "compile_threads": 1}
 
 
 def prepare(model: DecoderLM, compile: bool = True, mode: str | None = None, options: dict | None = None, *,
-            fuse: bool = True, static_cache: bool | None = None, weights: str = "fp32") -> FastLM:
+            fuse: bool = True, static_cache: bool | None = None, weights: str = "fp32",
+            calibration: torch.Tensor | None = None) -> FastLM:
     """A fast copy of ``model`` for decoding: fused q/k/v and gate/up (unless ``fuse=False``), its matrices in the
-    format ``weights`` ("fp32": as loaded, "bf16", "int8": ``weights.convert_weights``), a static cache
+    format ``weights`` ("fp32": as loaded, "bf16", "int8", "w8a8": ``weights.convert_weights``), a static cache
     (``static_cache``, by default when compiling) and, unless ``compile=False``, a compiled decode step (``mode``
     and ``options`` go to ``torch.compile``; ``options`` defaults to ``COMPILE_OPTIONS``). ``model`` itself is
-    not changed."""
+    not changed. "w8a8" needs ``calibration``, token ids [B, T] of representative text: the activations' ranges
+    on it set each matrix's smoothing (``w8a8.py``)."""
     if not isinstance(model, DecoderLM):
         raise TypeError("fast.prepare takes a model built on modern_block.decoder.DecoderLM (GPT2LM, LlamaStyleLM, "
                         f"the ladder's models), got {type(model).__name__}")
     if weights not in FORMATS:
         raise ValueError(f"weights must be one of {FORMATS}, got {weights!r}")
+    if (weights == "w8a8") != (calibration is not None):
+        raise ValueError("calibration (token ids [B, T] of representative text) is required with weights='w8a8' "
+                         f"and used by it alone; got weights={weights!r} and "
+                         f"{'no calibration' if calibration is None else 'calibration'}")
     copied = fused_copy(model) if fuse else copy.deepcopy(model).requires_grad_(False).eval()
-    convert_weights(copied, weights)
+    ranges = None
+    if calibration is not None:
+        try:
+            token_ids(calibration, model.V, model.max_len)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"calibration: {err}") from None
+        ranges = activation_ranges(copied, calibration)
+    convert_weights(copied, weights, ranges)
     fast_model = FastLM(copied, static_cache=compile if static_cache is None else static_cache)
     return fast_model.compile_step(mode, COMPILE_OPTIONS if options is None else options) if compile else fast_model
 

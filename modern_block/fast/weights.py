@@ -28,8 +28,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..mla import MLAttention
+from .w8a8 import W8A8Linear, smoothing_factors
 
-FORMATS = ("fp32", "bf16", "int8")  # "fp32": the weights as loaded (no conversion)
+FORMATS = ("fp32", "bf16", "int8", "w8a8")  # "fp32": the weights as loaded (no conversion); w8a8: w8a8.py
 INT8_MAX = 127  # symmetric: -127 .. 127 (-128 unused, so that q and -q are both representable)
 
 
@@ -136,31 +137,58 @@ class StoredEmbedding(nn.Module):
         return rows if self.scales is None else rows * self.scales[idx].to(self.dtype).unsqueeze(-1)
 
 
-def convert_weights(model: nn.Module, fmt: str) -> nn.Module:
+def _w8a8(w: torch.Tensor, amax: torch.Tensor | None) -> W8A8Linear:
+    """The int8 format's rows and scales of w [n_out, n_in] (smoothed by ``amax`` [n_in] when given), multiplied by
+    int8 activations (``w8a8.py``)."""
+    c = None if amax is None else smoothing_factors(amax, w)  # [n_in]
+    q, s = quantize_int8(w if c is None else w * c)
+    smooth = None if c is None else _frozen((1 / c).to(w.device))
+    return W8A8Linear(_frozen(q.to(w.device)), _frozen(s.to(w.device)), smooth)
+
+
+def convert_weights(model: nn.Module, fmt: str, ranges: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """Swap, in place, every bias-free ``nn.Linear`` of ``model`` and its token embedding ``model.emb`` for the
-    ``fmt`` version ("bf16" or "int8"; "fp32" changes nothing); a tied head keeps sharing the embedding's storage.
-    Returns ``model`` (call it on a copy: ``fast.prepare(model, weights=fmt)`` does)."""
+    ``fmt`` version ("bf16", "int8" or "w8a8"; "fp32" changes nothing); a tied head keeps sharing the embedding's
+    storage. ``ranges`` (w8a8 only, from ``w8a8.activation_ranges``): each linear's largest |input| per channel on
+    calibration text, which sets its smoothing (a smoothed head gets its own matrix: the embedding keeps the
+    unsmoothed rows); without them the activations are rounded as they come. Returns ``model`` (call it on a
+    copy: ``fast.prepare(model, weights=fmt)`` does)."""
     if fmt not in FORMATS:
         raise ValueError(f"weights must be one of {FORMATS}, got {fmt!r}")
+    if ranges is not None and fmt != "w8a8":
+        raise ValueError(f"ranges (activation ranges for smoothing) apply to weights='w8a8' only, not {fmt!r}")
     if fmt == "fp32":
         return model
     emb = getattr(model, "emb", None)
     head = getattr(model, "head", None)
     tied = isinstance(emb, nn.Embedding) and head is not None and head.weight is emb.weight
+    smoothed = fmt == "w8a8" and ranges is not None
     absorbed = {id(getattr(m, n)) for m in model.modules() if isinstance(m, MLAttention) for n in ("w_uk", "w_uv")}
-    stored = Int8Linear.from_weight if fmt == "int8" else BF16Linear.from_weight
-    swaps: list[tuple[nn.Module, str, nn.Linear]] = []
-    for parent in model.modules():
+    swaps: list[tuple[nn.Module, str, nn.Linear, str]] = []
+    for prefix, parent in model.named_modules():
         for name, child in parent.named_children():
             if (isinstance(child, nn.Linear) and type(child) is nn.Linear and child.bias is None
-                    and id(child) not in absorbed and not (tied and child is head)):
-                swaps.append((parent, name, child))
-    for parent, name, lin in swaps:
-        setattr(parent, name, stored(lin.weight))
+                    and id(child) not in absorbed and not (tied and child is head and not smoothed)):
+                swaps.append((parent, name, child, f"{prefix}.{name}" if prefix else name))
+    for parent, name, lin, full in swaps:
+        if fmt == "w8a8":
+            setattr(parent, name, _w8a8(lin.weight, None if ranges is None else _range(ranges, full, lin)))
+        else:
+            setattr(parent, name, (BF16Linear if fmt == "bf16" else Int8Linear).from_weight(lin.weight))
     if isinstance(emb, nn.Embedding):
-        table = stored(emb.weight)  # [V, d]: the embedding's rows, and the tied head's
-        scales = table.scales if isinstance(table, Int8Linear) else None
-        model.emb = StoredEmbedding(table.weight, scales, emb.weight.dtype)
-        if tied:
+        table: nn.Module = BF16Linear.from_weight(emb.weight) if fmt == "bf16" else (
+            Int8Linear.from_weight(emb.weight) if smoothed or fmt == "int8" else _w8a8(emb.weight, None))
+        scales = getattr(table, "scales", None)  # [V]: int8 rows' scales (bf16 has none)
+        model.emb = StoredEmbedding(table.weight, scales, emb.weight.dtype)  # type: ignore[arg-type]
+        if tied and not smoothed:
             model.head = table  # the same stored matrix (and scales) as the embedding
     return model.requires_grad_(False)
+
+
+def _range(ranges: dict[str, torch.Tensor], name: str, lin: nn.Linear) -> torch.Tensor:
+    amax = ranges.get(name)
+    if amax is None or amax.shape != (lin.in_features,):
+        raise ValueError(f"ranges must hold {name!r} with one entry per input channel ({lin.in_features}), got "
+                         f"{None if amax is None else tuple(amax.shape)}: compute them on this model "
+                         "(w8a8.activation_ranges)")
+    return amax
