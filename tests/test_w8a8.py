@@ -3,6 +3,10 @@ integer dot product exact, every product within the stated error bound of the fp
 arithmetic and a gain where one channel is an outlier, and decoding that gives fp32's greedy tokens wherever
 fp32's margin exceeds twice the measured logit error (the margin rule), on tiny models and on SmolLM2."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
@@ -17,6 +21,7 @@ from modern_block.fast.w8a8 import (
     activation_ranges,
     error_bound,
     int8_dot,
+    int_mm_is_exact,
     quantize_activations,
     smoothing_factors,
 )
@@ -39,8 +44,26 @@ def test_the_integer_dot_product_is_exact():
     xq = torch.randint(-127, 128, (3, 70), dtype=torch.int8)
     wq = torch.randint(-127, 128, (9, 70), dtype=torch.int8)
     sums = 128 * wq.sum(1, dtype=torch.int32)  # [9]
-    got = int8_dot(xq, wq.t(), sums)
-    assert got.dtype == torch.int32 and torch.equal(got, xq.int() @ wq.int().t())
+    exact = xq.int() @ wq.int().t()  # [3, 9]
+    for kernel in (int_mm_is_exact(), False):  # this CPU's kernel where it is exact, and the plain int32 product
+        got = int8_dot(xq, wq.t(), sums, kernel)
+        assert got.dtype == torch.int32 and torch.equal(got, exact), kernel
+
+
+def test_a_cpu_whose_integer_kernel_saturates_takes_the_plain_product():
+    """Without VNNI (here: oneDNN held to AVX-512 without it), oneDNN sums u8 * s8 pairs in 16 bits and saturates:
+    the probe says so, and a layer built there gives the exact product all the same."""
+    code = ("import torch\nfrom modern_block.fast.w8a8 import int8_dot, int_mm_is_exact\n"
+            "x = torch.full((2, 64), 127, dtype=torch.int8)\nw = torch.full((64, 3), 127, dtype=torch.int8)\n"
+            "sums = 128 * w.t().sum(1, dtype=torch.int32)\nok = int_mm_is_exact()\n"
+            "got = int8_dot(x, w, sums, ok)\nprint(ok, torch.equal(got, x.int() @ w.int()))")
+    for isa in ("AVX512_CORE", None):
+        env = dict(os.environ, **({"ONEDNN_MAX_CPU_ISA": isa} if isa else {}))
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        kernel_ok, equal = done.stdout.split()
+        assert equal == "True", done  # exact whichever path the probe chose
+        if isa == "AVX512_CORE":
+            assert kernel_ok == "False", "oneDNN without VNNI saturates u8 * s8 pairs: the probe must see it"
 
 
 def _w8a8(w, amax=None):

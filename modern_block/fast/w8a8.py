@@ -15,13 +15,18 @@ row's ``max|w| / 127`` rounded up to bf16). The kernel is ``torch._int_mm`` (one
 on CPUs; in the compiled decode step an external call inside the generated graph), chosen by measurement among
 torchao's, oneDNN's, fbgemm's and inductor-generated integer kernels: ``benchmarks/matmul_kernels.py``. The
 activations are shifted by 128 to uint8 (``u8 · s8``, the operand order VNNI multiplies) and the shift's sum
-``128 Σ_j q_w`` is subtracted, precomputed per output channel: the result is the exact int32 dot product.
+``128 Σ_j q_w`` is subtracted, precomputed per output channel: the result is the exact int32 dot product. On a
+CPU without VNNI, oneDNN adds each pair of u8 · s8 products in 16 bits, which saturates (2 · 255 · 127 > 32,767):
+``int_mm_is_exact`` finds out once by running the worst case, and such a CPU takes the plain int32 product instead
+(exact, slower).
 
 Error: with ``|w - q_w s_w| <= s_w / 2`` and ``|x - q_x s_x| <= s_x / 2`` per element, each output moves by at most
 ``(s_w / 2) ||x||_1 + (s_x / 2) ||q_w s_w||_1`` (``error_bound``); no float rounding is added inside the dot product.
 The rule: as the int8 format (``weights.convert_weights``), every bias-free ``nn.Linear`` and the tied head; the
 embedding lookup reads int8 rows (no product, so no activation rounding). Needs nothing beyond torch.
 """
+
+import functools
 
 import torch
 import torch.nn as nn
@@ -41,9 +46,21 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x / s).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), s
 
 
-def int8_dot(xq: torch.Tensor, wq_t: torch.Tensor, shift_sums: torch.Tensor) -> torch.Tensor:
-    """The exact integer products xq [M, n_in] (int8) · wq_t [n_in, n_out] (int8) -> int32 [M, n_out], through
-    ``torch._int_mm`` on xq + 128 (uint8) less ``shift_sums`` [n_out] = 128 · Σ_j wq_t[j, :]."""
+@functools.cache
+def int_mm_is_exact() -> bool:
+    """Whether this CPU's ``torch._int_mm`` gives the exact u8 · s8 product where 16-bit pair sums would saturate:
+    64 products of 255 and 127 (True with VNNI; False where oneDNN saturates). Asked once per process."""
+    xu = torch.full((1, 64), 255, dtype=torch.uint8)  # [1, 64]
+    w = torch.full((64, 8), INT8_MAX, dtype=torch.int8)  # [64, 8]
+    return bool((torch._int_mm(xu, w) == 64 * 255 * INT8_MAX).all())
+
+
+def int8_dot(xq: torch.Tensor, wq_t: torch.Tensor, shift_sums: torch.Tensor, kernel: bool = True) -> torch.Tensor:
+    """The exact integer products xq [M, n_in] (int8) · wq_t [n_in, n_out] (int8) -> int32 [M, n_out]: through
+    ``torch._int_mm`` on xq + 128 (uint8) less ``shift_sums`` [n_out] = 128 · Σ_j wq_t[j, :]; with
+    ``kernel=False`` (a CPU where that kernel saturates), as a plain int32 product."""
+    if not kernel:
+        return xq.to(torch.int32) @ wq_t.to(torch.int32)  # [M, n_out]
     xu = (xq.to(torch.int32) + SHIFT).to(torch.uint8)  # [M, n_in]
     return torch._int_mm(xu, wq_t) - shift_sums  # [M, n_out]
 
@@ -69,11 +86,12 @@ class W8A8Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
         sums = SHIFT * weight.detach().sum(1, dtype=torch.int32)  # [n_out]
         self.shift_sums = nn.Parameter(sums, requires_grad=False)  # read every step: counted with the weights
+        self.kernel = int_mm_is_exact()  # False: this CPU's integer kernel saturates, take the plain int32 product
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., n_in] -> [..., n_out]
         x2 = x.reshape(-1, self.in_features).float()  # [M, n_in]
         xq, sx = quantize_activations(x2 if self.smooth is None else x2 * self.smooth)  # [M, n_in], [M, 1]
-        y = int8_dot(xq, self.weight.t(), self.shift_sums).float() * sx * self.scales.float()  # [M, n_out]
+        y = int8_dot(xq, self.weight.t(), self.shift_sums, self.kernel).float() * sx * self.scales.float()  # [M, n_out]
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
