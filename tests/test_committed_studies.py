@@ -13,7 +13,7 @@ from training_setup import rerun_committed
 
 from modern_block.training.ladder import get_rung
 from modern_block.training.report import report_text
-from modern_block.training.study import STUDIES, Results
+from modern_block.training.study import STUDIES, TRAIN_LOSS_STEPS, Results
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ("ladder", "laptop", "attention", "quick")
@@ -57,6 +57,14 @@ def test_the_committed_runs_are_the_studys_design_and_the_report_is_the_codes(na
         readme = (ROOT / "results" / name / "README.md").read_text()
         assert "partial" in readme and f"python -m modern_block compare --study {name}" in readme
         assert "INCOMPLETE" in report
+
+
+@pytest.mark.parametrize("name", COMMITTED)
+def test_a_committed_study_keeps_only_the_first_step_losses_a_rerun_checks(name):
+    results = _results(name)
+    assert all(len(r.get("train_losses", [])) <= TRAIN_LOSS_STEPS for r in results["runs"])
+    again = Results.from_json(results).to_json()
+    assert [r.get("train_losses", []) for r in again["runs"]] == [r.get("train_losses", []) for r in results["runs"]]
 
 
 @pytest.mark.parametrize("name", COMMITTED)

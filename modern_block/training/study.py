@@ -28,6 +28,7 @@ LAPTOP_RATES = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)  # nanoGPT's 1e-3, halved once and
 GPU_RATES = (5e-4, 1e-3, 2e-3)  # around nanoGPT's 1e-3 for its shakespeare-char budget
 ATTENTION_RATES = (2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3)  # a rate on each side of every model's best
 MAIN = ("gpt2_untied", LLAMA_END)  # the two blocks, both heads untied, at GPT-2's parameter count
+TRAIN_LOSS_STEPS = 50  # per-step training losses a results.json keeps: the first steps, which a rerun checks
 ROLES = ("selection", "reported", "anchor", "stress")  # the first two choose and report rates; the others do not
 
 
@@ -285,10 +286,10 @@ class Results:
         s, keep = self.study, self.study.recorded_steps
 
         def kept(run: dict) -> dict:
+            losses = run.get("train_losses", [])[:min(keep or TRAIN_LOSS_STEPS, TRAIN_LOSS_STEPS)]
             if keep is None:
-                return run
-            return run | {"metrics": [m for m in run.get("metrics", []) if m["step"] <= keep],
-                          "train_losses": run.get("train_losses", [])[:keep]}
+                return run | {"train_losses": losses}
+            return run | {"metrics": [m for m in run.get("metrics", []) if m["step"] <= keep], "train_losses": losses}
 
         return {"study": s.name, "command": self.command, "settings": asdict(s.base), "models": list(s.models),
                 "rates": list(s.rates), "selection_seeds": list(s.selection_seeds),
