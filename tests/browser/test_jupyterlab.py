@@ -202,8 +202,8 @@ def _reader(lesson):
 
 
 def _status(view) -> str:
-    s = view.locator(".config-reader-status")
-    return s.inner_text().strip() if s.count() else ""
+    """The status line's text, "" while there is none (read without waiting: the line may go as it is read)."""
+    return " ".join(t.strip() for t in view.locator(".config-reader-status").all_inner_texts()).strip()
 
 
 def _showing(view) -> str:
