@@ -105,8 +105,8 @@ def execute_in(python: Path, nb, tmp_path: Path, name: str):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
     env.pop("MODERN_BLOCK_FORCE_SETUP", None)
-    proc = subprocess.run([str(python), __file__, str(src), str(dst)], cwd=ROOT / "notebooks", env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True)
+    proc = subprocess.run([str(python), __file__, str(src), str(dst)], cwd=ROOT / "notebooks", env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if proc.returncode:
         pytest.fail(f"{name} failed under {python}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}", pytrace=False)
     return nbformat.read(dst, as_version=4)
