@@ -303,13 +303,14 @@ def test_figures_of_the_lesson(tmp_path):
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["llama", "same"]
 
 
-def test_what_the_lessons_ask_of_results():
+def test_what_the_lessons_ask_of_the_report_functions():
     res = run_study(replace(_study(), anchor=None, models=MODELS[:2]), None, CORPUS, say=lambda text: None)
-    assert res.report() == report_text(res) and res.table() in res.report()
-    assert res.table().count("\n") == 1 + len(res.selections)  # a header, its rule and a row per model
-    labels = [line.get_label() for line in res.plot_curves({"llama": "Llama"}).axes[0].lines]
+    table = report.selection_table(res)
+    assert table in report_text(res)
+    assert table.count("\n") == 1 + len(res.selections)  # a header, its rule and a row per model
+    labels = [line.get_label() for line in report.plot_curves(res, {"llama": "Llama"}).axes[0].lines]
     assert labels == [f"gpt2_nobias ({len(res.complete_seeds)} seeds)", f"Llama ({len(res.complete_seeds)} seeds)"]
-    sweep = res.plot_sweep(title="t").axes[0]
+    sweep = report.plot_sweep(res.selections, title="t").axes[0]
     assert sweep.get_title() == "t" and len(sweep.lines) == 2 * len(res.selections)  # a curve and a chosen rate each
 
 

@@ -336,6 +336,13 @@ def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validatio
     return _finish(fig, path)
 
 
+def plot_curves(results: Results, labels: dict | None = None, path=None,
+                title: str = "validation loss, seed mean and 95% band"):
+    """Each model's validation curves at its chosen rate: mean and 95% band over the reported seeds;
+    ``labels``: model -> the name its curve carries."""
+    return plot_curve_bands({(labels or {}).get(m, m): results.reported(m) for m in results.selections}, path, title)
+
+
 def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title: str = "differences, 95% intervals",
                      adjusted: list[str | None] | None = None):
     """Paired differences with their intervals against a line at zero: blue where the verdict is "lower", red
