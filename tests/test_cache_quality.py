@@ -12,7 +12,6 @@ from decodes import assert_decodes_agree, cached_logits
 from training_setup import CORPUS, never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
 
 from modern_block import KVCache, generate
-from modern_block.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training import cli
 from modern_block.training.config import QUICK_ENV
 from modern_block.training.ladder import (
@@ -25,6 +24,7 @@ from modern_block.training.ladder import (
     ladder_model,
 )
 from modern_block.training.report import cache_quality_rows, cache_quality_table, plot_cache_quality, report_text
+from modern_block.training.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training.study import STUDIES, Results, Study, middle_out, run_study
 
 matplotlib.use("Agg")

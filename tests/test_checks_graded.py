@@ -177,10 +177,9 @@ def test_the_table_of_public_swiglu_answers_fails_under_every_secret():
 
 
 def test_every_check_has_its_row_in_the_table_and_names_only_real_pieces():
-    from modern_block import statistics
     from modern_block.fast import profiling, weights
     from modern_block.interop import config_card, gguf_quants
-    from modern_block.training import config, device
+    from modern_block.training import config, device, statistics
 
     names = set(dir(mb)) | set(dir(config)) | set(dir(device)) | set(dir(gguf_quants)) | set(dir(profiling))
     names |= set(dir(weights)) | set(dir(config_card)) | set(dir(statistics)) | {"config_card"}

@@ -23,7 +23,7 @@ from modern_block.classroom import checks
 from modern_block.classroom.checks import CheckFailed, Mode
 from modern_block.classroom.checks.diagnosis import how_off, rough_factor, where_differs
 from modern_block.classroom.checks.lesson07 import COUNT_MISTAKES
-from modern_block.statistics import holm
+from modern_block.training.statistics import holm
 
 SECRETS = (11, 22, 33)
 ASSEMBLED = {"check_lr_schedule", "check_kv_cache"}  # outputs assembled from several calls: audited in test_exercises

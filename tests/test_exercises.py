@@ -31,8 +31,8 @@ import modern_block as mb
 from modern_block.classroom import checks, exercises
 from modern_block.classroom.checks import CheckFailed, NotAttempted
 from modern_block.classroom.grading.notebook import CHECK_CALL, read_notebook, reference_from, sections
-from modern_block.statistics import holm
-from modern_block.statistics import verdict as verdict_text
+from modern_block.training.statistics import holm
+from modern_block.training.statistics import verdict as verdict_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))

@@ -34,8 +34,7 @@ import pytest
 import torch
 from training_setup import never_online, output, run, start_child, tiny, wait_for  # noqa: F401 (autouse fixture)
 
-from modern_block import files
-from modern_block.training import cli
+from modern_block.training import cli, files
 from modern_block.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from modern_block.training.config import ConfigError
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY

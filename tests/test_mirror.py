@@ -26,7 +26,7 @@ TESTED_BY = {  # module -> the test files named after its topic (besides tests/t
     "modern_block.interop.pretrained": ["test_gguf.py"],
     "modern_block.interop.verify": ["test_gguf.py"],
     "modern_block.training.checkpoint": ["test_run_folder.py"],
-    "modern_block.files": ["test_run_folder.py"],
+    "modern_block.training.files": ["test_run_folder.py"],
     "modern_block.training.config": ["test_train.py"],
     "modern_block.training.parts": ["test_train.py"],
     "modern_block.training.trainer": ["test_train.py"],

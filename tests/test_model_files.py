@@ -9,12 +9,12 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "modern_block"
 # the plain layer in course order; each file may import the ones before it (and the argument checks)
-MODEL_FILES = ["decoder", "gpt2", "rmsnorm", "ffn", "rope", "attention", "kv_cache", "mla", "llama", "generate"]
+MODEL_FILES = [
+    "decoder", "causal", "gpt2", "rmsnorm", "ffn", "rope", "attention", "kv_cache", "mla", "llama", "generate",
+]
 HELPERS = {"validate", "params"}  # argument checks and parameter counting, no model code
 AROUND_THE_MODEL = {  # no model code
     "presets",  # real models' numbers for lesson 04: imports the cache formulas
-    "files",  # atomic writes and the file system's refusals in one line (training and the grader)
-    "statistics",  # the course's rule for comparing losses over seeds (lessons 04, 06, 08, 08b, 09b and compare)
 }
 STDLIB = {"math", "dataclasses", "functools", "collections", "typing", "__future__"}
 

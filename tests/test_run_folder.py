@@ -12,8 +12,8 @@ import pytest
 import torch
 from training_setup import disk_fills_up_after
 
-from modern_block import files as F
 from modern_block.training import checkpoint as CK
+from modern_block.training import files as F
 from modern_block.training import run_folder as R
 
 

@@ -9,7 +9,7 @@ from statistics import NormalDist
 
 import pytest
 
-from modern_block.statistics import (
+from modern_block.training.statistics import (
     HIGHER,
     INCONCLUSIVE,
     LOWER,

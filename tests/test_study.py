@@ -12,13 +12,12 @@ import pytest
 import torch
 from training_setup import CORPUS, SMALL, never_online, tiny  # noqa: F401 (never_online is an autouse fixture)
 
-from modern_block import files
-from modern_block.statistics import HIGHER, INCONCLUSIVE, LOWER
-from modern_block.training import cli, report, run_folder
+from modern_block.training import cli, files, report, run_folder
 from modern_block.training import study as S
 from modern_block.training.config import quick_config
 from modern_block.training.report import plot_curve_bands, plot_differences, report_text, write_results
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
+from modern_block.training.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training.study import STUDIES, Anchor, Progress, Results, Study, run_study, time_left
 from modern_block.training.workers import Diverged, read_record, run_dir, train_many
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..files import refused_writes, shown, write_atomic, write_text_atomic
-from ..statistics import (
+from .files import refused_writes, shown, write_atomic, write_text_atomic
+from .ladder import cache_bytes_per_token, get_rung
+from .statistics import (
     CONFIDENCE,
     HIGHER,
     LOWER,
@@ -27,7 +28,6 @@ from ..statistics import (
     paired_difference,
     selection_row,
 )
-from .ladder import cache_bytes_per_token, get_rung
 from .workers import final_loss
 
 if TYPE_CHECKING:

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from ..statistics import PairedDifference, Selection, choose_rate, paired_difference
 from .config import TrainConfig, gpu_config, laptop_config, quick_config, with_rate
 from .data import Corpus, load_corpus
 from .ladder import ABLATION_NAMES, ATTENTION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
+from .statistics import PairedDifference, Selection, choose_rate, paired_difference
 from .trainer import TrainResult
 from .workers import committed_record, final_loss, read_record, run_dir, train_many
 
