@@ -1,7 +1,9 @@
-"""The package's layout is its architecture: five parts, imports in one direction, no file over 500 lines.
+"""The package's layout is its architecture: five parts, imports in one direction, no import circle, no file over
+500 lines.
 
-Every import of every module is found by reading the source (``ast``: relative and absolute imports, at the
-top of a file or inside a function), so a new module or a new import is held to the rules without being listed.
+Every import of every module is found by reading the source (``ast``: relative and absolute imports, at the top of
+a file, inside a function or under ``if TYPE_CHECKING``), so a new module or a new import is held to the rules
+without being listed.
 
     the model      modern_block/*.py (the files the lessons read)
     fast           modern_block/fast/        may import the model
@@ -138,38 +140,63 @@ def test_the_rules_catch_what_they_should(module, source, expected):
 
 
 def import_graph(modules) -> dict[str, set[str]]:
-    """module -> the package modules its top-level imports load (a lazy import inside a function, or one under
-    ``if TYPE_CHECKING``, loads nothing when the module is imported)."""
+    """module -> the package modules it imports, of every kind: at the top of the file, inside a function, under
+    ``if TYPE_CHECKING`` (a lazy import still ties the two modules: the circle is in the design, loaded or not)."""
     graph = {}
     for module, path in modules.items():
-        body = [n for n in ast.parse(path.read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        top = ast.Module(body=body, type_ignores=[])
-        found = imports_in(ast.unparse(top), module, path.name == "__init__.py")
+        found = imports_in(path.read_text(), module, path.name == "__init__.py")
         graph[module] = {m for target, names, _ in found for m, _ in imported_modules(target, names, modules)
                          if m in modules and m != module}
     return graph
 
 
-def a_circle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import circle (a -> b -> ... -> a), or None (depth-first search)."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: the strongly connected components of more than one module (Tarjan's algorithm), each
+    sorted, in sorted order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
 
-    def visit(m):
-        state[m] = 1
-        path.append(m)
-        for n in sorted(graph[m]):
-            if state.get(n) == 1:
-                return path[path.index(n):] + [n]
-            if n not in state and (circle := visit(n)):
-                return circle
-        state[m] = 2
-        path.pop()
-        return None
+    def visit(m: str) -> None:
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:  # m is the root of a component: everything above it on the stack
+            component = stack[stack.index(m):]
+            del stack[stack.index(m):]
+            if len(component) > 1:
+                found.append(sorted(component))
 
-    return next((c for m in sorted(graph) if m not in state and (c := visit(m))), None)
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return sorted(found)
 
 
 def test_the_structure_drawn_from_the_imports_has_no_circle():
-    assert a_circle(import_graph(MODULES)) is None
-    assert a_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    found = circles(import_graph(MODULES))
+    assert not found, "import circles (move the shared piece to its owner or to a lower module): " + "; ".join(
+        " <-> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize("graph, expected", [
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}, [["a", "b", "c"]]),
+    ({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c", "a"}}, [["a", "b"], ["c", "d"]]),
+    ({"a": {"b", "c"}, "b": {"c"}, "c": set()}, []),
+])
+def test_the_circle_finder_sees_every_circle(graph, expected):
+    assert circles(graph) == expected
+
+
+def test_every_kind_of_import_is_an_arrow():
+    """An import inside a function and one under ``if TYPE_CHECKING`` count as much as one at the top."""
+    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .study import Results\n"
+              "def f():\n    from . import workers\n")
+    found = imports_in(source, "modern_block.training.report", False)
+    assert {t for t, _, _ in found} == {"modern_block.training.study", "modern_block.training"}
