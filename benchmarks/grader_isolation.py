@@ -26,8 +26,7 @@ from pathlib import Path
 
 from test_class_folder import make_class
 
-from modern_block.classroom import grade
-from modern_block.classroom.grading import engine, package_copy, wire
+from modern_block.classroom.grading import engine, grade, package_copy, wire
 from modern_block.classroom.grading.bwrap import COPY_MOUNT, ENV, bwrap_command
 from modern_block.classroom.grading.sandbox import STARTUP_TIMEOUT, Launcher, Limits, Sandbox, SandboxLost
 from modern_block.classroom.grading.sandbox_user import user_processes

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def sandbox_problem() -> str | None:
     """Why no grading sandbox starts here, or None; the launcher started is kept for the tests that grade in
     this process."""
-    from modern_block.classroom import grade
+    from modern_block.classroom.grading import grade
     from modern_block.classroom.grading.sandbox import SandboxError
 
     try:

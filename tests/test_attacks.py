@@ -328,7 +328,7 @@ LINKERS = ("links_to_the_solution", "folder_is_a_link")  # named by the shell's 
 # that started it, here a test worker's: 2 GB in a full suite run). Without a cgroup (none made, even where
 # one could be) it grades with --no-cgroup-i-accept-per-process-limits.
 GRADER = """import json, re, sys
-from modern_block.classroom import grade
+from modern_block.classroom.grading import grade
 from modern_block.classroom.grading import cgroups, sandbox
 args = json.loads(sys.argv[1])
 if sys.argv[2] == "no cgroup":

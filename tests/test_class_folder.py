@@ -10,7 +10,7 @@ import time
 import pytest
 from submissions import ROOT, answered, read_report, solution, write
 
-from modern_block.classroom import grade
+from modern_block.classroom.grading import grade
 
 W_UK = "    w_uk = w_kv_b.view(q_nope.shape[1], -1, w_kv_b.shape[-1])[:, :q_nope.shape[-1]]\n"  # lesson 05
 MISTAKES = {  # (lesson, grade_id) -> (a wrong answer, a piece of its diagnosis)

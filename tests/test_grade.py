@@ -40,8 +40,7 @@ from submissions import (
     write,
 )
 
-from modern_block.classroom import grade
-from modern_block.classroom.grading import engine, sandbox
+from modern_block.classroom.grading import engine, grade, sandbox
 from modern_block.classroom.grading.class_folder import Submission
 
 REFERENCE = ROOT / "exercises"

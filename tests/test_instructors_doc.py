@@ -18,7 +18,7 @@ import nbformat
 import pytest
 from submissions import LAYERNORM_RMSNORM, ROOT, WRONG_RMS, answered, sandbox_problem, write
 
-from modern_block.classroom import grade
+from modern_block.classroom.grading import grade
 from modern_block.classroom.grading.grade_report import COLUMNS, number_text
 
 DOC = ROOT / "docs" / "instructors.md"

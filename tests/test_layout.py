@@ -130,7 +130,7 @@ def test_no_file_is_over_500_lines(path):
     ("modern_block.training.trainer", "from ..interop.hf import _family\n",
      ["the private modern_block.interop.hf._family"]),
     ("modern_block.fast.decoding", "from .. import validate\n", []),
-    ("modern_block.classroom.grade", "from ..training.trainer import train\n", []),
+    ("modern_block.classroom.grading.grade", "from ...training.trainer import train\n", []),
 ])
 def test_the_rules_catch_what_they_should(module, source, expected):
     """The scanner itself, on made-up sources: upward imports (at the top or inside a function), imports of

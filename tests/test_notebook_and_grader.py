@@ -15,9 +15,9 @@ import nbformat
 import pytest
 from submissions import ROOT, answered, sandbox_problem, write
 
-from modern_block.classroom import grade
 from modern_block.classroom.checks import Mode, in_notebook
 from modern_block.classroom.checks.mode import using
+from modern_block.classroom.grading import grade
 
 QKV_BIAS_AS_D = ("def gpt2_block_params(d, d_ff=None):\n    d_ff = 4 * d if d_ff is None else d_ff\n"
                  "    return 4 * d + (3 * d * d + d) + (d * d + d) + (2 * d * d_ff + d_ff + d)")

@@ -5,7 +5,7 @@
   read (typed in?) and run again with the exercise's pieces hidden, as the grader runs it.
 * ``Mode.script()``: a script or a test: a failure raises; nothing is hidden (the tests hand in the package's
   own implementations as the right answers).
-* ``Mode.graded(secret, sources)``: the grader (``modern_block.classroom.grade``): inputs and grader-only cases
+* ``Mode.graded(secret, sources)``: the grader (``modern_block.classroom.grading.grade``): inputs and grader-only cases
   drawn from ``secret``, nothing printed, the submission's cells read for value items; the sandbox's copy of the
   package does the hiding.
 

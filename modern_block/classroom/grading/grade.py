@@ -42,12 +42,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .exercises import default_root
-from .grading import feedback, names
-from .grading.class_folder import CollectionError, OutputError, Submission, read_regular, refuse_target
-from .grading.class_folder import collect as _collect_files
-from .grading.engine import grade_notebook, launcher_for
-from .grading.grade_report import (
+from ..exercises import default_root
+from . import feedback, names
+from .class_folder import CollectionError, OutputError, Submission, read_regular, refuse_target
+from .class_folder import collect as _collect_files
+from .engine import grade_notebook, launcher_for
+from .grade_report import (
     COLUMNS,
     FAILED,
     NOT_ATTEMPTED,
@@ -58,9 +58,9 @@ from .grading.grade_report import (
     one_line,
     render_csv,
 )
-from .grading.notebook import BadReference, NotebookError, Reference, read_notebook, reference_from
-from .grading.sandbox import NO_CGROUP_FLAG, UNSAFE_FLAG, Limits, SandboxError
-from .grading.session import Options
+from .notebook import BadReference, NotebookError, Reference, read_notebook, reference_from
+from .sandbox import NO_CGROUP_FLAG, UNSAFE_FLAG, Limits, SandboxError
+from .session import Options
 
 __all__ = ["PASSED", "FAILED", "NOT_ATTEMPTED", "Options", "Limits", "Report", "Submission", "collect",
            "load_reference", "grade_all", "grade_paths", "format_report", "launcher_for", "main"]
