@@ -1,5 +1,6 @@
 """Device choice, autocast dtype, peak FLOP/s and MFU arithmetic."""
 
+import platform
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from modern_block import GPT2LM, LlamaStyleLM
 from modern_block.training.device import (
     autocast_dtype,
     choose_device,
+    cpu_name,
     flops_per_token,
     matmul_parameters,
     memory_bytes,
@@ -76,3 +78,14 @@ def test_cuda_device_precision_and_memory():
 def test_memory_of_the_cpu_is_the_machines():
     kib = int(re.search(r"MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text()).group(1))
     assert memory_bytes(choose_device("cpu")) == pytest.approx(kib * 1024, rel=0.01)
+
+
+def test_cpu_name_reads_the_model_name_or_falls_back(tmp_path):
+    """The one CPU name of the timing records (benchmarks/, scripts/time_lessons.py): Linux's model name line,
+    else what platform reports when the file is missing or has no such line."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\n")
+    assert cpu_name(info) == "Intel(R) Xeon(R) CPU @ 2.20GHz"
+    info.write_text("processor\t: 0\n")
+    fallback = platform.processor() or platform.machine()
+    assert cpu_name(info) == fallback and cpu_name(tmp_path / "missing") == fallback
