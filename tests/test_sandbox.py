@@ -20,9 +20,9 @@ import torch.nn as nn
 from submissions import ROOT
 
 import modern_block as mb
-from modern_block.classroom import checks, grade
+from modern_block.classroom import checks
 from modern_block.classroom.checks.core import Output, call_student
-from modern_block.classroom.grading import class_folder, notebook, package_copy, wire
+from modern_block.classroom.grading import class_folder, grade, notebook, package_copy, wire
 from modern_block.classroom.grading.bwrap import COPY_MOUNT, Interpreter, bwrap_command
 from modern_block.classroom.grading.grade_report import Exercise, Report, format_report, gradebook, one_line, printable
 from modern_block.classroom.grading.remote import MAX_MODULE_BYTES, Link, RemoteModule, module_spec

@@ -27,8 +27,8 @@ from training_setup import (  # noqa: F401 (never_online is an autouse fixture)
     tiny,
 )
 
-from modern_block import GPT2LM, files, generate
-from modern_block.training import cli, config, parts, run_folder
+from modern_block import GPT2LM, generate
+from modern_block.training import cli, config, files, parts, run_folder
 from modern_block.training import trainer as T
 from modern_block.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from modern_block.training.run_folder import CHECKPOINT, METRICS, SUMMARY
