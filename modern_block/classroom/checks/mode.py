@@ -31,7 +31,7 @@ class Mode:
     secret: int | None = None  # graded: the per-run secret the inputs are drawn from
     sources: tuple[str, ...] | None = None  # the cells that ran, in order (a value item's must be computed)
     namespace: Mapping | None = None  # notebook: the student's variables (a value item's cell runs again in a copy)
-    observer: Callable | None = None  # tests: called with every judged case (tests/test_diagnosis.py)
+    observer: Callable | None = None  # tests: called with every judged case (tests/classroom/test_diagnosis.py)
 
     def __post_init__(self):
         if self.kind not in ("notebook", "script", "graded"):

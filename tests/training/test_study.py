@@ -21,7 +21,7 @@ from modern_block.training.statistics import HIGHER, INCONCLUSIVE, LOWER
 from modern_block.training.study import STUDIES, Anchor, Progress, Results, Study, run_study, time_left
 from modern_block.training.workers import Diverged, read_record, run_dir, train_many
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASE = tiny("gpt2", max_steps=6, eval_interval=3, dropout=0.0, warmup_steps=2)
 MODELS = ("gpt2_nobias", "llama", "llama_tied")
 

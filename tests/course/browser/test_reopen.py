@@ -22,7 +22,7 @@ import pytest
 from modern_block.classroom.quiz import LETTERS, load_questions
 
 pytestmark = pytest.mark.browser
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 

@@ -2,7 +2,7 @@
 handed in (honest, stub, a copy of the solutions, typical mistakes, a crash, an endless loop, 12 MB of output,
 a renamed file, the package's own function) graded into rows with points, feedback files and JSON lines; then a
 student grading their own notebook where no sandbox can start. (A term's gradebook, regrades and export are
-nbgrader's: tests/test_nbgrader.py.)"""
+nbgrader's: tests/classroom/test_nbgrader.py.)"""
 
 import csv
 import os

@@ -6,10 +6,10 @@
 * the feedback (right in green with a check mark, wrong in red with a cross), the fold that reveals the answer, the
   HTML fallback (escaped, answer in <details>) and one display bundle per question carrying both views;
 * on ipywidgets 8 the feedback is wired in the browser (choosing a letter shows that letter's pane, so a quiz
-  restored from a saved notebook answers without a kernel); tests/browser clicks it, test_ipywidgets77.py drives
+  restored from a saved notebook answers without a kernel); tests/course/browser clicks it, test_ipywidgets77.py drives
   the 7.7 version.
 
-``python -m pytest tests/test_quiz.py -s -k statistics`` prints the course's quiz statistics.
+``python -m pytest tests/classroom/test_quiz.py -s -k statistics`` prints the course's quiz statistics.
 """
 
 import collections
@@ -22,7 +22,7 @@ import pytest
 from modern_block.classroom import quiz as quiz_module
 from modern_block.classroom.quiz import LETTERS, Question, lessons, load_questions, quiz
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 Q = {"prompt": "Which norm has no mean subtraction?", "options": ["LayerNorm", "RMSNorm <b>"], "answer": 1,
      "explanation": "RMSNorm divides by the root mean square & keeps the mean."}

@@ -5,7 +5,7 @@ secret, its copy of the package). Each case is an answer cell of a solution note
 exercises of that notebook keep their right answers, so every notebook also shows right answers passing both ways.
 
 (A table of answers harvested from the notebook is the one disagreement by design: it passes the notebook's public
-cases and fails the grader's; tests/test_checks_graded.py holds it to that.)"""
+cases and fails the grader's; tests/classroom/test_checks_graded.py holds it to that.)"""
 
 import contextlib
 import io

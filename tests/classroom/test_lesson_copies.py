@@ -17,7 +17,7 @@ import modern_block as mb
 from modern_block.classroom import checks
 from modern_block.classroom.checks import CheckFailed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def lesson_definition(lesson: str, name: str):

@@ -49,7 +49,7 @@ def test_gpu_check_dry_run_runs_every_part_and_a_rerun_reads_its_runs_back(tmp_p
     assert set(status["part1"].values()) == {"ok"}, status["part1"]
 
     part1 = json.loads((folder / "part1" / "results.json").read_text())
-    assert part1["gpu_tests"]["skipped"] >= 4 and "tests/test_distributed.py" in part1["gpu_tests"]["files"]
+    assert part1["gpu_tests"]["skipped"] >= 4 and "tests/training/test_distributed.py" in part1["gpu_tests"]["files"]
     arms = {"gpt2_untied", LLAMA_END}  # GPT-2 and Llama-style, both heads untied
     assert {r["arch"] for r in part1["sweep"]["runs"]} == arms and set(part1["chosen_lr"]) == arms
     table = part1["comparison"]["table"]

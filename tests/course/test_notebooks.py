@@ -15,7 +15,7 @@ import nbformat
 import pytest
 from repo_files import load_module
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 REQUIRED_SECTIONS = ("What you'll learn", "Common pitfalls", "Check your understanding", "Key takeaways")
 MAX_BYTES = 1_500_000

@@ -9,7 +9,7 @@ import pytest
 from modern_block.training import cli
 from modern_block.training.study import STUDIES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results" / "ladder" / "results.json"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import lab_harness as lab_h
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 
 

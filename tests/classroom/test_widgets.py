@@ -1,4 +1,4 @@
-"""The lessons' widgets (modern_block/classroom/widgets.py), driven from Python (tests/browser: in JupyterLab).
+"""The lessons' widgets (modern_block/classroom/widgets.py), driven from Python (tests/course/browser: in JupyterLab).
 
 * lesson 04's KV-cache calculator: its numbers (the chapter's figures), that it reacts, and the attention's name
   (Llama 2 7B is plain MHA);

@@ -11,7 +11,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONDA_TO_PIP = {"pytorch": "torch"}
 
 

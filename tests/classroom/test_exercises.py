@@ -34,7 +34,7 @@ from modern_block.classroom.grading.notebook import CHECK_CALL, read_notebook, r
 from modern_block.training.statistics import holm
 from modern_block.training.statistics import verdict as verdict_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
 LESSONS = ["00_gpt2_block", "01_rmsnorm", "02_swiglu", "03_rope", "04_gqa_kv_cache", "05_mla", "06_qk_norm",

@@ -21,7 +21,7 @@ from modern_block.classroom.checks import Mode, in_notebook
 from modern_block.classroom.checks.errors import CheckFailed, NotAttempted
 from modern_block.classroom.checks.in_notebook import answer_sources, not_computed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
 NOTEBOOK = Mode.notebook([], {})
 

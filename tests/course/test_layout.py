@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "modern_block"
+PACKAGE = Path(__file__).resolve().parents[2] / "modern_block"
 MAX_LINES = 500
 PARTS = ("model", "fast", "interop", "training", "classroom")
 MAY_IMPORT = {  # the design: each part and the parts it may import (besides itself)

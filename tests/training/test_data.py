@@ -28,7 +28,7 @@ from modern_block.training.data import (
     train_val_split,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

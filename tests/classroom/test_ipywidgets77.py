@@ -27,7 +27,7 @@ import nbformat
 import pytest
 from repo_files import load_module
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 PIN = "ipywidgets>=7.7,<7.8"
@@ -102,7 +102,8 @@ def execute_in(python: Path, nb, tmp_path: Path, name: str):
     """Run ``nb`` with nbclient under ``python`` (so its kernel is that Python) and return the executed copy."""
     src, dst = tmp_path / f"{name}.in.ipynb", tmp_path / f"{name}.out.ipynb"
     nbformat.write(nb, src)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "tests"),
+                                                                      os.environ.get("PYTHONPATH")])),
            "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
     env.pop("MODERN_BLOCK_FORCE_SETUP", None)
     proc = subprocess.run([str(python), __file__, str(src), str(dst)], cwd=ROOT / "notebooks", env=env,
@@ -179,7 +180,7 @@ seen["after"] = f"{want:,.2f} GiB" in report.value
 print(json.dumps(seen))
 '''
 
-harness = load_module("tests/browser/lab_harness.py")
+harness = load_module("tests/course/browser/lab_harness.py")
 LESSONS_WITH_WIDGETS = [p for p in sorted((ROOT / "notebooks").glob("*.ipynb"))
                         if harness.widget_cells(nbformat.read(p, as_version=4), "all")]
 

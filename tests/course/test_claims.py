@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LESSON_NAME = re.compile(r"(\d\d[a-z]?)_")  # 09_real_model, 09b_rope_scaling: the lesson is "09", "09b"
 NOTEBOOKS = sorted(p for folder in ("notebooks", "solutions") for p in (ROOT / folder).glob("*.ipynb")
                    if LESSON_NAME.match(p.name))

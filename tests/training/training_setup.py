@@ -18,7 +18,7 @@ from modern_block.training.config import TrainConfig
 from modern_block.training.data import Corpus, load_corpus
 from modern_block.training.trainer import train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEXT = "".join(f"{w} the quick brown fox {i % 7} jumps over the lazy dog; " for i, w in
                enumerate(["First", "Citizen", "Before", "we", "proceed", "any", "further"] * 60))
 CORPUS = Corpus(TEXT, "test-text", "inline")

@@ -15,7 +15,7 @@ from modern_block.training.ladder import get_rung
 from modern_block.training.report import report_text
 from modern_block.training.study import STUDIES, TRAIN_LOSS_STEPS, Results
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ("ladder", "laptop", "attention", "quick")
 # the model whose first steps are rerun
 RERUN = {"ladder": "llama", "laptop": "gpt2_nobias", "attention": "mla24", "quick": "llama"}

@@ -22,7 +22,8 @@ from modern_block.classroom.grading import grade
 from modern_block.classroom.grading.grade_report import COLUMNS, number_text
 
 DOC = ROOT / "docs" / "instructors.md"
-TABLE_START = "<!-- exercise table: generated from solutions/ by tests/test_instructors_doc.py; do not edit -->"
+TABLE_START = ("<!-- exercise table: generated from solutions/ by tests/classroom/test_instructors_doc.py; "
+               "do not edit -->")
 TABLE_END = "<!-- end of the exercise table -->"
 RUN = re.compile(r"<!-- run(?:, exit (\d))? -->")
 NOT_RUN = re.compile(r"<!-- not run: .+ -->")

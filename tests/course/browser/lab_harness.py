@@ -1,6 +1,6 @@
 """Run the course in a real browser: a private JupyterLab server driven by headless Chromium.
 
-Used by the browser tests (tests/browser/test_jupyterlab.py) and by scripts/screenshots.py.
+Used by the browser tests (tests/course/browser/test_jupyterlab.py) and by scripts/screenshots.py.
 
 * ``JupyterLab`` starts ``jupyter lab`` on 127.0.0.1 with a random free port, a random token and its own
   settings, workspaces, runtime, config and data folders, serving a temporary copy of the notebooks; ``stop()``
@@ -40,7 +40,7 @@ CHROMIUM = os.environ.get("MODERN_BLOCK_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage"]
-OVERRIDES = Path(__file__).resolve().parents[2] / "scripts" / "jupyterlab_overrides.json"  # what make lab installs
+OVERRIDES = Path(__file__).resolve().parents[3] / "scripts" / "jupyterlab_overrides.json"  # what make lab installs
 SERVER_START_S = 120  # first start of JupyterLab on a loaded 2-core machine can be slow
 CELL_RUN_S = 90
 

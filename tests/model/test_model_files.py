@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "modern_block"
+PACKAGE = Path(__file__).resolve().parents[2] / "modern_block"
 # the plain layer in course order; each file may import the ones before it (and the argument checks)
 MODEL_FILES = [
     "decoder", "causal", "gpt2", "rmsnorm", "ffn", "rope", "attention", "kv_cache", "mla", "llama", "generate",

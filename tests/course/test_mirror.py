@@ -1,13 +1,16 @@
-"""The tests mirror the modules: every module of ``modern_block/`` (all subpackages, found by scanning) has a test
-file that imports it and tests it, or an exemption below with its reason.
+"""The tests mirror the parts: every module of ``modern_block/`` (all subpackages, found by scanning) has a test
+file that imports it and tests it, or an exemption below with its reason; every test file sits in the folder of its
+part.
 
-The rule: ``modern_block/.../<name>.py`` is tested by ``tests/test_<name>.py``, or by the test files ``TESTED_BY``
-lists for it (the training part is tested by topic, the grader's parts by one file). A file counts only if it
-imports the module, read from its source (``ast``): ``import modern_block.x``, ``from modern_block.x import ...``,
-``from modern_block import x``, or a name (or an attribute of an imported package) that a package's
-``__init__`` takes from the module. A file that exists but does not import the module does not count; a file
-``TESTED_BY`` names must import it. A package ``__init__`` that only re-exports (docstring, imports, ``__all__``,
-``__version__``) is tested by its modules' tests; one that gains code needs a test too.
+The rule: ``modern_block/.../<name>.py`` of part P (model, fast, interop, training, classroom) is tested by
+``tests/P/test_<name>.py``, or by the test files ``TESTED_BY`` lists for it (the training part is tested by topic,
+the grader's parts by one file); tests of the whole course (notebooks, claims, README, layout, project) are in
+``tests/course/``. A file counts only if it imports the module, read from its source (``ast``):
+``import modern_block.x``, ``from modern_block.x import ...``, ``from modern_block import x``, or a name (or an
+attribute of an imported package) that a package's ``__init__`` takes from the module. A file that exists but does
+not import the module does not count; a file ``TESTED_BY`` names must import it. A package ``__init__`` that only
+re-exports (docstring, imports, ``__all__``, ``__version__``) is tested by its modules' tests; one that gains code
+needs a test too.
 """
 
 import ast
@@ -15,35 +18,37 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE, TESTS = ROOT / "modern_block", ROOT / "tests"
+PARTS = ("model", "fast", "interop", "training", "classroom")
+FOLDERS = PARTS + ("course",)  # tests/<folder>/: one per part, and the course as a whole
 
-TESTED_BY = {  # module -> the test files named after its topic (besides tests/test_<name>.py where that exists)
-    "modern_block.__main__": ["test_laptop.py"],
-    "modern_block.fast.decoding": ["test_fast.py"],
-    "modern_block.interop.compare_layers": ["test_hf.py", "test_hf_families.py"],
-    "modern_block.interop.gguf_quants": ["test_gguf.py"],
-    "modern_block.interop.pretrained": ["test_gguf.py"],
-    "modern_block.interop.verify": ["test_gguf.py"],
-    "modern_block.training.checkpoint": ["test_run_folder.py"],
-    "modern_block.training.files": ["test_run_folder.py"],
-    "modern_block.training.config": ["test_train.py"],
-    "modern_block.training.parts": ["test_train.py"],
-    "modern_block.training.trainer": ["test_train.py"],
-    "modern_block.training.cli": ["test_train.py"],
-    "modern_block.training.device": ["test_device.py"],
-    "modern_block.training.ladder": ["test_ladder.py"],
-    "modern_block.training.workers": ["test_study.py"],
-    "modern_block.training.report": ["test_study.py"],
-    "modern_block.classroom.checks.core": ["test_checks_graded.py"],
-    "modern_block.classroom.checks.errors": ["test_in_notebook.py", "test_exercises.py"],
-    **{f"modern_block.classroom.checks.lesson{n:02d}": ["test_exercises.py"] for n in range(10)},
-    "modern_block.classroom.checks.lesson08b": ["test_exercises.py"],
-    "modern_block.classroom.checks.lesson09b": ["test_exercises.py"],
-    **{f"modern_block.classroom.grading.{name}": ["test_sandbox.py"] for name in (
+TESTED_BY = {  # module -> the test files named after its topic (besides tests/<part>/test_<name>.py)
+    "modern_block.__main__": ["training/test_laptop.py"],
+    "modern_block.fast.decoding": ["fast/test_fast.py"],
+    "modern_block.interop.compare_layers": ["interop/test_hf.py", "interop/test_hf_families.py"],
+    "modern_block.interop.gguf_quants": ["interop/test_gguf.py"],
+    "modern_block.interop.pretrained": ["interop/test_gguf.py"],
+    "modern_block.interop.verify": ["interop/test_gguf.py"],
+    "modern_block.training.checkpoint": ["training/test_run_folder.py"],
+    "modern_block.training.files": ["training/test_run_folder.py"],
+    "modern_block.training.config": ["training/test_train.py"],
+    "modern_block.training.parts": ["training/test_train.py"],
+    "modern_block.training.trainer": ["training/test_train.py"],
+    "modern_block.training.cli": ["training/test_train.py"],
+    "modern_block.training.device": ["training/test_device.py"],
+    "modern_block.training.ladder": ["training/test_ladder.py"],
+    "modern_block.training.workers": ["training/test_study.py"],
+    "modern_block.training.report": ["training/test_study.py"],
+    "modern_block.classroom.checks.core": ["classroom/test_checks_graded.py"],
+    "modern_block.classroom.checks.errors": ["classroom/test_in_notebook.py", "classroom/test_exercises.py"],
+    **{f"modern_block.classroom.checks.lesson{n:02d}": ["classroom/test_exercises.py"] for n in range(10)},
+    "modern_block.classroom.checks.lesson08b": ["classroom/test_exercises.py"],
+    "modern_block.classroom.checks.lesson09b": ["classroom/test_exercises.py"],
+    **{f"modern_block.classroom.grading.{name}": ["classroom/test_sandbox.py"] for name in (
         "bwrap", "class_folder", "grade_report", "notebook", "package_copy", "remote", "runner", "session", "wire")},
-    "modern_block.classroom.grading.names": ["test_engine.py"],
-    "modern_block.classroom.grading.autograde": ["test_nbgrader.py"],
+    "modern_block.classroom.grading.names": ["classroom/test_engine.py"],
+    "modern_block.classroom.grading.autograde": ["classroom/test_nbgrader.py"],
 }
 
 EXEMPT = {  # module -> why no test file imports it
@@ -55,6 +60,12 @@ EXEMPT = {  # module -> why no test file imports it
                                              "sandbox.py, it enters namespaces and drops capabilities): "
                                              "test_sandbox.py drives it through sandbox.py",
 }
+
+
+def part_of(module: str) -> str:
+    """The part a module belongs to: its first subpackage, or the model."""
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 and pieces[1] in PARTS[1:] else "model"
 
 
 def module_name(path: Path) -> str:
@@ -126,7 +137,8 @@ def modules_imported_by(path: Path) -> set[str]:
     return found & set(MODULES)
 
 
-IMPORTS = {p.name: modules_imported_by(p) for p in sorted(TESTS.glob("test_*.py"))}
+TEST_FILES = {p.relative_to(TESTS).as_posix(): p for p in sorted(TESTS.rglob("test_*.py"))}  # "model/test_x.py"
+IMPORTS = {name: modules_imported_by(path) for name, path in TEST_FILES.items()}
 
 
 def only_reexports(package: str) -> bool:
@@ -143,9 +155,14 @@ def only_reexports(package: str) -> bool:
     return True
 
 
+def named_test(module: str) -> str:
+    """The test file the rule names for a module: ``<part>/test_<name>.py``."""
+    return f"{part_of(module)}/test_{MODULES[module].stem}.py"
+
+
 def mirror(module: str) -> list[str]:
     """The test files that import and test ``module`` under the rule."""
-    named = f"test_{MODULES[module].stem}.py"
+    named = named_test(module)
     return sorted({f for f in [named, *TESTED_BY.get(module, [])] if module in IMPORTS.get(f, set())})
 
 
@@ -153,7 +170,7 @@ def mirror(module: str) -> list[str]:
 def test_every_module_has_a_test_file_that_imports_it(module):
     if module in EXEMPT or (module in PACKAGES and only_reexports(module)):
         return
-    named = f"test_{MODULES[module].stem}.py"
+    named = named_test(module)
     hint = f"tests/{named} does not import it" if (TESTS / named).is_file() else f"write tests/{named}"
     assert mirror(module), f"{module} has no test file that imports it: {hint}, or list its test file in TESTED_BY"
 
@@ -177,7 +194,20 @@ def test_the_scan_sees_what_it_should():
     """The import reading itself: re-exports, attributes of an imported package, and a file that does not count."""
     assert origin("modern_block", "RMSNorm") == "modern_block.rmsnorm"
     assert origin("modern_block.classroom.checks", "check_rms") == "modern_block.classroom.checks.lesson01"
-    assert "modern_block.classroom.checks.lesson01" in IMPORTS["test_checks_graded.py"]  # checks.check_rms(...)
-    assert "modern_block.rmsnorm" in IMPORTS["test_rmsnorm.py"]
-    assert "modern_block.rmsnorm" not in IMPORTS["test_train.py"]
+    assert "modern_block.classroom.checks.lesson01" in IMPORTS["classroom/test_checks_graded.py"]  # checks.check_rms
+    assert "modern_block.rmsnorm" in IMPORTS["model/test_rmsnorm.py"]
+    assert "modern_block.rmsnorm" not in IMPORTS["training/test_train.py"]
+    assert named_test("modern_block.interop.hf") == "interop/test_hf.py" and named_test("modern_block.rope") == \
+        "model/test_rope.py"
+
+
+@pytest.mark.parametrize("name", sorted(TEST_FILES))
+def test_every_test_file_sits_in_the_folder_of_its_part(name):
+    """A new test file goes to tests/<part>/ (or tests/course/): never at the top of tests/, never in a folder
+    that is not a part; one named after a module goes to that module's part."""
+    folder = name.split("/")[0]
+    assert "/" in name and folder in FOLDERS, f"tests/{name}: put it in tests/<part>/, one of {list(FOLDERS)}"
+    owners = {part_of(m) for m, p in MODULES.items() if f"test_{p.stem}.py" == name.split("/")[-1]
+              and p.name != "__init__.py"}
+    assert not owners or folder in owners, f"tests/{name} is named after a module of {sorted(owners)}: move it there"
     assert only_reexports("modern_block") and only_reexports("modern_block.classroom.checks")

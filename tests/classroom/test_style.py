@@ -20,7 +20,7 @@ from modern_block.classroom.style import COURSE_STYLE, MIN_FONT_PT, use_course_s
 
 matplotlib.use("Agg")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 WIDTH = 100
 SETUP_CELL = 1
