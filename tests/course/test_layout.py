@@ -123,6 +123,17 @@ def test_no_file_is_over_500_lines(path):
     assert n <= MAX_LINES, f"{path.relative_to(PACKAGE.parent)} has {n} lines: split it along its own structure"
 
 
+def test_no_two_modules_share_a_file_name():
+    """One name, one thing: a file name says which module it is wherever it is quoted (two report.py or two
+    files.py would not)."""
+    stems: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            stems.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
+    assert not {n: p for n, p in stems.items() if len(p) > 1}, "rename one of each: " + str(
+        {n: sorted(p) for n, p in stems.items() if len(p) > 1})
+
+
 @pytest.mark.parametrize("module, source, expected", [
     ("modern_block.llama", "from .training.trainer import train\n", ["the model part may import no other part"]),
     ("modern_block.llama", "def f():\n    import modern_block.fast\n", ["not fast"]),
