@@ -54,7 +54,7 @@ test: install
 # the unit tests only: no notebook, no browser, no grader's sandbox, nothing marked slow (about a minute on 2 cores)
 test-fast: install
 	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile -q -m "not slow and not browser and not sandbox" \
-		--ignore=tests/browser tests
+		--ignore=tests/course/browser tests
 
 # the linter and the type checker (settings in pyproject.toml); .ci/run runs this too
 lint: install

@@ -15,7 +15,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from modern_block.fast.profiling import decode_weight_bytes, memory_bandwidth  #
 from modern_block.interop.hf import from_hf  # noqa: E402
 from modern_block.kv_cache import kv_cache_bytes_per_token, mla_cache_bytes_per_token  # noqa: E402
 from modern_block.mla import MLAConfig  # noqa: E402
+from modern_block.training.device import cpu_name  # noqa: E402
 
 CONFIG = dict(V=512, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, seq=256, batch=8, prompt=16)
 CLOCK = time.perf_counter  # --clock cpu switches to this process's CPU time (see main)
@@ -303,7 +303,7 @@ def main(argv=None) -> dict:
     transformers.logging.set_verbosity_error()
     gpu = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else None
     results = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-               "transformers": transformers.__version__, "cpu": _cpu_name(), "device": gpu or "cpu",
+               "transformers": transformers.__version__, "cpu": cpu_name(), "device": gpu or "cpu",
                "threads": torch.get_num_threads(), "clock": args.clock, "config": CONFIG, "repeats": repeats,
                "fast_compile_options": fast.COMPILE_OPTIONS if compiled else None}
     t0 = time.perf_counter()
@@ -331,16 +331,6 @@ def main(argv=None) -> dict:
 
 def progress(what: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {what} ...", file=sys.stderr, flush=True)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def table_rows(r: dict) -> list[tuple[str, str, str]]:

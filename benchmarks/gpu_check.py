@@ -324,7 +324,7 @@ def _task(kind: str, cfg: TrainConfig, args, **kw) -> dict:
 # ---- part 1 ------------------------------------------------------------------------------------------
 def gpu_test_files() -> list[str]:
     """The test files that hold GPU-marked tests."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
                   if "mark.gpu" in p.read_text())
 
 
@@ -541,7 +541,7 @@ def two_gpus(part: Part) -> None:
         raise Skip("dry run: the same pytest call as part 1's GPU tests; the CPU data-parallel tests are in the suite")
     if torch.cuda.device_count() < 2:
         raise Skip(f"{torch.cuda.device_count()} GPU(s): the two-GPU test needs two")
-    gpu_tests(part, ["tests/test_distributed.py"])
+    gpu_tests(part, ["tests/training/test_distributed.py"])
 
 
 def part3(part: Part) -> None:

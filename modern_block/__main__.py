@@ -2,7 +2,7 @@
 
     python -m modern_block train --arch llama --quick --out runs/llama     # one model (training.cli)
     python -m modern_block compare --quick --out runs/compare              # a study (training.study)
-    python -m modern_block grade submissions/ --reference exercises/       # a class (modern_block.classroom.grade)
+    python -m modern_block grade submissions/ --reference exercises/       # a class (classroom.grading.grade)
     python -m modern_block exercises build                                 # exercises/ from solutions/
 
 Under torchrun the same words work: ``torchrun --nproc_per_node 2 -m modern_block train ...``.
@@ -15,7 +15,7 @@ COMMANDS = {  # the command -> (module, its function(argv) that runs it, what it
     "train": ("modern_block.training.cli", "train_main", "train one model on characters; --resume continues a run"),
     "compare": ("modern_block.training.cli", "compare_main", "models at their own rates, paired 95% intervals "
                 "(--study quick, laptop, gpu, ladder, ablations, attention)"),
-    "grade": ("modern_block.classroom.grade", "main", "grade exercise notebooks, a whole class at once"),
+    "grade": ("modern_block.classroom.grading.grade", "main", "grade exercise notebooks, a whole class at once"),
     "exercises": ("modern_block.classroom.exercises", "main", "exercises/ from solutions/ (build, build --check)"),
 }
 

@@ -12,7 +12,7 @@ Optional QK-norm (Qwen3, OLMo 2, Gemma 3) normalises each head's q and k, before
 import torch
 import torch.nn as nn
 
-from .decoder import causal_attention
+from .causal import causal_attention
 from .rmsnorm import RMSNorm
 from .rope import apply_rope
 from .validate import divisible, dropout_rate, even, positive_ints

@@ -6,8 +6,7 @@
 A block is a pre-norm residual block, x + attention(norm(x)), then x + FFN(norm(x)); blocks differ only in their
 parts. GPT-2 (``gpt2.GPT2LM``, lesson 00) fills the skeleton with a learned position table, LayerNorm, multi-head
 attention and a GELU MLP; the Llama-style LM (``llama.LlamaStyleLM``, lesson 07) with RoPE, RMSNorm, grouped-query
-attention and SwiGLU; the models between the two (lesson 08's ladder) with a mix. Every attention of the course
-(GPT-2's, GQA, MLA, the fast layer's static cache) ends in the one ``causal_attention`` here.
+attention and SwiGLU; the models between the two (lesson 08's ladder) with a mix.
 """
 
 import math
@@ -15,33 +14,9 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .params import count_parameters
 from .validate import check_positions, dropout_rate, positive_int, token_ids
-
-
-def causal_attention(q, k, v, past_len=0, dropout_p: float = 0.0, scale: float | None = None):
-    """softmax(q·kᵀ · scale + causal mask) · v, fused (``F.scaled_dot_product_attention``).
-
-    q: [B, h, T, dq] for T new tokens at positions past_len .. past_len + T - 1; k: [B, n_kv, S, dq] and
-    v: [B, n_kv, S, dv] for the keys at positions 0 .. S - 1: usually S = past_len + T (past_len > 0 when earlier
-    tokens come from a KV cache, lesson 04). New token i sees keys 0 .. past_len + i. Fewer K/V heads than query
-    heads (GQA, lesson 04) are shared by groups of h / n_kv query heads. The scale defaults to 1/sqrt(dq).
-    The fast layer's static cache hands over all its S slots (the unwritten ones masked) and past_len as a
-    tensor, so that every decoding step runs the same code.
-    """
-    T, S = q.shape[-2], k.shape[-2]
-    grouped = q.shape[1] != k.shape[1]
-    if isinstance(past_len, int) and past_len + T == S:  # the keys are exactly the past and the new tokens
-        if past_len == 0:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale,
-                                                  enable_gqa=grouped)  # [B, h, T, dv]
-        if T == 1:  # one new token (a decoding step) sees every key: nothing to mask
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, enable_gqa=grouped)
-    mask = torch.arange(S, device=q.device) <= past_len + torch.arange(T, device=q.device).unsqueeze(-1)  # [T, S]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
-                                          enable_gqa=grouped)  # [B, h, T, dv]
 
 
 class DecoderLM(nn.Module):

@@ -13,7 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .decoder import DecoderLM, causal_attention
+from .causal import causal_attention
+from .decoder import DecoderLM
 from .validate import divisible, dropout_rate, positive_int, positive_ints
 
 

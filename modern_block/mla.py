@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .decoder import causal_attention
+from .causal import causal_attention
 from .rmsnorm import RMSNorm
 from .rope import apply_rope
 from .validate import dropout_rate, even, positive_ints

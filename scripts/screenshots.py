@@ -24,7 +24,8 @@ MAX_BYTES = 200_000
 
 
 def _harness():
-    spec = importlib.util.spec_from_file_location("lab_harness", ROOT / "tests" / "browser" / "lab_harness.py")
+    harness = ROOT / "tests" / "course" / "browser" / "lab_harness.py"
+    spec = importlib.util.spec_from_file_location("lab_harness", harness)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -43,18 +43,10 @@ def lessons(root: Path = ROOT) -> list[Path]:
     return sorted((root / "notebooks").glob("[0-9]*.ipynb"))
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine() -> dict:
     import torch
+
+    from modern_block.training.device import cpu_name
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpu": cpu_name(), "cores": cores, "torch": torch.__version__,

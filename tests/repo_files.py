@@ -1,4 +1,4 @@
-"""Import a file of this repository by its path: scripts/, benchmarks/ and tests/browser/ are not packages."""
+"""Import a file of this repository by its path: scripts/, benchmarks/ and tests/course/browser/ are not packages."""
 
 import importlib.util
 from pathlib import Path

@@ -2,7 +2,7 @@
 
 Figures are drawn at 80 dpi (small notebooks, crisp enough on a laptop), and every size that matplotlib derives
 from ``font.size`` by default (titles, axis labels, tick labels, legends) is at least ``MIN_FONT_PT`` points, about
-10 pixels at that dpi. A lesson that sets a size itself keeps to the same floor (tests/test_style.py checks).
+10 pixels at that dpi. A lesson that sets a size itself keeps to the same floor (tests/classroom/test_style.py checks).
 """
 
 MIN_FONT_PT = 9

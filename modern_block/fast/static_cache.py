@@ -6,7 +6,7 @@ shape and a new number each time. ``StaticKVCache`` (gpt-fast's recipe) keeps th
 ``cache[i].append(k, v) -> (k_all, v_all, past)``) with two differences:
 
 * ``append`` returns the whole buffers, [..., capacity, dim], always the same shape; ``past`` tells the
-  attention which slots are written (``decoder.causal_attention`` masks every slot after a query's position);
+  attention which slots are written (``causal.causal_attention`` masks every slot after a query's position);
 * the position is a tensor on the model's device, advanced in place, so no number leaves the device.
 
 Every decoding step then runs the same code on the same shapes, which is what lets ``torch.compile`` turn it

@@ -4,7 +4,7 @@ A family is read only if its block is one the course teaches: an embedding (and 
 layers of attention (GQA or MLA) and an FFN (dense, gated or plain, or a mixture of experts) with their norms, a
 final norm and a head. Each entry
 says where that family departs from Llama's block (its norms, QK-norm, biases, FFN, experts, windows), read from
-transformers' modeling code; ``tests/test_config_families.py`` checks every entry against the model transformers
+transformers' modeling code; ``tests/interop/test_config_families.py`` checks every entry against the model transformers
 builds. ``configs/transformers-defaults.json`` holds each family's own defaults (what transformers assumes when a
 field is absent), written by ``scripts/config_family_defaults.py`` and checked against transformers by the same test.
 Any other ``model_type`` is refused with the reason.

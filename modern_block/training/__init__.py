@@ -2,11 +2,11 @@
 tokenizer, split), ``train`` (one resumable run), ``STUDIES`` and ``run_study`` (rates chosen on some seeds, losses
 reported on others; ``Results`` give the intervals, report and figures) and the pieces lesson 08 writes by hand."""
 
-from ..statistics import holm_verdicts, paired_difference
 from .config import TrainConfig, lr_at, make_optimizer, quick_config
 from .data import BatchSampler, load_text
 from .ladder import build_model, size_table
 from .report import plot_differences
+from .statistics import holm_verdicts, paired_difference
 from .study import STUDIES, Results, Study, run_study
 from .trainer import train
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from ..files import reason, write_atomic
 from ..interop.verify import CheckpointError
 from .config import TrainConfig
+from .files import reason, write_atomic
 
 CHECKPOINT_FORMAT = 3
 REQUIRED_KEYS = ("format", "config", "chars", "corpus", "step", "elapsed_s", "losses", "model", "optimizer",

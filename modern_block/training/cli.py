@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from ..files import StorageError, reason
 from . import distributed
 from .checkpoint import CheckpointError
 from .config import ARCHS, MAX_SEED, QUICK_ENV, SCALES, ConfigError, TrainConfig, quick_forced, scale_config, with_rate
 from .device import choose_device
 from .distributed import RankFailedError, ranks_from_env
+from .files import StorageError, reason
 from .ladder import ARCH_NAMES, MODEL_NAMES
 from .report import report_text, write_results
 from .run_folder import RunFolderError

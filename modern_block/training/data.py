@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..files import write_atomic
 from ..interop.verify import sha256_of
 from ..validate import positive_int
+from .files import write_atomic
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"

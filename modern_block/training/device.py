@@ -1,11 +1,14 @@
 """Where a run trains and in which precision: bf16 autocast on CUDA capability 8.0+, fp16 with a GradScaler
 below (the capability decides: emulated bf16 is slow), fp32 on the CPU; the GPU's peak FLOP/s and memory, and
-model FLOPs utilisation (nanoGPT's 6·N + 12·L·H·Q·T FLOPs per token against that peak)."""
+model FLOPs utilisation (nanoGPT's 6·N + 12·L·H·Q·T FLOPs per token against that peak); the CPU's name, for the
+records of timings."""
 
 import contextlib
 import os
+import platform
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -123,3 +126,15 @@ def mfu(flops_per_tok: float, tokens_per_s: float | None, peak: float | None) ->
     if peak is None or tokens_per_s is None:
         return None
     return flops_per_tok * tokens_per_s / peak
+
+
+def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name as Linux reports it (``model name`` in /proc/cpuinfo), else what ``platform`` knows:
+    the machine a timing was measured on, in benchmark and lesson-time records."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..files import refused_writes, shown, write_atomic, write_text_atomic
-from ..statistics import (
+from .files import refused_writes, shown, write_atomic, write_text_atomic
+from .ladder import cache_bytes_per_token, get_rung
+from .statistics import (
     CONFIDENCE,
     HIGHER,
     LOWER,
@@ -27,7 +28,6 @@ from ..statistics import (
     paired_difference,
     selection_row,
 )
-from .ladder import cache_bytes_per_token, get_rung
 from .workers import final_loss
 
 if TYPE_CHECKING:
@@ -334,6 +334,13 @@ def plot_curve_bands(groups: dict[str, list], path=None, title: str = "validatio
     ax.grid(alpha=0.3)
     ax.legend()
     return _finish(fig, path)
+
+
+def plot_curves(results: Results, labels: dict | None = None, path=None,
+                title: str = "validation loss, seed mean and 95% band"):
+    """Each model's validation curves at its chosen rate: mean and 95% band over the reported seeds;
+    ``labels``: model -> the name its curve carries."""
+    return plot_curve_bands({(labels or {}).get(m, m): results.reported(m) for m in results.selections}, path, title)
 
 
 def plot_differences(rows: list[tuple[str, PairedDifference]], path=None, title: str = "differences, 95% intervals",

@@ -10,9 +10,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..files import StorageError, reason, refused_writes, remove_temporaries, shown, write_text_atomic
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ConfigError
+from .files import StorageError, reason, refused_writes, remove_temporaries, shown, write_text_atomic
 
 CHECKPOINT = "ckpt.pt"
 METRICS = "metrics.jsonl"

@@ -12,11 +12,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from ..statistics import PairedDifference, Selection, choose_rate, paired_difference
 from .config import TrainConfig, gpu_config, laptop_config, quick_config, with_rate
 from .data import Corpus, load_corpus
 from .ladder import ABLATION_NAMES, ATTENTION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
-from .report import Verdict, plot_curve_bands, plot_sweep, report_text, selection_table, study_verdicts
+from .statistics import PairedDifference, Selection, choose_rate, paired_difference
 from .trainer import TrainResult
 from .workers import committed_record, final_loss, read_record, run_dir, train_many
 
@@ -149,8 +148,9 @@ def machine() -> dict:
 
 @dataclass
 class Results:
-    """A study's runs (``TrainResult.summary``'s records with model, lr, seed and role) and what they show;
-    ``trained``: the ``TrainResult``s of the runs trained in this process."""
+    """A study's runs (``TrainResult.summary``'s records with model, lr, seed and role) and what they show
+    (its report, verdicts and figures are ``report``'s functions of it); ``trained``: the ``TrainResult``s of
+    the runs trained in this process."""
 
     study: Study
     runs: list[dict] = field(default_factory=list)
@@ -259,28 +259,6 @@ class Results:
     def reported(self, model: str) -> list:
         lr = self.chosen_rates()[model]
         return [self.trained.get((model, lr, s)) or self.record(model, lr, s) for s in self.complete_seeds]
-
-    def report(self) -> str:
-        """The study's report.md."""
-        return report_text(self)
-
-    def verdicts(self, extra: tuple = ()) -> list[Verdict]:
-        """Every comparison drawn from the study (its pairs, ``extra`` pairs (a, b) for b minus a, its stress
-        runs), raw and after Holm's adjustment over all of them (``report.study_verdicts``): the verdicts its
-        report, the lessons and the README quote."""
-        return study_verdicts(self, extra)
-
-    def table(self) -> str:
-        """Each model's chosen rate, selection means and reported mean ± interval, as a Markdown table."""
-        return selection_table(self)
-
-    def plot_sweep(self, **kwargs):
-        """Each model's mean final loss on the selection seeds against the rate (``report.plot_sweep``)."""
-        return plot_sweep(self.selections, **kwargs)
-
-    def plot_curves(self, labels: dict | None = None, **kwargs):
-        """Each model's validation curves at its chosen rate: mean and 95% band over the reported seeds."""
-        return plot_curve_bands({(labels or {}).get(m, m): self.reported(m) for m in self.selections}, **kwargs)
 
     def to_json(self) -> dict:
         s, keep = self.study, self.study.recorded_steps

@@ -16,7 +16,6 @@ import torch
 import torch.nn as nn
 
 from ..decoder import DecoderLM
-from ..files import StorageError
 from ..generate import generate
 from ..params import count_parameters
 from . import distributed
@@ -25,6 +24,7 @@ from .config import TrainConfig, lr_at, resumed_config
 from .data import CharTokenizer, Corpus
 from .device import mfu
 from .distributed import RankFailedError
+from .files import StorageError
 from .parts import build_parts
 from .run_folder import RunFolder, RunFolderError
 from .step import eval_loss, train_step

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ..files import write_text_atomic
 from .config import RUNTIME_FIELDS, TrainConfig
 from .data import Corpus, load_corpus
+from .files import write_text_atomic
 from .ladder import get_rung
 from .run_folder import CHECKPOINT, SUMMARY
 from .trainer import NonFiniteLossError, TrainResult, train

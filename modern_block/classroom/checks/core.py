@@ -291,7 +291,7 @@ class CheckRun:
             return any(not same(o, want) and same_wrong(got, o) for o in of(diagnosis))
 
         diagnoses = list(dict.fromkeys(m.diagnosis for m in mistakes))
-        if self.mode.observer is not None:  # the audit of the diagnoses (tests/test_diagnosis.py)
+        if self.mode.observer is not None:  # the audit of the diagnoses (tests/classroom/test_diagnosis.py)
             self.mode.observer(case, got, want, [(d, of(d)) for d in diagnoses], same_wrong)
         if same(got, want):
             # a mistake is contradicted here when every way of making it would have failed this case

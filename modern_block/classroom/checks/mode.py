@@ -5,7 +5,7 @@
   read (typed in?) and run again with the exercise's pieces hidden, as the grader runs it.
 * ``Mode.script()``: a script or a test: a failure raises; nothing is hidden (the tests hand in the package's
   own implementations as the right answers).
-* ``Mode.graded(secret, sources)``: the grader (``modern_block.classroom.grade``): inputs and grader-only cases
+* ``Mode.graded(secret, sources)``: the grader (``modern_block.classroom.grading.grade``): inputs and grader-only cases
   drawn from ``secret``, nothing printed, the submission's cells read for value items; the sandbox's copy of the
   package does the hiding.
 
@@ -31,7 +31,7 @@ class Mode:
     secret: int | None = None  # graded: the per-run secret the inputs are drawn from
     sources: tuple[str, ...] | None = None  # the cells that ran, in order (a value item's must be computed)
     namespace: Mapping | None = None  # notebook: the student's variables (a value item's cell runs again in a copy)
-    observer: Callable | None = None  # tests: called with every judged case (tests/test_diagnosis.py)
+    observer: Callable | None = None  # tests: called with every judged case (tests/classroom/test_diagnosis.py)
 
     def __post_init__(self):
         if self.kind not in ("notebook", "script", "graded"):

@@ -2,7 +2,8 @@
 
 The grade is decided in the grader's process, which never runs a line of student code:
 
-* ``files``: the class folder, looked at lazily and bounded per student, each notebook read when it is graded,
+* ``grade``: the command (``python -m modern_block grade``): a class folder graded, submissions side by side;
+* ``class_folder``: the class folder, looked at lazily and bounded per student, each notebook read when it is graded,
   without following links or blocking; the outputs, written atomically;
 * ``notebook``: read and validate notebooks, find the exercises of the reference (the notebook handed out),
   their points and ids, and the cells of a submission that answer them (no regular expression can take long
@@ -22,6 +23,6 @@ The grade is decided in the grader's process, which never runs a line of student
   into the notebook's check cells where nbgrader reads them;
 * ``autograde``: nbgrader's autograde step with the engine in place of nbgrader's kernel;
 * ``names``: student names compared as a person sees them (TR39 skeletons), flagged where two look alike;
-* ``report``: text, JSON lines and the long CSV, with every student-supplied string made harmless;
+* ``grade_report``: text, JSON lines and the long CSV, with every student-supplied string made harmless;
 * ``feedback``: one Markdown file per student and notebook (``grade --feedback``; nbgrader writes its own).
 """

@@ -30,7 +30,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...files import write_text_atomic
+from ...training.files import write_text_atomic
 from .grade_report import one_line
 from .notebook import MAX_NOTEBOOK_BYTES
 

@@ -71,7 +71,7 @@ def exercise_heading(line: str) -> tuple[int, int, str] | None:
 def calls_a_check(source: str) -> bool:
     """Whether ``source`` calls something named ``check_...(``. The pattern's parts match disjoint
     character classes (word characters, then white space, then a parenthesis), so the search backtracks at
-    most one step per character: linear time on any text (``tests/test_grade.py`` times it)."""
+    most one step per character: linear time on any text (``tests/classroom/test_grade.py`` times it)."""
     return CHECK_CALL.search(source) is not None
 
 
