@@ -275,9 +275,11 @@ def test_output_is_kept_bounded():
 
 
 def _seconds(fn, text) -> float:
-    started = time.perf_counter()
+    """The CPU time of ``fn(text)`` in this process: a busy machine's preemption does not count (wall time did:
+    8x the text measured at 156x the time while other jobs loaded the 2 cores)."""
+    started = time.process_time()
     fn(text)
-    return time.perf_counter() - started
+    return time.process_time() - started
 
 
 @pytest.mark.parametrize("name, make", [
@@ -294,7 +296,7 @@ def test_parsing_student_text_takes_linear_time(name, make):
 
     small, large = make(200_000), make(1_600_000)
     parse(small)  # warm
-    ratio = min(_seconds(parse, large) for _ in range(2)) / max(min(_seconds(parse, small) for _ in range(2)), 1e-4)
+    ratio = min(_seconds(parse, large) for _ in range(3)) / max(min(_seconds(parse, small) for _ in range(3)), 1e-4)
     assert ratio < 30, f"{name}: 8x the text took {ratio:.0f}x the time"  # quadratic would be 64x
     assert _seconds(parse, large) < 5
 
