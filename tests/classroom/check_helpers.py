@@ -3,7 +3,7 @@ name at most one."""
 
 import pytest
 
-from modern_block.classroom.checks import CheckFailed
+from modern_block.classroom.checks import CheckFailed, NotAttempted
 from modern_block.classroom.checks.diagnosis import named
 
 __all__ = ["named", "rejects"]
@@ -19,3 +19,15 @@ def rejects(check, impl, *diagnosis: str) -> str:
         assert piece in message, f"expected {piece!r} in the diagnosis, got:\n{message}"
     assert len(named(message)) <= 1, f"more than one mistake named:\n{message}"
     return message
+
+
+def passes_and_a_stub_is_not_attempted(check, impl, capsys) -> None:
+    """The right answer passes with the check's message, and an untouched stub is "not attempted"."""
+    check(impl)
+    assert capsys.readouterr().out.startswith(f"✓ {check.__name__} passed")
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError("write this")
+
+    with pytest.raises(NotAttempted, match="write this"):
+        check(stub)

@@ -3,10 +3,9 @@ and each known mistake gets its diagnosis. The right implementations are shared 
 
 import pytest
 import torch
-from check_helpers import rejects
+from check_helpers import passes_and_a_stub_is_not_attempted, rejects
 
 from modern_block.classroom import checks
-from modern_block.classroom.checks import NotAttempted
 from modern_block.classroom.checks.lesson10 import SMOLLM2, _bytes
 from modern_block.fast.weights import Int8Linear, dequantize_int8, quantize_int8
 
@@ -44,14 +43,7 @@ def quantize_row_int8_ok(w, *, mistake=None):
                                          (checks.check_floor_ms, floor_ms_ok),
                                          (checks.check_quantize_row_int8, quantize_row_int8_ok)])
 def test_the_right_answer_passes_and_a_stub_is_not_attempted(check, impl, capsys):
-    check(impl)
-    assert capsys.readouterr().out.startswith(f"✓ {check.__name__} passed")
-
-    def stub(*args, **kwargs):
-        raise NotImplementedError("write this")
-
-    with pytest.raises(NotAttempted, match="write this"):
-        check(stub)
+    passes_and_a_stub_is_not_attempted(check, impl, capsys)
 
 
 @pytest.mark.parametrize("mistake, diagnosis", [

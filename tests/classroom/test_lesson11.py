@@ -3,10 +3,9 @@ each typical mistake gets its diagnosis, and the checks' figures are the config 
 models). The right implementations are shared with test_exercises.py's RIGHT."""
 
 import pytest
-from check_helpers import rejects
+from check_helpers import passes_and_a_stub_is_not_attempted, rejects
 
 from modern_block.classroom import checks
-from modern_block.classroom.checks import NotAttempted
 from modern_block.classroom.checks.lesson11 import (
     KV_AT_CASES,
     KV_AT_GRADER,
@@ -89,14 +88,7 @@ def kv_cache_at_ok(cfg, context, *, mistake=None):
                                          (checks.check_moe_ffn_parameters, moe_ffn_parameters_ok),
                                          (checks.check_kv_cache_at, kv_cache_at_ok)])
 def test_the_right_answer_passes_and_a_stub_is_not_attempted(check, impl, capsys):
-    check(impl)
-    assert capsys.readouterr().out.startswith(f"✓ {check.__name__} passed")
-
-    def stub(*args, **kwargs):
-        raise NotImplementedError("write this")
-
-    with pytest.raises(NotAttempted, match="write this"):
-        check(stub)
+    passes_and_a_stub_is_not_attempted(check, impl, capsys)
 
 
 @pytest.mark.parametrize("mistake, diagnosis", [
