@@ -49,11 +49,11 @@ lab: $(INSTALLED_LAB) $(LAB_OVERRIDES)
 	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
 
 test: install
-	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile --nbval-lax --durations=25 tests notebooks
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder --nbval-lax --durations=25 tests notebooks
 
 # the unit tests only: no notebook, no browser, no grader's sandbox, nothing marked slow (about a minute on 2 cores)
 test-fast: install
-	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile -q -m "not slow and not browser and not sandbox" \
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder -q -m "not slow and not browser and not sandbox" \
 		--ignore=tests/course/browser tests
 
 # the linter and the type checker (settings in pyproject.toml); .ci/run runs this too

@@ -9,9 +9,10 @@ starts, gives each worker's processes cores / workers threads (1 on 2 cores with
 Only a worker sets it: this file is also read by xdist's controller, whose environment the workers inherit, so a
 value set there would look like the user's. A value the user set is kept; a run without xdist is left alone.
 
-The lessons are collected before the tests: xdist hands out whole files in collection order, and the lessons are
-the longest files (lesson 08 alone is a sixth of a worker's time), so started last they left one worker running a
-lesson while the other had nothing to do (a run's file times, scheduled in both orders: 1,566 s against 1,501 s,
+The lessons are collected before the tests: with ``--no-loadscope-reorder`` (the Makefile's; xdist otherwise
+sorts files by their number of tests) xdist hands out whole files in collection order, and the lessons are the
+longest files (lesson 08 alone is a sixth of a worker's time), so started last they leave one worker running a
+lesson while the other has nothing to do (a run's file times, scheduled in both orders: 1,566 s against 1,501 s,
 where 1,496 s is the even split).
 """
 

@@ -66,9 +66,9 @@ def _widgets_version(python: Path) -> str:
                           check=True, capture_output=True, text=True).stdout.strip()
 
 
-@pytest.fixture(scope="module")
-def python77() -> Path:
-    """A Python whose ipywidgets is 7.7.x and which sees every other package of this environment."""
+def build_python77() -> Path:
+    """A Python whose ipywidgets is 7.7.x and which sees every other package of this environment: built once
+    (under a lock, since another test run may be building the same one) and reused."""
     key = hashlib.sha1("|".join([sys.prefix, sys.version, *WIDGETS_77, *_site_dirs()]).encode()).hexdigest()[:12]
     venv = Path(tempfile.gettempdir()) / f"modern_block_ipywidgets77_{key}"
     lock = Path(tempfile.gettempdir()) / f"modern_block_ipywidgets77_{key}.lock"
@@ -76,20 +76,26 @@ def python77() -> Path:
         try:
             import fcntl
 
-            fcntl.flock(fh, fcntl.LOCK_EX)  # another test run may be building the same venv
+            fcntl.flock(fh, fcntl.LOCK_EX)
         except ImportError:  # Windows: no lock; runs there are rare enough
             pass
         python, done = _venv_python(venv), venv / "built.ok"
         if not (done.exists() and python.exists()):
             if venv.exists():
                 subprocess.run(["rm", "-rf", str(venv)], check=True)
-            try:
-                _build_venv(venv)
-            except (subprocess.CalledProcessError, OSError) as exc:
-                if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-                    raise
-                pytest.skip(f"could not build an environment with {PIN}: {exc}")
+            _build_venv(venv)
             done.write_text(_widgets_version(python))
+    return python
+
+
+@pytest.fixture(scope="module")
+def python77() -> Path:
+    try:
+        python = build_python77()
+    except (subprocess.CalledProcessError, OSError) as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            raise
+        pytest.skip(f"could not build an environment with {PIN}: {exc}")
     version = _widgets_version(python)
     assert version.startswith("7.7."), f"the venv has ipywidgets {version}"
     return python
@@ -252,7 +258,10 @@ def test_package_widgets_work_on_the_installed_ipywidgets(capsys):
 
 
 if __name__ == "__main__":
-    _execute_main(sys.argv[1], sys.argv[2])
+    if sys.argv[1:] == ["--build"]:  # CI builds the environment ahead, while its downloads overlap other tests
+        print("ipywidgets 7.7 environment:", build_python77())
+    else:
+        _execute_main(sys.argv[1], sys.argv[2])
 
 
 @pytest.mark.parametrize("source, defined, used", [
