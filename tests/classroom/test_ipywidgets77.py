@@ -1,7 +1,7 @@
 """The course's widgets on ipywidgets 7.7, what Colab ships, as well as on the installed 8.x.
 
-A throwaway virtual environment gets ``ipywidgets>=7.7,<7.8`` and the three small packages it needs that 8.x does
-not (``WIDGETS_77``) on top of this environment's packages (a .pth
+A throwaway virtual environment gets ``ipywidgets>=7.7,<7.8``, the three small packages it needs that 8.x does
+not and ipykernel 6 (``WIDGETS_77``) on top of this environment's packages (a .pth
 file adds this environment's site-packages after the venv's own, so the venv's ipywidgets 7.7 shadows 8.x and
 torch is not installed again). It is built once and cached in the temporary folder.
 
@@ -33,8 +33,11 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 PIN = "ipywidgets>=7.7,<7.8"
 # what ipywidgets 7.7 needs that this environment's 8.x stack lacks, each at a version 7.7 accepts, installed without
 # dependencies: pip's own resolution adds the classic notebook server (for widgetsnbextension's extension, which a
-# kernel never imports) and about 30 s of downloads on a fresh machine
-WIDGETS_77 = [PIN, "widgetsnbextension>=3.6.5,<3.7", "jupyterlab_widgets>=1.0,<2", "ipython_genutils>=0.2,<0.3"]
+# kernel never imports) and about 30 s of downloads on a fresh machine. The kernel is ipykernel 6: ipykernel 7
+# sends shell replies past its own ZMQ stream and can miss the wake-up of the next request (ipython/ipykernel#1554),
+# which left this kernel idle for 2 minutes before one cell in most full suites
+WIDGETS_77 = [PIN, "widgetsnbextension>=3.6.5,<3.7", "jupyterlab_widgets>=1.0,<2", "ipython_genutils>=0.2,<0.3",
+              "ipykernel>=6.29,<7"]
 CELL_TIMEOUT_S = 120
 
 
@@ -143,7 +146,8 @@ def _widget_views(cell) -> list[dict]:
     return [o.data[WIDGET_VIEW] for o in cell.get("outputs", []) if WIDGET_VIEW in o.get("data", {})]
 
 
-VERSION_CELL = "import ipywidgets\nprint('ipywidgets', ipywidgets.__version__)"
+VERSION_CELL = ("import ipykernel, ipywidgets\n"
+                "print('ipywidgets', ipywidgets.__version__, 'ipykernel', ipykernel.__version__)")
 RESET_CELL = "%reset -f"  # each lesson starts from an empty namespace, so one lesson cannot feed another
 
 DRIVE_WIDGETS = r'''
@@ -210,6 +214,7 @@ def run77(python77, tmp_path_factory):
     nb.cells.append(nbformat.v4.new_code_cell(DRIVE_WIDGETS))
     run = execute_in(python77, nb, tmp_path_factory.mktemp("ipywidgets77"), "lessons77")
     assert run.cells[0].outputs[0].text.startswith("ipywidgets 7.7."), run.cells[0].outputs
+    assert " ipykernel 6." in run.cells[0].outputs[0].text, run.cells[0].outputs  # the kernel is the venv's
     return run, placed, len(nb.cells) - 1
 
 
