@@ -1,12 +1,8 @@
-"""What the grader reports: per submission, per exercise (status, diagnosis, points); as text, JSON or the
-long CSV gradebook (one row per student and exercise).
+"""What the grader reports, per submission and exercise: text, JSON lines or the long CSV gradebook.
 
-Much of what a report holds comes from students (file and folder names, error messages, notebook metadata),
-so every output makes it harmless: control characters and terminal escape sequences are shown as escapes,
-never sent to the terminal; a student's text never starts a line of its own in the text report; characters
-that cannot be encoded (lone surrogates, undecodable file names) are escaped; and a CSV cell that a
-spreadsheet would run as a formula (``=``, ``+``, ``-``, ``@``, a tab or a carriage return first) starts with
-a quote instead.
+Student text (names, errors, metadata) is made harmless in every output: controls and escape sequences shown as
+escapes, never at the start of a line of its own, unencodable characters escaped, and a CSV cell a spreadsheet
+would run as a formula quoted.
 """
 
 from __future__ import annotations

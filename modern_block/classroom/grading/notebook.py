@@ -1,19 +1,10 @@
 """Reading notebooks, finding the reference's exercises, and planning a submission's run.
 
-The reference is the notebook handed out (an ``exercises/`` notebook, or its solution): it is trusted.
-An exercise is a section headed ``## Exercise N: title`` (to the next heading of the same or a higher
-level); its check cells are the cells calling ``checks.check_...(name, ...)``, nothing else. A notebook
-without such headings is split at its check cells instead.
-
-Points and ids are nbgrader's, read from the reference only (a submission's metadata never counts): an
-exercise is worth its check cells' ``points`` (1 where a cell has none or an unusable value), shared equally
-by the check calls of a cell, so each call that passes earns its share (partial credit); its id is its answer
-cell's ``grade_id`` (``ex2_rmsnorm``), else ``exN``.
-
-A submission is only read, never trusted: its code cells run, in order, in the student's process, except
-the cells that are the reference's check cells (same cell id, or the same text). Each exercise is checked
-where its check cell stands in the submission (else at the end of its section, else at the end), by the
-grader, with the names the reference's check call passes.
+The reference (the notebook handed out, trusted) has an exercise per ``## Exercise N: title`` section, else per
+check cell; its check cells are the cells calling ``checks.check_...``. Points and ids are nbgrader's, read from
+the reference only: a cell's ``points`` shared by its check calls (partial credit), the id its answer cell's
+``grade_id``. A submission is only read: its code cells run in order in the student's process, except the
+reference's check cells; each exercise is checked by the grader where its check cell stands.
 """
 
 from __future__ import annotations
