@@ -446,9 +446,9 @@ def _run(fn, run: CheckRun, value: str | None, answer, args, kwargs) -> str:
             torch.manual_seed(mode.seeded(1234))
             try:
                 summary = fn(run, answer, *args, **kwargs)
-            except CheckFailed:
-                if not run.diagnosis.failures:
-                    raise  # a failure before any judged case: that is the verdict
+            except CheckFailed as err:
+                if not run.diagnosis.failures:  # a failure before any judged case: that is the verdict,
+                    raise err.with_traceback(None) from err.__cause__  # without the check's own frames
             if run.diagnosis.failures:  # the judged cases come first (see diagnosis.py)
                 raise CheckFailed(run.diagnosis.message()) from None
         return summary
