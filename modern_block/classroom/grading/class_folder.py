@@ -146,7 +146,7 @@ class _Student:
         self.found: list[tuple[str, str | None]] = []  # (path, refusal)
         self.over: str | None = None
 
-    def look(self, entry_path: str, size: int = 0, notebook: bool = False) -> bool:
+    def look(self, size: int = 0, notebook: bool = False) -> bool:
         """Count one entry; False once a cap is passed (the walk stops)."""
         self.entries += 1
         self.files += notebook
@@ -169,7 +169,7 @@ def _walk(folder: str, depth: int, student: _Student) -> bool:
             for entry in it:  # lazily: a folder of a million entries is not listed whole
                 if entry.name.startswith("."):
                     continue
-                if not student.look(entry.path):
+                if not student.look():
                     return False
                 entries.append(entry)
     except OSError as err:
@@ -199,7 +199,7 @@ def _notebook(student: _Student, path: str) -> bool:
     except OSError as err:
         student.found.append((path, f"cannot read the file ({err.strerror or err})"))
         return True
-    if not student.look(path, info.st_size if stat.S_ISREG(info.st_mode) else 0, notebook=True):
+    if not student.look(info.st_size if stat.S_ISREG(info.st_mode) else 0, notebook=True):
         return False
     refusal = ("not a regular file" if not stat.S_ISREG(info.st_mode) else
                f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB" if info.st_size > MAX_NOTEBOOK_BYTES else None)
