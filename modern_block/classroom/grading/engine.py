@@ -15,7 +15,7 @@ import sys
 import threading
 
 from .grade_report import MAX_ERROR, MAX_OUTPUT, NOT_GRADED, PASSED, Report, bounded, one_line, short_traceback
-from .notebook import Reference
+from .notebook import Reference, normalised
 from .sandbox import Launcher, Limits, SandboxError
 from .session import Options, grade_submission
 
@@ -95,8 +95,7 @@ def annotate(nb: dict, report: Report, reference: Reference) -> None:
     for index, cell in enumerate(nb.get("cells", [])):
         if cell.get("cell_type") != "code":
             continue
-        source = "\n".join(line.strip() for line in "".join(cell.get("source", "")).strip().splitlines()
-                           if line.strip())
+        source = normalised("".join(cell.get("source", "")))
         for ex in reference.exercises:
             first = 0
             for check in ex.cells:
