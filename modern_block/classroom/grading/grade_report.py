@@ -126,7 +126,7 @@ class Report:
 
     @property
     def percent(self) -> float:
-        return percent(self.score, self.max_score)
+        return round(100 * self.score / self.max_score, 1) if self.max_score > 0 else 0.0
 
     def label(self, index: int) -> str:
         """Cell ``index`` (from 0, over all cells) as the student finds it: ``code cell 5 (Exercise 2)``
@@ -145,10 +145,6 @@ class Report:
         d["summary"] = {**self.counts(), "total": len(self.exercises), "all_passed": self.all_passed,
                         "score": self.score, "max_score": self.max_score, "percent": self.percent}
         return clean_strings(d)
-
-
-def percent(score: float, maximum: float) -> float:
-    return round(100 * score / maximum, 1) if maximum > 0 else 0.0
 
 
 def number_text(value: float) -> str:
