@@ -208,8 +208,6 @@ def check_gpt2_attention(run: CheckRun, gpt2_attention) -> str:
 
 # ---- exercise 4: GPT-2 small, by value -------------------------------------------------------------------
 
-_GPT2_SMALL = dict(V=50257, T=1024, d=768, L=12)
-
 
 def _gpt2_params(V=50257, T=1024, d=768, L=12, *, tied=True, positions=True, final_vectors=2, embeddings=True,
                  **block) -> int:
