@@ -1,21 +1,9 @@
 """Write the exercise notebooks (exercises/) from the solution notebooks (solutions/), the single source.
 
-In a solution notebook the answer code sits between two marker lines, nbgrader's:
-
-        ### BEGIN SOLUTION
-        # HINT: normalise in float32, then cast back with .type_as(x)
-        ...the answer...
-        ### END SOLUTION
-
-The exercise copy replaces each such block, markers included, by one line at the BEGIN marker's indentation,
-``raise NotImplementedError("<hint>")``; a block at the top level of a cell (a value item) by
-``<answer> = None  # your answer: <hint>``, the name it assigns last, so Run All goes on and the check says
-"not attempted".
-The hint is the text of the block's first ``# HINT:`` comment, or a default. Everything around the block
-(imports, ``def`` and ``class`` lines, docstrings, check cells) stays. Outputs and execution counts are
-cleared, and the Colab badge points at the exercise notebook. The output is deterministic (nbformat's sorted,
-indented JSON, cell ids copied from the solutions); ``--check`` compares the notebooks' content, so a file
-that another nbformat version laid out differently is not reported as stale.
+Each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` block (nbgrader's markers) becomes one stub line whose hint
+is the block's first ``# HINT:`` comment (``strip_solutions``; docs/instructors.md, "Changing or adding
+exercises"). Outputs are cleared and the Colab badge points at the copy; the output is deterministic, and
+``--check`` compares content, not JSON layout.
 
     python -m modern_block exercises build           # (re)write exercises/ from solutions/
     python -m modern_block exercises build --check   # list stale files and exit 1; write nothing

@@ -1,15 +1,9 @@
 """"Check your understanding" quizzes: interactive with ipywidgets, still readable without them.
 
-A lesson's questions live in this package (``quizzes/<lesson>.json``), so its quiz cell reads ``quiz("03_rope")``
-and shows neither the answers nor the explanations. ``quiz`` displays one bundle per question, with two views:
-
-* a widget: the prompt and the options as a lettered list (it wraps like any text), one button per letter,
-  feedback for the chosen letter (a green "Right" with the explanation, or a red "Not quite"; choosing again
-  replaces it) and a "Show answer" fold. With ipywidgets 8 the feedback and the fold run in the browser (a
-  ``jsdlink`` into a ``Stack``, an ``Accordion``), so a quiz restored from a saved notebook answers before its
-  kernel runs; with 7.7 (Colab) a kernel callback does the same;
-* an HTML version (the same list, the answer folded in a <details> element) for GitHub, nbviewer, an untrusted
-  notebook or any page where widgets do not render.
+A lesson's questions live in this package (``quizzes/<lesson>.json``), so its cell reads ``quiz("03_rope")`` and
+shows no answer. Each question is a bundle with two views: a widget (one button per lettered option, feedback for
+the chosen one, a "Show answer" fold; with ipywidgets 8 they run in the browser, so a saved notebook answers
+before its kernel runs, with 7.7 a kernel callback does the same) and an HTML version for pages without widgets.
 """
 
 import html

@@ -1,10 +1,8 @@
 """Interactive widgets used by the lessons (ipywidgets 7.7 and 8.x; imported lazily).
 
-Each widget is built by a function that returns it, so a lesson displays it and a test can drive it. Every one is a
-``Panel``: displayed, it sends the widget view together with a static version of its current state (HTML, or the
-figure as a PNG), which JupyterLab shows wherever the widget cannot be (an untrusted notebook, a reopened notebook
-without saved widget state, GitHub, nbviewer). The numbers behind a widget come from a plain function that a lesson
-can also print as a table.
+Each is built by a function that returns it (a lesson displays it, a test drives it) as a ``Panel``, displayed
+with a static version of its state (HTML, or a PNG) for wherever widgets do not render. The numbers behind a
+widget come from a plain function that a lesson can also print.
 """
 
 import base64

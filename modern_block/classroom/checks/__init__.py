@@ -7,18 +7,10 @@ float64 reference and
 * raises ``NotAttempted`` while the answer is the exercise's stub (``NotImplementedError``, or a value still None);
 * raises ``CheckFailed`` with a diagnosis otherwise (in a Jupyter notebook both are printed instead).
 
-What a message says. A known mistake is named only when it alone computes the student's output in every failing
-case and fails no passing case; when several do and no case tells them apart, all are named ("one of"); otherwise
-the message says where the output differs. No message lets a student compute a target: a failing case shows its
-inputs and the student's output, a number that is off is described by its direction and a rough band, and a value
-item never prints its answer (``verdict``). The formula is judged first; dtype, type and shape complaints come
-after (``run.require``), so a secondary problem never hides a wrong formula.
-
-Modes (``mode.Mode``): the notebook (failures print, the package looks as the grader shows it while the student's
-code runs), a script or test (failures raise), the grader (inputs and grader-only cases drawn from its secret,
-nothing printed). Every check has grader-only cases, so a table of answers harvested from the notebook passes none;
-a value item must be computed in its cell, not typed in or looked up (``in_notebook``). What each exercise hides is
-``hiding.HIDES``; the grader's copy of the package is built from it.
+A known mistake is named only when it alone computes the student's output in every failing case and fails no
+passing one (several that no case tells apart: "one of"); no message lets a student compute a target
+(``diagnosis``). Every check has grader-only cases drawn from the grader's secret (``mode``); a value item must be
+computed in its cell (``in_notebook``); what each exercise hides is ``hiding.HIDES``.
 
 Writing a check (``lesson11.py`` is a short example; a new exercise of a lesson goes in that lesson's module and
 in ``__all__`` below, and its hidden pieces in ``hiding.HIDES``)::
@@ -44,9 +36,8 @@ in ``__all__`` below, and its hidden pieces in ``hiding.HIDES``)::
             run.judge_int(case, got, MISTAKES)              # judge, judge_number, judge_equal for other kinds
         return "1 case ..."                                 # the success line's summary
 
-Layout: ``core`` (Mistake, Case, CheckRun, the decorator), ``verdict`` (naming and wording), ``mode``,
-``hiding`` (what each exercise hides, the grader's view of the package), ``in_notebook`` (the student's loop and
-how a value item is read), ``reference`` (float64 formulas with a knob per mistake) and one module per lesson.
+Layout: ``core`` (Mistake, Case, CheckRun, the decorator), ``diagnosis`` (naming and wording), ``mode``,
+``hiding``, ``in_notebook``, ``formulas`` (float64 references with a knob per mistake), one module per lesson.
 """
 
 from .core import Case, CheckRun, Mistake

@@ -1,11 +1,6 @@
-"""What every check is made of: known mistakes, cases, and one run of a check that calls the student's code and
-judges each case.
-
-A check is a function ``check_x(run, answer)`` decorated with ``@exercise_check``: it draws its cases
-(``run.cases``: the public ones, and in the grader more drawn from the grader's secret), loops over them once,
-calls the student's code on each (``run.call``) and judges the output (``run.judge``, ``judge_int``,
-``judge_number``, ``judge_equal``) against the case's right answer and its list of ``Mistake`` records. The run
-holds the verdict; the decorator turns it into one message (``verdict``) and reports it as the ``Mode`` says.
+"""What every check is made of: known mistakes (``Mistake``), cases (``Case``), one run of a check that calls
+the student's code and judges each case (``CheckRun``), and the decorator that turns its verdict into one
+message reported as the ``Mode`` says (``exercise_check``; the package's docstring shows a check).
 """
 
 from __future__ import annotations
@@ -446,9 +441,9 @@ def _run(fn, run: CheckRun, value: str | None, answer, args, kwargs) -> str:
             torch.manual_seed(mode.seeded(1234))
             try:
                 summary = fn(run, answer, *args, **kwargs)
-            except CheckFailed:
-                if not run.diagnosis.failures:
-                    raise  # a failure before any judged case: that is the verdict
+            except CheckFailed as err:
+                if not run.diagnosis.failures:  # a failure before any judged case: that is the verdict,
+                    raise err.with_traceback(None) from err.__cause__  # without the check's own frames
             if run.diagnosis.failures:  # the judged cases come first (see diagnosis.py)
                 raise CheckFailed(run.diagnosis.message()) from None
         return summary

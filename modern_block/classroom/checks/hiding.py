@@ -1,18 +1,10 @@
 """What each exercise hides, and the package as the grader shows it to a submission.
 
-``HIDES`` is the table: for each check, the pieces that compute its exercise's answer (a model file's function or
-class, ``Class.method``, or a torch function the exercise's text forbids).
-While the grader grades the exercise they are not available to the submission; ``USES`` names what a right
-answer may build on, never hidden while that exercise is graded. The grader's copy of the package
-(``grading.package_copy``) is built from this module: the model files with the hidden pieces' code replaced by a
-``raise`` (a class's bases too: subclassing ``DecoderLM`` would answer ``LlamaStyleLM``), nothing else of the
-package, and ``sandbox_stub``'s checks module, which also hides the torch functions named.
-
-In a notebook, ``grader_view`` makes this process look the same while the student's code runs: the hidden pieces
-raise, every module outside the model files raises (the grader's copy does not have them), the hidden torch
-functions raise. A table that holds a value item's answer (``TABLES``: ``PRESETS``) cannot be hidden (the model
-files import it); a value that reads one is refused as looked up, in the notebook and the grader alike
-(``in_notebook``).
+``HIDES``: per check, the pieces that compute its answer (a function or class of a model file, ``Class.method``, a
+torch function the exercise forbids); ``USES``: what a right answer may build on, never hidden for it. The
+grader's copy of the package is built from these (``grading.package_copy``); in a notebook ``grader_view`` makes
+this process look the same while the student's code runs. A table holding a value item's answer (``TABLES``)
+cannot be hidden; a value read from it is refused as looked up (``in_notebook``).
 """
 
 from __future__ import annotations

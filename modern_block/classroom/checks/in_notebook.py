@@ -1,15 +1,10 @@
 """The student's loop in Jupyter, and how a value item's answer is read.
 
-* A failing or not-attempted check prints its message (``✗`` / ``…``, on stderr) instead of raising, so Run All
-  goes to the end of the notebook (nbgrader's autograde, which runs the notebook in a kernel too, scores a check
-  cell with output on stderr as failed, as one that raised); ``summary()``, the notebook's last cell, lists
-  every check that ran and its result.
-* A value item whose text asks for it computed is read from the cells that ran (the notebook's input history,
-  or the submission's cells in the grader): the latest cell that assigns it must compute it. A number, or
-  arithmetic on numbers only (``124_439_808 * 1``, ``int('124439808')``, ``7 * 4096``), is typed in; a read of a
-  table of answers (``PRESETS``) is looked up. The notebook and the grader read the same cells the same way.
-* In a notebook that cell runs again, in a copy of the student's variables, with the exercise's pieces hidden
-  (``hiding.grader_view``): a value computed with the package's own answer fails here as it does in the grader.
+A failing or not-attempted check prints its message on stderr instead of raising, so Run All goes on (nbgrader
+scores such a cell as failed); ``summary()`` lists every check that ran. A value item is read from the cells that
+ran (the input history, or the submission's cells in the grader): the latest cell assigning it must compute it,
+not type a number in (``7 * 4096``) or look it up in a table (``PRESETS``); in a notebook that cell runs again
+with the exercise's pieces hidden, as in the grader.
 """
 
 from __future__ import annotations

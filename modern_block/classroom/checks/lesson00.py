@@ -54,7 +54,6 @@ def _block_case(d: int, d_ff: int | None) -> Case:
 def check_gpt2_block_params(run: CheckRun, gpt2_block_params) -> str:
     """``gpt2_block_params(d, d_ff=None)``: the parameters of one GPT-2 block (two LayerNorms, the fused q/k/v
     projection, the output projection and the MLP, all with biases); ``d_ff`` defaults to 4d."""
-    __tracebackhide__ = True
     public = [_block_case(d, d_ff) for d, d_ff in [(768, None), (1600, None), (64, None), (128, 256), (48, 100)]]
     cases = run.cases(public, lambda g: [_block_case(64 * run.randint(g, 1, 40), run.pick(g, [None, 100, 3000]))
                                          for _ in range(3)], seed=24)
@@ -112,7 +111,6 @@ def _attention_case(g, shape, scale: float, text: str) -> Case:
 def check_causal_attention(run: CheckRun, causal_attention) -> str:
     """``causal_attention(q, k, v)`` with q, k, v of shape [B, heads, T, dh] → [B, heads, T, dh]:
     softmax(q·kᵀ / sqrt(dh), keys after the query masked out) · v, written by hand (not PyTorch's fused one)."""
-    __tracebackhide__ = True
     g = run.rng(25)
     public = [_attention_case(g, (2, 3, 5, 8), 1.0, "q, k, v of shape [2, 3, 5, 8]"),
               _attention_case(g, (1, 1, 1, 4), 1.0, "one token: q, k, v of shape [1, 1, 1, 4]"),
@@ -189,7 +187,6 @@ def _gpt2_case(g, d: int, h: int, B: int, T: int, text: str) -> Case:
 def check_gpt2_attention(run: CheckRun, gpt2_attention) -> str:
     """``gpt2_attention(x, w_qkv, b_qkv, w_proj, b_proj, n_heads)``: x [B, T, d]; w_qkv [3d, d] and b_qkv [3d]
     make q, k and v (in that order along the features), w_proj [d, d] and b_proj [d] the output; causal."""
-    __tracebackhide__ = True
     g = run.rng(26)
     public = [_gpt2_case(g, 32, 4, 2, 6, "d=32, 4 heads, x of shape [2, 6, 32]"),
               _gpt2_case(g, 24, 3, 1, 1, "d=24, 3 heads, one token"),
@@ -210,8 +207,6 @@ def check_gpt2_attention(run: CheckRun, gpt2_attention) -> str:
 
 
 # ---- exercise 4: GPT-2 small, by value -------------------------------------------------------------------
-
-_GPT2_SMALL = dict(V=50257, T=1024, d=768, L=12)
 
 
 def _gpt2_params(V=50257, T=1024, d=768, L=12, *, tied=True, positions=True, final_vectors=2, embeddings=True,
@@ -238,6 +233,5 @@ GPT2_SMALL_MISTAKES = [
 def check_gpt2_small_params(run: CheckRun, n_params) -> str:
     """``gpt2_small_params``: GPT-2 small's parameter count (V = 50,257, 1,024 positions, d = 768, 12 layers,
     output layer tied to the token embedding)."""
-    __tracebackhide__ = True
     run.judge_int(Case("gpt2_small_params", _gpt2_params), n_params, GPT2_SMALL_MISTAKES)
     return "124,439,808"

@@ -69,7 +69,6 @@ def _rms_case(x: torch.Tensor, eps: float | None, text: str) -> Case:
 @exercise_check
 def check_rms(run: CheckRun, rms) -> str:
     """``rms(x, eps=1e-6)``: sqrt(mean(x², last dim, keepdim) + eps), computed and returned in float32."""
-    __tracebackhide__ = True
     g = run.rng(0)
     public = [
         _rms_case(torch.randn(2, 3, 16, generator=g) * 2, None, "x of shape [2, 3, 16]"),
@@ -141,7 +140,6 @@ def _norm_case(x, w, eps: float, text: str) -> Case:
 def check_rmsnorm(run: CheckRun, RMSNormClass) -> str:
     """``RMSNorm(d, eps=1e-6)`` with ``.weight`` (ones at init) and ``.eps``; float32 statistics, output in
     the input's dtype."""
-    __tracebackhide__ = True
     g = run.rng(1)
     m = run.call("RMSNorm(16)", RMSNormClass, 16)
     weight = getattr(m, "weight", None)

@@ -66,7 +66,6 @@ def _hidden_case(d: int, m: int | None, mult: float | None) -> Case:
 @exercise_check
 def check_swiglu_hidden_dim(run: CheckRun, swiglu_hidden_dim_fn) -> str:
     """``swiglu_hidden_dim(d, multiple_of=256, ffn_dim_multiplier=None)``: Llama's rule."""
-    __tracebackhide__ = True
     public = [_hidden_case(*c) for c in [(4096, None, None), (5120, None, None), (4096, 1024, 1.3), (256, 16, None),
                                          (1000, None, None), (4096, 1, None), (4096, 1, 1.3), (768, 64, None),
                                          (100, 8, 1.5), (1000, 1, 1.3), (7, 1, None)]]
@@ -117,7 +116,6 @@ SWIGLU_MISTAKES = [
 @exercise_check
 def check_swiglu(run: CheckRun, SwiGLUClass) -> str:
     """``SwiGLU(d, d_ff)`` with bias-free ``w_gate``, ``w_up`` (d → d_ff) and ``w_down`` (d_ff → d)."""
-    __tracebackhide__ = True
     d, d_ff = 16, 40
     ref = run.randomize(SwiGLU(d, d_ff), 2)
     student = run.call(f"SwiGLU({d}, {d_ff})", SwiGLUClass, d, d_ff)
@@ -187,7 +185,6 @@ def _ffn_case(d: int, d_ff: int, gated: bool) -> Case:
 def check_ffn_weight_count(run: CheckRun, ffn_weight_count) -> str:
     """``ffn_weight_count(d, d_ff, gated)``: weights of a bias-free FFN: 2·d·d_ff (GELU MLP) or 3·d·d_ff
     (SwiGLU)."""
-    __tracebackhide__ = True
     public = [_ffn_case(*c) for c in [(4096, 16384, False), (4096, 11008, True), (5120, 13824, True), (64, 256, False),
                                       (64, 170, True), (1024, 2816, False)]]
 
@@ -218,7 +215,6 @@ D_FF_MISTAKES = [
 def check_llama3_70b_d_ff(run: CheckRun, d_ff) -> str:
     """``llama3_70b_d_ff``: Llama 3 70B's SwiGLU width by Llama's rule (d = 8192, multiple_of = 4096,
     ffn_dim_multiplier = 1.3)."""
-    __tracebackhide__ = True
     case = Case("llama3_70b_d_ff", partial(swiglu_hidden_dim, 8192, 4096, 1.3), d=8192, m=4096, mult=1.3)
     run.judge_int(case, d_ff, D_FF_MISTAKES)
     return "28,672 = 3.5·d"

@@ -63,7 +63,6 @@ def _table_cases(positions: torch.Tensor, dh: int, base: float | None) -> list[C
 def check_rope_cache(run: CheckRun, rope_tables_fn) -> str:
     """``rope_tables(positions, dh, base=10000.0)`` → ``(cos, sin)``, each float32 of shape [n, dh/2] for a 1-D
     tensor of n token positions: angle p·θ_i with θ_i = base^(-2i/dh) for the token at position p."""
-    __tracebackhide__ = True
     public = [(torch.arange(8), 4, None), (torch.tensor([5, 6, 7, 8, 9, 10]), 8, None),
               (torch.arange(64), 16, 500000.0), (torch.arange(4090, 4096), 64, None), (torch.tensor([7]), 2, None),
               (torch.tensor([3, 0, 12, 1]), 8, None)]
@@ -150,7 +149,6 @@ def _rotation_cases(g, layout: str) -> list[Case]:
 
 
 def _check_rotation(run: CheckRun, fn, layout: str) -> str:
-    __tracebackhide__ = True
     name = run.name.removeprefix("check_")
     mistakes = rotation_mistakes(layout)
 
@@ -185,12 +183,10 @@ def _check_rotation(run: CheckRun, fn, layout: str) -> str:
 @exercise_check
 def check_apply_rope(run: CheckRun, apply_rope_fn) -> str:
     """``apply_rope(x, cos, sin)``: half-split layout; x [B, heads, T, dh], per-sequence tables [B, T, dh/2]."""
-    __tracebackhide__ = True
     return _check_rotation(run, apply_rope_fn, "half")
 
 
 @exercise_check
 def check_apply_rope_interleaved(run: CheckRun, apply_rope_interleaved_fn) -> str:
     """``apply_rope_interleaved(x, cos, sin)``: pairs (2i, 2i+1); same shapes as apply_rope."""
-    __tracebackhide__ = True
     return _check_rotation(run, apply_rope_interleaved_fn, "interleaved")

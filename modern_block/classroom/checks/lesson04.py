@@ -38,7 +38,6 @@ def _repeat_case(k: torch.Tensor, n_rep: int) -> Case:
 def check_repeat_kv(run: CheckRun, repeat_kv) -> str:
     """``repeat_kv(k, n_rep)``: [B, n_kv, T, dh] → [B, n_kv·n_rep, T, dh], query head j reading KV head
     j // n_rep (grouped)."""
-    __tracebackhide__ = True
     g = run.rng(5)
     public = [_repeat_case(torch.randn(*shape, generator=g), n_rep) for shape, n_rep in
               [((2, 2, 3, 4), 3), ((1, 1, 5, 4), 4), ((2, 3, 2, 4), 1), ((1, 4, 1, 2), 2)]]
@@ -150,7 +149,6 @@ def _params(ref: GQAttention) -> dict:
 def grade_attention_module(run: CheckRun, make_student, qk_norm: bool | None = None, load_hints=None) -> str:
     """Load the package's random weights into the student's module and compare its forward with the reference on
     every configuration (``qk_norm``: fixed on, or None to try both); the same checks lessons 04 and 06 use."""
-    __tracebackhide__ = True
     g = run.rng(6)
     configs = [("GQA with 4 query heads over 2 KV heads, x of shape [2, 6, 32]", 32, 4, 2, True, 2, 6, 0),
                ("MQA (one KV head), x of shape [1, 5, 32]", 32, 4, 1, False, 1, 5, 0),
@@ -211,7 +209,6 @@ GQA_LOAD_HINTS = {
 def check_gqattention(run: CheckRun, GQAttentionClass) -> str:
     """``GQAttention(d, n_heads, n_kv_heads, qk_norm=True)`` with wq/wk/wv/wo/q_norm/k_norm and
     ``forward(x, cos, sin)``, causal."""
-    __tracebackhide__ = True
 
     def make(d, h, kv, qk_norm):
         return run.call(f"GQAttention({d}, {h}, {kv}, qk_norm={qk_norm})", GQAttentionClass, d, h, kv,
@@ -309,7 +306,6 @@ def check_kv_cache(run: CheckRun, attend_cached) -> str:
     """``attend_cached(attn, x, cos, sin, cache)``: attention of the new tokens x [B, T, d] (which follow the
     cached ones) through the package's GQAttention ``attn``; ``cache`` is a dict with "k" and "v" (None when
     empty, else [B, n_kv, past, dh]) that the function extends; cos/sin are the full tables."""
-    __tracebackhide__ = True
     g = run.rng(7)
     public = [_decoding_case(run, g, "GQA 4 over 2 heads, batch 2, prefill 3 tokens then 1, 1, a chunk of 2, then 1",
                              32, 4, 2, False, 2, [3, 1, 1, 2, 1], 78),
@@ -343,7 +339,6 @@ def check_kv_cache(run: CheckRun, attend_cached) -> str:
 
 def _check_cache_contents(run: CheckRun, case: Case, held) -> None:
     """After right outputs: the cache holds the n_kv rotated keys and the values of every token so far."""
-    __tracebackhide__ = True
     if run.diagnosis.failures:  # the outputs are wrong: that is the verdict
         return
     ref, x, cos, sin = case.args

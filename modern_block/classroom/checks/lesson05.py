@@ -37,7 +37,6 @@ def _bytes_case(L: int, dc: int, dr: int, b: int) -> Case:
 @exercise_check
 def check_mla_cache_bytes(run: CheckRun, mla_cache_bytes) -> str:
     """``mla_cache_bytes(n_layers, kv_latent_dim, rope_dim, bytes_per_elem=2)``: bytes per token."""
-    __tracebackhide__ = True
     public = [_bytes_case(*c) for c in [(61, 512, 64, 2), (61, 512, 64, 1), (4, 32, 8, 4), (1, 16, 2, 2)]]
 
     def secret(g):
@@ -181,7 +180,6 @@ def _mla_secret(run: CheckRun, what: str):
 
 
 def _check_mla(run: CheckRun, fn, what: str, mistakes, seed: int, public: list) -> None:
-    __tracebackhide__ = True
     g = run.rng(seed)
     cases = [_mla_case(what, g, *c) for c in public]
     for case in run.cases(cases, _mla_secret(run, what), seed=seed + 100):
@@ -207,7 +205,6 @@ def check_absorb_query(run: CheckRun, absorb_query) -> str:
     """``absorb_query(q_nope, w_kv_b)``: q_nope [B, h, T, d_nope], w_kv_b [h·(d_nope + d_v), d_c] (DeepSeek's
     kv_b_proj.weight: per head, W_UK,m's rows then W_UV,m's) → [B, h, T, d_c] = W_UK,mᵀ q per head, so that
     (W_UK,mᵀ q)·c = q·(W_UK,m c)."""
-    __tracebackhide__ = True
     _check_mla(run, absorb_query, "absorb_query", ABSORB_MISTAKES, 8, _MLA_CASES)
     return "3 cases: square and rectangular W_UK, batch 1 and 2, one head"
 
@@ -216,7 +213,6 @@ def check_absorb_query(run: CheckRun, absorb_query) -> str:
 def check_absorbed_scores(run: CheckRun, absorbed_scores) -> str:
     """``absorbed_scores(q_nope, q_rope, latent, k_rope, w_kv_b, scale)`` → [B, h, T, S]: the pre-softmax scores
     (W_UK,mᵀ q_nope)·c_s + q_rope·k_R,s, times scale, computed from the latents without keys."""
-    __tracebackhide__ = True
     _check_mla(run, absorbed_scores, "absorbed_scores", SCORE_MISTAKES, 9, _MLA_CASES)
     return "3 cases: square and rectangular W_UK, T < S, one head"
 
@@ -225,7 +221,6 @@ def check_absorbed_scores(run: CheckRun, absorbed_scores) -> str:
 def check_mla_absorption(run: CheckRun, absorbed_attention) -> str:
     """``absorbed_attention(q_nope, q_rope, latent, k_rope, w_kv_b, scale)`` → [B, h, T, d_v]: causal attention of
     the T newest positions over all S latents, absorbed, equal to the naive computation."""
-    __tracebackhide__ = True
     _check_mla(run, absorbed_attention, "absorbed_attention", ATTEND_MISTAKES, 10, _MLA_CASES + [_CHUNK])
     return "4 cases: prefill, one new token, a chunk with offset mask, square and rectangular weights"
 
@@ -250,6 +245,5 @@ KIMI_MISTAKES = [
 def check_kimi_k2_cache_bytes(run: CheckRun, n_bytes) -> str:
     """``kimi_k2_cache_bytes``: Kimi K2's MLA cache per token in bf16 (61 layers, latent 512, RoPE key 64, 64
     heads)."""
-    __tracebackhide__ = True
     run.judge_int(Case("kimi_k2_cache_bytes", partial(_mla_bytes, 61, 512, 64)), n_bytes, KIMI_MISTAKES)
     return f"{mla_cache_bytes_per_token(61, 512, 64):,} bytes per token, the same as DeepSeek-V3"

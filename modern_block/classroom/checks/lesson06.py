@@ -36,7 +36,6 @@ QK_MISTAKES = [
 def check_qk_norm_rope(run: CheckRun, qk_norm_rope) -> str:
     """``qk_norm_rope(q, k, q_norm, k_norm, cos, sin)`` → (q, k): each head's q and k normalised by their own
     RMSNorm, then rotated by RoPE."""
-    __tracebackhide__ = True
     g = run.rng(11)
 
     def case(desc, B, h, kv, T, dh, offset):
@@ -69,7 +68,6 @@ def check_qk_norm_rope(run: CheckRun, qk_norm_rope) -> str:
 def check_qk_norm_attention(run: CheckRun, QKNormAttentionClass) -> str:
     """``QKNormAttention(d, n_heads, n_kv_heads)``: GQA attention with per-head RMSNorm on q and k (before RoPE),
     attributes wq/wk/wv/wo/q_norm/k_norm, ``forward(x, cos, sin)``."""
-    __tracebackhide__ = True
     hints = dict(GQA_LOAD_HINTS)
     hints["q_norm"] = hints["k_norm"] = ("QK-norm normalises each head's vector: self.q_norm = RMSNorm(head_dim) and "
                                          "self.k_norm = RMSNorm(head_dim), not RMSNorm(d) (and not LayerNorm, which "

@@ -87,7 +87,6 @@ def check_block(run: CheckRun, BlockClass) -> str:
     """``SandwichBlock(d, n_heads, n_kv_heads, d_ff)``: the pre-norm residual block with a norm on each sub-layer's
     output too: attn_norm, attn (GQAttention), attn_post_norm, ffn_norm, ffn (SwiGLU), ffn_post_norm;
     ``forward(x, cos, sin)``."""
-    __tracebackhide__ = True
     g = run.rng(12)
 
     def case(desc, d, h, kv, d_ff, B, T, seed):
@@ -168,7 +167,6 @@ def check_llama_lm(run: CheckRun, LlamaStyleLMClass) -> str:
     """``LlamaStyleLM(V, d=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=688, max_len=1024, rope_base=10000.0,
     tie=False, scale_emb=False)``: emb, blocks, norm, head, non-persistent cos/sin buffers; ``forward(idx)`` →
     logits [B, T, V]; ``scale_emb=True`` multiplies the embeddings by sqrt(d) (Gemma)."""
-    __tracebackhide__ = True
     model = run.call("LlamaStyleLM(V=1000)", LlamaStyleLMClass, 1000)
     count = Case("the parameters of LlamaStyleLM(V=1000) (the chapter's model has 3,283,456)", lambda: _CHAPTER_PARAMS)
     if not run.judge_int(count, count_parameters(model), COUNT_MISTAKES):
@@ -273,7 +271,6 @@ def _param_case(args: tuple, kw: dict) -> Case:
 def check_llama_param_count(run: CheckRun, llama_param_count) -> str:
     """``llama_param_count(V, d, n_layers, n_heads, n_kv_heads, d_ff, tie=False, qk_norm=True, qkv_bias=False)``:
     the parameters of LlamaStyleLM by formula, and of its Qwen2 variant with biases on wq, wk and wv."""
-    __tracebackhide__ = True
     chapter = (1000, 256, 4, 8, 2, 688)
     public = [_param_case(a, k) for a, k in [
         (chapter, {}), (chapter, dict(tie=True)), (chapter, dict(qk_norm=False)), ((500, 64, 3, 4, 1, 160), {}),

@@ -59,7 +59,6 @@ def check_lr_schedule(run: CheckRun, lr_at) -> str:
     """``lr_at(step, lr, min_lr, warmup_steps, max_steps)``: lr·(step+1)/(warmup_steps+1) during the warmup, then
     min_lr + ½(1 + cos(π·(step - warmup_steps)/(max_steps - warmup_steps)))·(lr - min_lr), and min_lr from
     max_steps on."""
-    __tracebackhide__ = True
     public = [_lr_case(*s) for s in [(3e-3, 3e-4, 20, 300), (1e-3, 1e-4, 100, 5000), (6e-4, 0.0, 0, 50),
                                      (1.0, 0.25, 10, 12)]]
 
@@ -108,7 +107,6 @@ FLOPS_MISTAKES = [
 def check_flops_per_token(run: CheckRun, flops_per_token) -> str:
     """``flops_per_token(n_matmul_params, n_layers, n_heads, head_dim, seq_len)``: training FLOPs per token,
     6·N + 12·L·H·Q·T."""
-    __tracebackhide__ = True
 
     def case(*args):
         return Case(f"flops_per_token({args[0]:_}, {', '.join(map(str, args[1:]))})", partial(_flops, *args), args)
@@ -176,7 +174,6 @@ def check_fair_comparison(run: CheckRun, unfair_differences) -> str:
     """``unfair_differences(a, b, compared=("arch",), size_tolerance=0.02)``: the sorted keys of two runs' settings
     that make comparing them unfair: every key not in ``compared`` whose value differs or that only one run has;
     "n_params" may differ by ``size_tolerance`` of a's value."""
-    __tracebackhide__ = True
     public = [
         _fair_case("two runs that differ only in the architecture", _BASE, _LLAMA, ("arch",), 0.02),
         _fair_case("each at its own learning rate, compared=('arch', 'lr')", _BASE, dict(_LLAMA, lr=1e-3, min_lr=1e-4),
@@ -232,6 +229,5 @@ TRAIN_MISTAKES = [
 def check_llama3_8b_train_flops(run: CheckRun, flops) -> str:
     """``llama3_8b_train_flops``: the compute of training Llama 3 8B (8.03 billion parameters) on 15 trillion
     tokens, by the 6·N·D rule (within 3%)."""
-    __tracebackhide__ = True
     run.judge_number(Case("llama3_8b_train_flops", _train_flops), flops, TRAIN_MISTAKES, rel=0.03)
     return f"{_train_flops():.3g} FLOPs"

@@ -47,7 +47,6 @@ def check_verdict(run: CheckRun, verdict) -> str:
     """``verdict(low, high)``: "lower" when the whole interval of b - a lies below 0, "higher" when above, else
     "inconclusive at this scale (the interval holds 0; it could hide an effect of up to ±h)", h = max(-low, high)
     with 4 decimals."""
-    __tracebackhide__ = True
     public = [_verdict_case(*c) for c in [(-0.1793, -0.0938), (0.064, 0.1862), (-0.0591, 0.1078), (-0.2121, 0.0068),
                                           (-0.1, 0.0), (0.0, 0.25), (-0.03, 0.03)]]
 
@@ -100,7 +99,6 @@ def _holm_case(ps: list[float]) -> Case:
 def check_holm(run: CheckRun, holm) -> str:
     """``holm(p_values)``: Holm's step-down adjusted p-values, in the input's order: sort ascending, multiply the
     k-th smallest (k from 0) by m - k, cap at 1, carry the running maximum up."""
-    __tracebackhide__ = True
     public = [_holm_case(c) for c in [[0.01, 0.04, 0.03, 0.005], [0.3, 0.6], [0.7, 0.8, 0.01], [0.02],
                                       [0.001, 0.2, 0.04, 0.04, 0.5, 0.012], [0.04, 0.045, 0.001]]]
 

@@ -32,7 +32,6 @@ SMOLLM2_MISTAKES = [
 def check_smollm2_cache_bytes(run: CheckRun, n_bytes) -> str:
     """``smollm2_cache_bytes``: SmolLM2-135M's KV cache per token in bf16 (30 layers, 9 query heads over 3 K/V heads
     of 64)."""
-    __tracebackhide__ = True
     run.judge_int(Case("smollm2_cache_bytes", _cache_bytes), n_bytes, SMOLLM2_MISTAKES)
     return f"{kv_cache_bytes_per_token(30, 3, 64, 2):,} bytes per token, a third of MHA's"
 
@@ -86,7 +85,6 @@ def _q4_case(raw: torch.Tensor, what: str) -> Case:
 @exercise_check
 def check_dequantize_q4_0(run: CheckRun, dequantize_q4_0_fn) -> str:
     """``dequantize_q4_0(raw)``: Q4_0 bytes uint8 [rows, 18·n] -> float32 weights [rows, 32·n]."""
-    __tracebackhide__ = True
     g = run.rng(91)
     public = [_q4_case(_q4_0_bytes(g, 1, 1), "one block"),
               _q4_case(_q4_0_bytes(g, 1, 18), "a row of 18 blocks (576 weights, one row of SmolLM2's W_q)"),
@@ -154,7 +152,6 @@ def _unpermute_cases(g, what: str, h: int, kv: int, dh: int, d: int) -> list[Cas
 def check_unpermute_qk(run: CheckRun, unpermute_fn) -> str:
     """``unpermute_qk(wq, wk, wv, n_heads, n_kv_heads)`` -> (wq, wk, wv) in the half-split RoPE layout: llama.cpp's
     interleaved rows of each query and key head put back, the values untouched."""
-    __tracebackhide__ = True
     g = run.rng(92)
     public = [_unpermute_cases(g, *c) for c in [("GQA: 4 query heads, 2 K/V heads of 12", 4, 2, 12, 16),
                                                 ("SmolLM2-135M's shapes: 9 / 3 heads of 64", 9, 3, 64, 576),

@@ -78,7 +78,6 @@ _LLAMA3_CASES = [  # (what, d_h, base, factor, low_freq_factor, high_freq_factor
 def check_llama3_rope_scaling(run: CheckRun, llama3_frequencies_fn) -> str:
     """``llama3_frequencies(dh, base, factor, low_freq_factor, high_freq_factor, original_len)`` → a model's RoPE
     frequencies θ_i = base^(-2i/dh), float32 [dh/2], scaled by Llama 3.1's piecewise rule by wavelength."""
-    __tracebackhide__ = True
 
     def secret(g):  # a drawn context length, factor and band
         low, high = run.pick(g, [(1.0, 4.0), (1.0, 2.0), (2.0, 8.0)])
@@ -114,7 +113,6 @@ NTK_MISTAKES = [
 def check_ntk_scaled_base(run: CheckRun, ntk_scaled_base_fn) -> str:
     """``ntk_scaled_base(base, dh, kappa)`` → b' = base · kappa^(dh/(dh-2)) as a float, the NTK-aware base that keeps
     the fastest pair and divides the slowest one's frequency by exactly kappa."""
-    __tracebackhide__ = True
 
     def case(base, dh, kappa):
         return Case(f"ntk_scaled_base({base:g}, {dh}, {kappa:g})", partial(_ntk, base, dh, kappa), (base, dh, kappa))

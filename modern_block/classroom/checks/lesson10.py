@@ -58,7 +58,6 @@ def check_bytes_per_token(run: CheckRun, bytes_per_token) -> str:
     """``bytes_per_token(shapes, fmt)``: the bytes of weights one decoded token reads when every matrix in ``shapes``
     (a list of (n_out, n_in)) is stored in ``fmt``: "fp32", "bf16", "int8" (one bf16 scale per row) or "q4_1" (20
     bytes per block of 32 weights along a row)."""
-    __tracebackhide__ = True
     public = [_bytes_case([(4, 64)], "fp32"), _bytes_case([(4, 64)], "bf16"), _bytes_case([(4, 64), (3, 32)], "int8"),
               _bytes_case([(2, 64)], "q4_1"), _bytes_case(SMOLLM2, "fp32", "SmolLM2-135M"),
               _bytes_case(SMOLLM2, "int8", "SmolLM2-135M"), _bytes_case(SMOLLM2, "q4_1", "SmolLM2-135M")]
@@ -94,7 +93,6 @@ FLOOR_MISTAKES = [
 def check_floor_ms(run: CheckRun, floor_ms) -> str:
     """``floor_ms(weight_bytes, copy_bytes, copy_seconds)``: the least time (ms) of one decoding step at batch 1, given
     a copy of ``copy_bytes`` bytes that took ``copy_seconds`` (a copy reads its bytes and writes them)."""
-    __tracebackhide__ = True
 
     def case(weight_bytes, copy_bytes, seconds):
         return Case(f"floor_ms({weight_bytes:.4g}, {copy_bytes}, {seconds})",
@@ -150,7 +148,6 @@ def _kind(s) -> str:
 def check_quantize_row_int8(run: CheckRun, quantize_row_int8) -> str:
     """``quantize_row_int8(w)``: one row of fp32 weights [n] -> (q int8 [n], scale, a 0-dim fp32 tensor) with
     scale = max|w| / 127 and q = round(w / scale), so that |w - q · scale| <= scale / 2."""
-    __tracebackhide__ = True
     g = run.rng(101)
 
     def row(w):

@@ -73,7 +73,6 @@ def check_kv_bytes_per_token(run: CheckRun, kv_bytes_per_token) -> str:
     """``kv_bytes_per_token(cfg)``: the bytes one token adds to the bf16 cache of a config (a dict with Hugging Face's
     field names): 2·L·n_kv·d_h·2 for GQA (d_h = head_dim, or hidden_size // heads when it is absent or None; n_kv =
     num_key_value_heads, or the heads when absent), L·(kv_lora_rank + qk_rope_head_dim)·2 for MLA."""
-    __tracebackhide__ = True
     public = [_kv_case(load_config(p), f"{p}'s config") for p in KV_CASES] + [
         _kv_case(_gqa_config(12, 768, 12, 4, None), "a config with head_dim: null, 12 heads over 4, d = 768"),
         _kv_case(_gqa_config(6, 512, 8, None, "absent"), "a config without num_key_value_heads or head_dim (MHA)")]
@@ -155,7 +154,6 @@ def check_smallest_multiple_of(run: CheckRun, smallest_multiple_of) -> str:
     """``smallest_multiple_of(d, d_ff, ffn_dim_multiplier=None)``: the smallest power of two m from 16 to 4,096 for
     which Llama's rule (int(8/3·d), times the multiplier if any, rounded up to a multiple of m) gives d_ff; None if
     none does."""
-    __tracebackhide__ = True
     public = [_multiple_case(*c) for c in [(4096, 11008, None), (5120, 13824, None), (4096, 14336, 1.3),
                                            (8192, 28672, 1.3), (576, 1536, None), (1024, 3072, None),
                                            (7168, 18432, None), (2880, 2880, None), (8192, 24576, None)]]
@@ -212,7 +210,6 @@ def _active_case(args: tuple, name: str = "") -> Case:
 def check_active_parameters(run: CheckRun, active_parameters) -> str:
     """``active_parameters(total, moe_layers, n_experts, top_k, d, d_expert)``: the parameters one token runs in a
     mixture-of-experts model whose routed experts are SwiGLUs of width d_expert: all but the unpicked experts."""
-    __tracebackhide__ = True
     public = [_active_case((TOTALS[m], *sizes), m) for m, sizes in MOE_CASES.items()]
 
     def secret(g):
@@ -289,7 +286,6 @@ def check_moe_ffn_parameters(run: CheckRun, moe_ffn_parameters) -> str:
     """``moe_ffn_parameters(L, d, d_ff, first_k_dense, n_routed, top_k, d_expert, n_shared)`` -> ``(held, active)``:
     the FFN sublayers' parameters of a DeepSeek-style model (dense SwiGLUs in the first layers; in the others a d x E
     router, E routed and n_shared shared SwiGLU experts of width d_expert), all of them and those one token runs."""
-    __tracebackhide__ = True
     public = [_moe_ffn_cases(sizes, name) for name, sizes in MOE_FFN_CASES.items()]
 
     def secret(g):
@@ -407,7 +403,6 @@ def check_kv_cache_at(run: CheckRun, kv_cache_at) -> str:
     """``kv_cache_at(cfg, context)``: the bf16 bytes one sequence's cache holds after ``context`` tokens: 2·n_kv·d_h·2
     per token per layer, a layer listed as sliding_attention in layer_types (or not every sliding_window_pattern-th)
     holding min(context, sliding_window) tokens, a full layer all of them."""
-    __tracebackhide__ = True
     public = [_kv_at_case(language_model(load_config(name))[0], context, f"{name}'s config")
               for name, context in KV_AT_CASES]
 

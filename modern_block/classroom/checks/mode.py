@@ -1,18 +1,10 @@
 """How a check runs and reports: one explicit object, ``Mode``, instead of switches read from the environment.
 
-* ``Mode.notebook(...)``: the student's loop in Jupyter. A failure prints (Run All goes on to the summary); while
-  the student's code runs, the package looks as the grader's copy shows it (``hiding``); a value item's cell is
-  read (typed in?) and run again with the exercise's pieces hidden, as the grader runs it.
-* ``Mode.script()``: a script or a test: a failure raises; nothing is hidden (the tests hand in the package's
-  own implementations as the right answers).
-* ``Mode.graded(secret, sources)``: the grader (``modern_block.classroom.grading.grade``): inputs and grader-only cases
-  drawn from ``secret``, nothing printed, the submission's cells read for value items; the sandbox's copy of the
-  package does the hiding.
-
-A check takes it as ``check_x(answer, mode=...)``. Without it, ``Mode.current()`` decides: a Jupyter kernel is a
-notebook (its input history and namespace are read), anything else a script. ``graded(secret)`` and
-``answer_sources(cells)`` are the grader's older way of saying the same: blocks that set the mode of the checks
-called inside them.
+``Mode.notebook(...)``: failures print, the package looks as the grader shows it while the student's code runs,
+and a value item's cell is read and run again with the pieces hidden. ``Mode.script()``: failures raise, nothing
+hidden. ``Mode.graded(secret, sources)``: the grader's, inputs and extra cases drawn from the secret, nothing
+printed. Without ``mode=``, ``Mode.current()`` picks notebook in a Jupyter kernel, else script; ``graded`` and
+``answer_sources`` are blocks that set the mode of the checks called inside them.
 """
 
 from __future__ import annotations

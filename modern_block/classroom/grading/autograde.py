@@ -1,19 +1,10 @@
 """nbgrader's autograde step with the course's engine in place of nbgrader's kernel (``nbgrader_config.py``).
 
-``ReadSubmission`` comes first in nbgrader's sanitizing step: the notebook nbgrader read (it opens the path,
-following links) is replaced by the submitted file read again with ``class_folder.read_inside`` from the course's
-``submitted/`` folder down, so no link there is followed (a student's notebook linked to ``source/`` is not
-graded, and nothing of the file it names reaches ``autograded/`` or the feedback), and its size, cells and JSON
-values are bounded before it is parsed.
-
-nbgrader's ``Execute`` runs a submission in a kernel of the instructor's user and awards a check cell's points
-when the cell raises nothing there, so a submission that replaces the check function scores. ``SandboxedExecute``
-takes its place in ``Autograde.autograde_preprocessors``: nbgrader has already restored the locked check cells
-from its database (``OverwriteCells``, missing ones added back); the student's cells run in the course's
-sandbox, the checks in this process against the instructor's source notebook (``source/<assignment>/``), and
-``engine.annotate`` writes each check's verdict, diagnosis and partial credit where nbgrader's
-``SaveAutoGrades`` reads a grade. nbgrader does the rest: its gradebook, roster, late penalties, manual
-grading, ``generate_feedback`` (which shows the diagnoses) and ``export``.
+``ReadSubmission`` replaces the notebook nbgrader read (following links) by the submitted file read again with
+``class_folder.read_inside``, bounded, without following links. ``SandboxedExecute`` replaces nbgrader's
+``Execute`` (which runs the checks in the student's kernel, so a replaced check function scores): the student's
+cells run in the sandbox, the checks here against the instructor's source notebook, and ``engine.annotate``
+writes each verdict where ``SaveAutoGrades`` reads it. nbgrader does the rest (gradebook, feedback, export).
 """
 
 from __future__ import annotations

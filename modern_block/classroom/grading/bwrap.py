@@ -1,13 +1,8 @@
 """The bubblewrap command line of a sandbox, the interpreter it shows, and the process that holds it open.
 
-``bwrap_command`` lists what a sandbox sees: the system's libraries (``/usr``; ``/bin``, ``/lib``... as on the
-host), each folder of the interpreter (its installation, the virtual environment) read-only, with the course
-package installed there, the checkout and the grader's own files covered by empty folders; the sandbox's copy
-of the package at ``/opt/modern-block``; the submission's notebook; a private ``/proc``, read-only (no
-``/proc/sys`` knob, no process setting can be written); a read-only ``/dev`` holding only ``null``, ``zero``,
-``random`` and ``urandom``; and a size-limited tmpfs at ``/tmp``, the only place it can write. Everything else
-(home folders, solutions, other submissions) is absent. The seccomp filter (``seccomp_filter``) is read from a
-file descriptor (``--seccomp FD``).
+A sandbox sees the system's libraries and the interpreter's folders read-only, its copy of the package, the
+notebook, a private read-only ``/proc``, a ``/dev`` of four devices and a size-limited ``/tmp`` (the only place it
+can write); nothing else (docs/sandbox.md). The seccomp filter is read from a file descriptor.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
-"""Limits for a whole sandbox (all its processes together): a control group (cgroup) per sandbox.
+"""Limits for a whole sandbox (all its processes together): a control group per sandbox, with memory (its
+``/tmp`` included, no swap), pids and, where there, cpu (one CPU's worth of time per second).
 
-Each sandbox gets a group of its own with
-
-* memory: the memory of all its processes, their files in the sandbox's tmpfs included, swap excluded;
-* pids: the number of its processes and threads;
-* cpu (where the controller is there): one CPU's worth of time per wall-clock second, so with the grader's
-  wall-clock limit the CPU time of the whole sandbox is bounded.
-
-Where the groups live, tried in this order:
-
-* cgroup v1 (legacy and hybrid hosts): under the grader's own group in the memory, pids and cpu hierarchies,
-  where it may create groups there (usually as root);
-* cgroup v2, a delegated subtree: the grader's own group when it has been handed to it (a systemd unit with
-  ``Delegate=yes``, ``systemd-run --user --scope -p Delegate=yes``, a container with a writable cgroup
-  namespace). The processes in it move to a leaf (``LEAF``) first: v2 lets a group hand controllers down only
-  when no process lives in it;
-* cgroup v2 under systemd: the grader starts its pre-loaded interpreter in a transient scope of its own with
-  delegation (``scope_command``: ``systemd-run --scope -p Delegate=yes``; as ``--user`` for an ordinary
-  user), and that scope is the subtree.
-
-The grader itself moves each sandbox's first process into its group (``Group.add``) before that process enters
-the sandbox: no file of the cgroup file system is handed to the sandbox's user, and the sandbox has no ``/sys``.
-Where none of these is possible ``Cgroups.open`` returns None and the grader refuses, unless the instructor
-accepts limits on each process only (``sandbox.NO_CGROUP_FLAG``).
+The groups live, tried in order, in cgroup v1 under the grader's own group; in a delegated cgroup v2 subtree (its
+processes moved to a ``LEAF`` first: v2 hands controllers down only from a group without processes); or in a
+transient systemd scope with delegation (``scope_command``). The grader moves each sandbox's first process into its
+group (``Group.add``) before it enters the sandbox, so no cgroup file is handed to the sandbox's user. Where none
+is possible ``Cgroups.open`` returns None and the grader refuses, unless ``sandbox.NO_CGROUP_FLAG`` is passed.
 """
 
 from __future__ import annotations

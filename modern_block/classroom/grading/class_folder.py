@@ -1,24 +1,11 @@
 """The grader's files: the class folder read lazily, without following links or blocking, one student at a time
-bounded; the outputs written so that nothing planted at their paths can redirect them.
+bounded; the outputs written so that nothing planted at their paths can redirect them (docs/sandbox.md).
 
-Collection walks the folders the instructor names and only looks: each notebook is read when it is graded
-(``Submission.read``), so the grader holds at most one notebook per job. The class root is the folder given,
-or the folder common to all the paths given (``grade class/*``); the student is the name directly under it,
-whatever lies deeper. The class root is taken as given (links followed); below it no symbolic link is
-followed, whatever paths are given (``grade class/*/*.ipynb`` names a student's link to ``solutions/``, or a
-notebook in a student folder that is a link, by its path): each notebook is opened one folder at a time from
-the class root down, with ``O_NOFOLLOW`` (``read_inside``). A link, a pipe, a device, a folder too deep or a
-file over ``MAX_NOTEBOOK_BYTES`` is never opened or followed: it gets an error row of its own. A student
-whose folder holds more than ``MAX_STUDENT_ENTRIES`` entries, ``MAX_STUDENT_FILES`` notebooks or
-``MAX_STUDENT_BYTES`` of them (by their sizes, read from the folder, never from the files) gets one error
-row, and no other row changes; the walk of that folder stops there. A hidden entry at the class root, and a
-notebook there beside a folder of the same name, get a refusal row each (never silence). A name
-with control characters or letters of look-alike scripts mixed (a Cyrillic ``о`` in a Latin name) is shown
-escaped and its row is an error.
-
-Outputs (``--csv``, ``--json-file``) are written to a temporary file in the target's folder and renamed over
-the target, so a reader never sees half a gradebook and a symbolic link at the path is replaced, never
-followed; a link or a folder already at the path is refused before grading starts.
+The class root is the folder given, or the one common to the paths given; the student is the name directly under
+it. Below it no link is followed, whatever paths are given: each notebook is opened one folder at a time with
+``O_NOFOLLOW`` (``read_inside``) when it is graded. Links, special files, over-deep folders, over-large files and
+over-full student folders get error rows of their own; no other row changes. Outputs are written to a temporary
+file beside the target and renamed over it; a link or a folder at the path is refused before grading starts.
 """
 
 from __future__ import annotations
@@ -159,7 +146,7 @@ class _Student:
         self.found: list[tuple[str, str | None]] = []  # (path, refusal)
         self.over: str | None = None
 
-    def look(self, entry_path: str, size: int = 0, notebook: bool = False) -> bool:
+    def look(self, size: int = 0, notebook: bool = False) -> bool:
         """Count one entry; False once a cap is passed (the walk stops)."""
         self.entries += 1
         self.files += notebook
@@ -182,7 +169,7 @@ def _walk(folder: str, depth: int, student: _Student) -> bool:
             for entry in it:  # lazily: a folder of a million entries is not listed whole
                 if entry.name.startswith("."):
                     continue
-                if not student.look(entry.path):
+                if not student.look():
                     return False
                 entries.append(entry)
     except OSError as err:
@@ -212,7 +199,7 @@ def _notebook(student: _Student, path: str) -> bool:
     except OSError as err:
         student.found.append((path, f"cannot read the file ({err.strerror or err})"))
         return True
-    if not student.look(path, info.st_size if stat.S_ISREG(info.st_mode) else 0, notebook=True):
+    if not student.look(info.st_size if stat.S_ISREG(info.st_mode) else 0, notebook=True):
         return False
     refusal = ("not a regular file" if not stat.S_ISREG(info.st_mode) else
                f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB" if info.st_size > MAX_NOTEBOOK_BYTES else None)

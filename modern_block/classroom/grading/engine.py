@@ -1,18 +1,10 @@
 """The grading engine both ways of grading share: ``python -m modern_block grade`` and nbgrader's autograde step.
 
-``grade_notebook`` grades one submission's bytes against a trusted reference (the notebook handed out, or
-the instructor's nbgrader source): its cells run in a sandbox of their own (``session``), the checks run
-here on inputs drawn from a secret, and the report gets the reference's points and ids and nothing of the
-submission's own metadata. ``annotate`` writes the result into the notebook's cells where nbgrader reads a
-grade: a check cell passed gets no error (full points), one failed an error whose message is the check's
-diagnosis (0 points), one partly passed the diagnosis and its earned points as the cell's value (nbgrader's
-partial credit); a student's cell that raised gets its error. Without a reference (``--self`` only) a
-notebook is graded against its own check cells at 1 point per check, under no lesson's name.
-
-What one notebook may cost the grader is bounded whatever it holds: ``notebook.MAX_CELLS`` cells, the rows of
-``MAX_CELL_ROWS`` cells that raised (the rest counted), every student text escaped first and then cut
-(``bounded``), so the cells and notes of a report stay under ``MAX_REPORT_CHARS``; each exercise's diagnosis
-is cut at ``MAX_DETAIL`` characters.
+``grade_notebook`` grades one submission against a trusted reference: its cells run in a sandbox (``session``),
+the checks here on secret inputs, and the points and ids come from the reference only. ``annotate`` writes the
+verdicts into the check cells where nbgrader reads them (an error for a failure, the earned points for partial
+credit). What one notebook may cost is bounded: its cells, the rows of cells that raised, and every student text
+escaped first, then cut (``bounded``), so a report stays under ``MAX_REPORT_CHARS``.
 """
 
 from __future__ import annotations
@@ -23,7 +15,7 @@ import sys
 import threading
 
 from .grade_report import MAX_ERROR, MAX_OUTPUT, NOT_GRADED, PASSED, Report, bounded, one_line, short_traceback
-from .notebook import Reference
+from .notebook import Reference, normalised
 from .sandbox import Launcher, Limits, SandboxError
 from .session import Options, grade_submission
 
@@ -103,8 +95,7 @@ def annotate(nb: dict, report: Report, reference: Reference) -> None:
     for index, cell in enumerate(nb.get("cells", [])):
         if cell.get("cell_type") != "code":
             continue
-        source = "\n".join(line.strip() for line in "".join(cell.get("source", "")).strip().splitlines()
-                           if line.strip())
+        source = normalised("".join(cell.get("source", "")))
         for ex in reference.exercises:
             first = 0
             for check in ex.cells:

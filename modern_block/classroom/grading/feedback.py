@@ -1,12 +1,6 @@
-"""Feedback files: one Markdown file per student and notebook, for the student to read.
-
-``DIR/<student>/<lesson>.md`` says each exercise's status and points and, for one that did not pass, the
-diagnosis the check wrote; then the cells that raised, with a short traceback of the student's own code.
-Everything a student wrote (names, error messages, output) is escaped as in the report, and every diagnosis
-and output sits in a fenced block longer than any run of backticks inside it, so nothing renders as markup
-or HTML. File and folder names are made safe: characters other than letters, digits, ``-``, ``_``, ``.`` and
-spaces become ``_`` and, when anything was changed, a short hash of the original name keeps two students
-apart (``a/b`` and ``a_b``).
+"""Feedback files: ``DIR/<student>/<lesson>.md``, each exercise's status, points and diagnosis, then the cells
+that raised. Student text is escaped as in the report and fenced so it never renders as markup; file names are
+made safe, with a short hash of the original where anything changed (``a/b`` and ``a_b`` stay apart).
 """
 
 from __future__ import annotations

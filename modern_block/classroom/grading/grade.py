@@ -1,32 +1,13 @@
-"""Grade exercise notebooks: one notebook, or a loose folder of them, in one command.
+"""Grade exercise notebooks: one notebook, or a loose folder of them, in one command (``--help`` lists the options).
 
-    python -m modern_block grade SUBMISSIONS [SUBMISSIONS ...] [--reference REF] [--jobs N] [--csv FILE]
-        [--feedback DIR] [--json] [--json-file FILE] [--timeout S] [--notebook-timeout S] [--memory-mb M]
-        [--kernel NAME] [--self] [--no-cgroup-i-accept-per-process-limits] [--no-sandbox-i-trust-these-notebooks]
+A term's gradebook, roster, due dates, manual grading and export are nbgrader's, on the same engine
+(docs/instructors.md); this command is for a student checking their own work (``--self``) or a folder outside
+nbgrader. ``folder/alice/01_rmsnorm.ipynb`` is student ``alice``. The reference is ``--reference`` (the notebook
+handed out, or a folder of them matched by file name, metadata, check cells or number), else the course's solution
+the metadata names; a notebook is graded against its own check cells only with ``--self`` (no lesson, 1 point a
+check). Reports are printed and written to ``--csv``, ``--json-file`` and ``--feedback`` as each is graded.
 
-A term's gradebook, roster, due dates, late penalties, manual grading and LMS export are nbgrader's: the course
-ships an nbgrader course whose autograde step runs this same engine (``python -m modern_block exercises course
-DIR``; docs/instructors.md). This command is for one notebook or a folder outside nbgrader: a student checking
-their own work (``--self``), a teaching assistant grading a folder of notebooks.
-
-SUBMISSIONS are notebooks or folders (``folder/alice/01_rmsnorm.ipynb`` is student ``alice``). REF is the
-notebook handed out (``exercises/NN_*.ipynb``) or a folder of them, matched by file name, else by the lesson a
-notebook's metadata names, else by lesson number. Without ``--reference`` the course's solution notebook that
-the metadata names is the reference, where this installation has it; a notebook is graded against its own check
-cells only with ``--self``, and then under no lesson, 1 point per check: a notebook never sets its own lesson or
-maximum. Each exercise is reported as passed, failed (with the check's diagnosis) or not attempted, with its
-points; a submission that cannot be graded gets a row ``error: <reason>`` and nothing else changes. Each
-notebook's report is printed, and written to ``--csv`` (one row per student and exercise), ``--json-file`` (one
-JSON line per notebook) and ``--feedback`` (a Markdown file per student and notebook) as soon as it is graded,
-so a run that is stopped keeps what it graded.
-
-Each sandbox is bounded by a cgroup (memory, processes, CPU); where none can be made the grader refuses, unless
-``--no-cgroup-i-accept-per-process-limits`` accepts limits on each process only. ``--self`` accepts them (one
-notebook of the student's own, on their machine).
-
-Exit status: 0 every exercise of every submission passed; 1 some did not, some submission got an error row, or
-an output file could not be written (one line says which); 2 the grader could not run (bad arguments, an
-unusable reference, no notebooks found, no sandbox).
+Exit status: 0 all passed; 1 some did not, an error row, or an output not written; 2 the grader could not run.
 """
 
 from __future__ import annotations

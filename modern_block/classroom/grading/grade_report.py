@@ -1,12 +1,8 @@
-"""What the grader reports: per submission, per exercise (status, diagnosis, points); as text, JSON or the
-long CSV gradebook (one row per student and exercise).
+"""What the grader reports, per submission and exercise: text, JSON lines or the long CSV gradebook.
 
-Much of what a report holds comes from students (file and folder names, error messages, notebook metadata),
-so every output makes it harmless: control characters and terminal escape sequences are shown as escapes,
-never sent to the terminal; a student's text never starts a line of its own in the text report; characters
-that cannot be encoded (lone surrogates, undecodable file names) are escaped; and a CSV cell that a
-spreadsheet would run as a formula (``=``, ``+``, ``-``, ``@``, a tab or a carriage return first) starts with
-a quote instead.
+Student text (names, errors, metadata) is made harmless in every output: controls and escape sequences shown as
+escapes, never at the start of a line of its own, unencodable characters escaped, and a CSV cell a spreadsheet
+would run as a formula quoted.
 """
 
 from __future__ import annotations
@@ -130,7 +126,7 @@ class Report:
 
     @property
     def percent(self) -> float:
-        return percent(self.score, self.max_score)
+        return round(100 * self.score / self.max_score, 1) if self.max_score > 0 else 0.0
 
     def label(self, index: int) -> str:
         """Cell ``index`` (from 0, over all cells) as the student finds it: ``code cell 5 (Exercise 2)``
@@ -149,10 +145,6 @@ class Report:
         d["summary"] = {**self.counts(), "total": len(self.exercises), "all_passed": self.all_passed,
                         "score": self.score, "max_score": self.max_score, "percent": self.percent}
         return clean_strings(d)
-
-
-def percent(score: float, maximum: float) -> float:
-    return round(100 * score / maximum, 1) if maximum > 0 else 0.0
 
 
 def number_text(value: float) -> str:

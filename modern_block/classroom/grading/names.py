@@ -1,13 +1,8 @@
-"""Student names as a person reads them: two folders that look alike are flagged, never merged or told apart
-by what cannot be seen.
+"""Student names as a person reads them: look-alikes are flagged, never merged.
 
-A row is keyed by the folder's raw name and shown escaped so that two names never show the same (a backslash
-is doubled before control characters become ``\\x07``: a folder literally named ``zed\\x07`` is not the one
-named ``zed`` + BEL). Names are compared by their confusable skeleton (Unicode TR39, computed by ICU's spoof
-checker: ``1``, ``l`` and ``I`` are one, so are Latin ``o`` and Cyrillic ``о``), also after case folding and
-with surrounding space removed: every student whose name looks like another's gets a note naming both, and
-keeps their own grade. A name holding a default-ignorable character (a variation selector, a Hangul filler,
-an invisible joiner: nothing a person sees) is refused, like control characters (``files.name_problem``).
+Rows are keyed by the raw folder name and shown escaped (a backslash doubled first, so ``zed\\x07`` is not
+``zed`` + BEL). Names are compared by their confusable skeleton (Unicode TR39, ICU's spoof checker), after case
+folding and stripping; a name holding a default-ignorable character is refused.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Reading notebooks, finding the reference's exercises, and planning a submission's run.
 
-The reference is the notebook handed out (an ``exercises/`` notebook, or its solution): it is trusted.
-An exercise is a section headed ``## Exercise N: title`` (to the next heading of the same or a higher
-level); its check cells are the cells calling ``checks.check_...(name, ...)``, nothing else. A notebook
-without such headings is split at its check cells instead.
-
-Points and ids are nbgrader's, read from the reference only (a submission's metadata never counts): an
-exercise is worth its check cells' ``points`` (1 where a cell has none or an unusable value), shared equally
-by the check calls of a cell, so each call that passes earns its share (partial credit); its id is its answer
-cell's ``grade_id`` (``ex2_rmsnorm``), else ``exN``.
-
-A submission is only read, never trusted: its code cells run, in order, in the student's process, except
-the cells that are the reference's check cells (same cell id, or the same text). Each exercise is checked
-where its check cell stands in the submission (else at the end of its section, else at the end), by the
-grader, with the names the reference's check call passes.
+The reference (the notebook handed out, trusted) has an exercise per ``## Exercise N: title`` section, else per
+check cell; its check cells are the cells calling ``checks.check_...``. Points and ids are nbgrader's, read from
+the reference only: a cell's ``points`` shared by its check calls (partial credit), the id its answer cell's
+``grade_id``. A submission is only read: its code cells run in order in the student's process, except the
+reference's check cells; each exercise is checked by the grader where its check cell stands.
 """
 
 from __future__ import annotations
@@ -203,7 +194,8 @@ def read_notebook(data: bytes) -> list[Cell]:
     return out
 
 
-def _normal(source: str) -> str:
+def normalised(source: str) -> str:
+    """A cell's text as a check cell is recognised by: each line stripped, blank lines dropped."""
     return "\n".join(line.strip() for line in source.strip().splitlines() if line.strip())
 
 
@@ -290,7 +282,7 @@ def reference_from(cells: list[Cell], name: str) -> Reference:
         for cell in section:
             if cell.kind == "code" and calls_a_check(cell.source):
                 ex.cells.append(CheckCell(parse_check_cell(cell), cell_points(cell.nbgrader), cell.id,
-                                          str(cell.nbgrader.get("grade_id", "")), _normal(cell.source)))
+                                          str(cell.nbgrader.get("grade_id", "")), normalised(cell.source)))
             elif cell.kind == "code" and cell.nbgrader.get("solution") and not answer:
                 answer = str(cell.nbgrader.get("grade_id", ""))
         if not title and ex.calls:
@@ -333,14 +325,14 @@ def plan_run(cells: list[Cell], ref: Reference) -> Plan:
     code = [c for c in cells if c.kind == "code"]
     all_ids = {i for e in ref.exercises for i in e.check_ids}
     all_sources = {s for e in ref.exercises for s in e.check_sources}
-    is_check = {c.index for c in code if (c.id and c.id in all_ids) or _normal(c.source) in all_sources}
+    is_check = {c.index for c in code if (c.id and c.id in all_ids) or normalised(c.source) in all_sources}
     by_number = {number: (title, section) for number, title, section in sections(cells)}
     end = cells[-1].index + 1
     points: dict[int, float] = {}  # exercise -> where its check goes among the cells
     matched = 0
     for ex in ref.exercises:
         by_id = [c.index for c in code if c.id and c.id in ex.check_ids]
-        by_text = [c.index for c in code if _normal(c.source) in ex.check_sources]
+        by_text = [c.index for c in code if normalised(c.source) in ex.check_sources]
         title, section = by_number.get(ex.number, ("", None))
         matched += bool(by_id or by_text or (section is not None and title.lower() == ex.title.lower()))
         if by_id or by_text:

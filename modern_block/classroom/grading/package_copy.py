@@ -1,24 +1,9 @@
 """The course package as a submission sees it: the model files, with the exercised pieces' code removed.
 
-The sandbox (``sandbox``) shows the submission a copy of the package made here, read-only, instead of the
-installed one (which it hides). The copy holds:
-
-* the model files (the top of ``modern_block``: what the lessons import), where every function, class or
-  method the graded exercises ask the student to write (each check's ``components``), and every class of the
-  package such a class derives from (``DecoderLM`` under ``LlamaStyleLM``: subclassing it would answer the
-  exercise), keeps its signature but has its body replaced by a ``raise``: handing in ``modern_block.RMSNorm``,
-  subclassing it or calling it inside one's own function fails in the student's process, with a message that
-  says why;
-* ``modern_block.classroom.checks`` as names that do nothing (the notebook's ``from modern_block.classroom
-  import checks`` works; the checks and their reference formulas run in the grader only), which also hides the
-  torch functions an exercise forbids (``checks.hiding.sandbox_stub``);
-* the two modules the sandboxed process runs (``grading.runner``, ``grading.wire``).
-
-The fast layer, interop, training and the rest of the classroom are not in it: none of the exercise notebooks
-uses them, and each holds implementations of the pieces the exercises ask for.
-
-What each exercise hides, and the message a hidden piece raises, are the checks' (``checks.hiding``): the grader
-depends on the checks, never the reverse.
+Every function, class or method an exercise asks for (each check's ``components``), and every package class such
+a class derives from, keeps its signature but raises; ``checks`` becomes names that do nothing (the checks run in
+the grader); and the two modules the sandboxed process runs (``runner``, ``wire``) are copied. The rest of the
+package holds implementations of exercised pieces and is left out. What each exercise hides is ``checks.hiding``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Stand-ins, in the grader, for the objects that live in the student's process.
 
-The package's checks take the student's function or class and call it; here they get a stand-in that
-forwards each call to the student's process and brings back plain data:
-
-* ``RemoteObject``: a function, a class or any other object; calling it calls the real one there.
-* ``RemoteModule``: an ``nn.Module`` built from the description of the student's module (the same
-  parameter names, shapes, tying, buffers and their persistence, simple attributes), so a check reads,
-  loads and compares weights locally; ``forward`` and ``to`` run in the student's process, after the
-  stand-in's current parameter values have been sent there (a tied parameter once, under its first name:
-  a module that only claims to be tied never gets the other copy, and its outputs show it).
-
-What a stand-in holds is bounded: a module's parameters, persistent buffers and tensor attributes together at
-most ``MAX_MODULE_BYTES`` (a larger one is refused before it is built); a non-persistent buffer (recomputed,
-not learned: RoPE tables) is kept by name, shape and dtype only (a tensor on the ``meta`` device, no data) and
-never sent back; and the link holds its stand-ins weakly, so each is released as soon as the check lets go of
-it.
-
-Trust flows one way. Arguments travel by value (tensors, numbers, containers, and the grader's own modules,
-rebuilt there from their weights), so the student's code only ever changes its copies; nothing comes back
-but the call's value and the arguments the check declared as outputs (``checks.core.Output``). Every string
-from the student's process that reaches a report is put on one line, its control characters escaped.
+``RemoteObject`` forwards calls; ``RemoteModule`` is an ``nn.Module`` built from the description of the student's
+module (names, shapes, tying, buffers), so a check loads and compares weights here, while ``forward`` and ``to``
+run there on the stand-in's current values. What a stand-in holds is bounded (``MAX_MODULE_BYTES``); a
+non-persistent buffer is kept as a ``meta`` tensor and never sent; stand-ins are held weakly. Arguments travel by
+value and only declared outputs come back (``checks.core.Output``); student strings are put on one line, escaped.
 """
 
 from __future__ import annotations

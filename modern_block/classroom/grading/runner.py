@@ -1,11 +1,8 @@
 """What runs inside the sandbox: execute the submission's cells, answer the grader's calls.
 
-``boot`` is the sandboxed interpreter's first code: it imports what every submission needs, sets the
-per-process limits (inherited by every process the submission starts), says "ready" and serves. It holds the
-student's objects and hands the grader only data: values (numbers, strings, tensors, lists, dicts) or a
-description of an object it keeps (its type name; for a module its parameters, buffers and simple
-attributes). Nothing here is trusted by the grader: the student's code can change any of it, and only ever
-changes its own answers.
+``boot`` imports what every submission needs, sets the per-process limits, says "ready" and serves. The student's
+objects stay here; the grader gets only data: values, or a description of an object (for a module its
+parameters, buffers and simple attributes). Nothing here is trusted by the grader.
 """
 
 from __future__ import annotations

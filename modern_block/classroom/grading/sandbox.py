@@ -1,28 +1,10 @@
-"""Each submission runs in a sandbox of its own, built by bubblewrap (``bwrap``), the sandbox Flatpak uses;
-``bwrap.bwrap_command`` lists what it sees.
+"""Each submission runs in a bubblewrap sandbox of its own (docs/sandbox.md says what it stops).
 
-Never root: started as root, the grader starts bubblewrap and the zygote as an unprivileged user of their own
-(the system user ``modern-block-sandbox``, made when missing, never the shared ``nobody``: ``sandbox_user``), so
-the user namespace maps the submission's uid to that user, never to uid 0; started as anyone else, as itself. New
-user, mount, pid, network, IPC and UTS namespaces: the submission sees only what is listed (no solutions,
-no reference, no other submission, no home folder), reaches no network, signals and traces only its own
-processes, and everything it starts ends with it: killing bwrap (or the grader dying: ``--die-with-parent``)
-ends the namespace's init, and the kernel ends every process in it. Its files live in a tmpfs that goes with
-it. Memory, processes and CPU are bounded for the whole sandbox by a cgroup (``cgroups``: v1, a delegated v2
-subtree, or a systemd scope); where none can be made the grader refuses unless the instructor passes
-``--no-cgroup-i-accept-per-process-limits``, and then only limits on every process (set before any submission
-code, inherited by every process it starts) and the pid namespace bound it.
-
-The process that runs the student's code is not a fresh interpreter (importing torch costs about two
-CPU-seconds, most of a class's grading time): the zygote (``zygote.py``), which has imported torch and
-IPython but no part of the course package, forks a process that enters the namespaces bubblewrap made, the
-way ``nsenter(1)`` does, drops the capabilities entering gave it, loads the seccomp filter (``seccomp_filter``,
-the same program bubblewrap loads for its own processes) and imports the sandbox's copy of the package.
-
-Where bubblewrap cannot start (not installed, no user namespaces) the grader refuses, unless the instructor
-passes ``--no-sandbox-i-trust-these-notebooks``: the submissions then run as plain processes of the grader's
-user. The grader talks to the student's process over a socket pair (``wire``); its stdin is /dev/null and its
-stdout and stderr go to a file in its own tmpfs (never the grader's stdout).
+Never as root: a grader started as root runs bubblewrap and the zygote as a user of their own (``sandbox_user``).
+New user, mount, pid, network, IPC and UTS namespaces; a cgroup per sandbox (``cgroups``), refused without one
+unless ``NO_CGROUP_FLAG`` accepts per-process limits; without bubblewrap refused unless ``UNSAFE_FLAG``. The
+student's process is forked by the pre-loaded zygote (importing torch anew would cost most of a class's time),
+enters the namespaces, loads the seccomp filter and talks to the grader over a socket pair (``wire``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""The unprivileged user the sandboxes run as: never root, never shared, whatever user starts the grader.
+"""The unprivileged user the sandboxes run as: never root, never shared.
 
-Bubblewrap maps the submission's uid to the uid that starts it. Started by root it would map it to host uid 0:
-capabilities dropped, but the kernel's owner checks still pass (``/proc/sys`` is root's). So a grader started
-as root starts bubblewrap and the zygote as a user of their own: the system user ``modern-block-sandbox``
-(made with ``useradd --system`` when it is missing, as docs/grader.Dockerfile does), or the one
-``$MODERN_BLOCK_SANDBOX_USER`` names when no process runs as it. Never ``nobody``: any daemon running as
-``nobody`` could otherwise reach the grader's processes and files. A grader started by anyone else runs them as
-itself.
+Started by root, bubblewrap would map the submission to host uid 0, whose owner checks still pass; so a grader
+started as root uses the system user ``modern-block-sandbox`` (made with ``useradd --system`` when missing) or the
+one ``$MODERN_BLOCK_SANDBOX_USER`` names, never ``nobody`` (any daemon running as it could reach the sandboxes).
+A grader started by anyone else runs them as itself.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""The system calls a submission may not make: a seccomp filter built with libseccomp (through its own Python
-binding, ``seccomp``, where the system has it: Debian's ``python3-seccomp`` with the system's site packages;
-else ``pyseccomp``, which calls the same library), as Flatpak builds its own, exported as the classic BPF
-program that bubblewrap's ``--seccomp FD`` and ``prctl(PR_SET_SECCOMP)`` load.
+"""The system calls a submission may not make: a libseccomp filter (the system's ``seccomp`` binding where it
+has one, else ``pyseccomp``), exported as the BPF program bubblewrap's ``--seccomp FD`` and ``prctl`` load.
 
-Refused with EPERM: io_uring, the kernel keyring, ptrace and reading or writing other processes' memory,
-every way to mount or to make or enter a namespace (``unshare``, ``setns``, ``clone`` with a namespace flag;
-``clone3``, whose flags the filter cannot read, answers ENOSYS so that the C library falls back to ``clone``),
-BPF programs, performance counters, userfaultfd, kexec and kernel modules; and every way to hold memory that
-no address-space limit counts and no cgroup may be there to count: memfd, System V shared memory, message
-queues and semaphores, POSIX message queues, and new sockets (the buffers of a Unix socket are charged to no
-cgroup: a process could hold gigabytes in them). A new AF_UNIX socket answers EPERM, one of any other family
-EAFNOSUPPORT; the socket the grader hands over is the only one. System calls of another architecture (the
-32-bit ABI) kill the process.
-Everything else is allowed: the filter narrows the kernel's surface, the namespaces and the unprivileged
-uid do the isolating.
+It narrows the kernel's surface and refuses every way to hold memory no limit counts (memfd, System V and POSIX
+IPC, new sockets); the namespaces and the unprivileged uid do the isolating. The list is ``DENIED`` below.
 """
 
 from __future__ import annotations

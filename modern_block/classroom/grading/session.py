@@ -1,15 +1,8 @@
 """Grade one submission: run its cells in a fresh sandbox, check each exercise in the grader.
 
-The package's own implementation of what an exercise asks for is not in the sandbox's copy of the package
-(each check's ``components``). When an exercise's right answer may build on what another exercise of the same
-notebook asks for (lesson 07's LM stacks the package's Block, its ``uses``), the exercises are graded in
-separate runs of the notebook, each with its own pieces hidden (``groups``).
-
-Time limits: every cell and every exercise's check gets ``timeout`` seconds, the whole notebook
-``notebook_timeout``. A cell or a check that runs past its limit, or kills its process, is reported (the
-exercise: failed, "timed out" or "died"); a fresh sandbox then replays the cells that ran before and
-grading goes on. A notebook past its own limit, or one that needs too many fresh processes, gets an
-error row. Whatever happens, only this submission's report changes.
+Exercises whose right answer may build on another's (each check's ``uses``) are graded in separate runs, each
+with its own pieces hidden (``groups``). Every cell and check gets ``timeout`` seconds, the notebook
+``notebook_timeout``; after a timeout or a crash a fresh sandbox replays the cells before and grading goes on.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Messages between the grader and the student's process: no pickle, no compression, every size checked.
 
-A frame is its length in 8 bytes (big-endian), then a safetensors buffer: tensor ``message``, the message's
-JSON as bytes (``U8``), and tensors ``0``, ``1``, ... The message (nested dicts, lists, tuples, str, int,
-float, bool, None) holds each tensor as ``{"T": index}``; a tuple is ``{"t": [...]}``, a dict ``{"d": {...}}``,
-a dtype ``{"dt": "float32"}``, a device ``{"dv": "cpu"}``, a value the grader does not use (a complex tensor)
-``{"u": "what it was"}``.
-
-The safetensors library parses the buffer (``safetensors.deserialize``: the header's JSON, each tensor's dtype,
-shape and byte range, which must tile the data exactly, so the tensors are the bytes received, never more).
-Before it runs, the frame is bounded (``MAX_FRAME``, from its announced length), its header (``MAX_HEADER``)
-and the count of tensors the header can name (its ``{`` counted, ``MAX_TENSORS``); after, before any tensor
-or value is built, the names, the dtypes allowed (``DTYPES``), the elements (``MAX_ELEMENTS``) and the
-message's JSON: an upper bound of its values counted in its text, digits per integer (``parse_int``), then
-depth and values while it is turned into the message. The library copies the tensors' bytes once, and the
-frame is let go before the tensors are built on those copies, so a reply costs the grader twice its length
-at most; nothing is ever decompressed or unpickled, and decoding (linear in the length) is checked against
-the same deadline as the wait. A frame that breaks any rule raises ``ProtocolError``; a value the grader will
-not use becomes ``Unsupported``.
+A frame is its length in 8 bytes (big-endian), then a safetensors buffer: tensor ``message`` (the JSON, ``U8``)
+and tensors ``0``, ``1``, ...; the JSON holds a tensor as ``{"T": i}``, a tuple ``{"t": [...]}``, a dict
+``{"d": {...}}``, a dtype ``{"dt": ...}``, a device ``{"dv": ...}``, an unused value ``{"u": ...}``. The frame,
+header and tensor count are bounded before the library parses it; names, dtypes, elements and the JSON's values
+before anything is built. A broken frame raises ``ProtocolError``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """The pre-loaded interpreter that puts each submission's process into its sandbox.
 
-Importing torch costs a fresh interpreter about two CPU-seconds; a class of forty would spend more on that than
-on grading. So one interpreter (this script, run by ``sandbox.Launcher`` with ``python -I -S -c``, importing no
-part of the course package) imports torch and IPython once, then, for each submission, forks a process that
-enters the sandbox bubblewrap has built for it, the way ``nsenter(1)`` enters a container:
-
-    zygote ──fork──▶ joiner: reports its pid and waits while the grader moves it into the sandbox's cgroup;
-                     setns(2) into its user, mount, network, IPC, UTS and pid namespaces; chroot to its
-                     root; forks ──▶ the student's process (pid 3 inside): drops
-                     the capabilities that joining gave it, loads the seccomp filter (the program the grader
-                     built, the one bubblewrap loads), closes every file but its socket, imports the
-                     sandbox's copy of the package and serves the grader (``runner.boot``)
-                     The joiner waits and reports how the student's process ended.
-
-The zygote runs as the user bubblewrap runs as (never root: ``sandbox.sandbox_user``) and is not dumpable
-(``PR_SET_DUMPABLE`` 0: no other process of that user may trace it or read its memory; its children inherit
-that). Every student process may hold at most ``spec["open_files"]`` open files. Bubblewrap makes the
-namespaces, the mounts and the limits; this file only joins them. Without a sandbox
-(``--no-sandbox-i-trust-these-notebooks``) the joiner only starts the student's process in a session and
-folder of its own.
+It imports torch and IPython once (a fresh interpreter per notebook would cost a class most of its time), then per
+submission forks a joiner that waits to be moved into the sandbox's cgroup, enters its namespaces with setns(2)
+as ``nsenter(1)`` does, and forks the student's process, which drops its capabilities, loads the seccomp filter,
+closes every file but its socket and serves the grader (``runner.boot``). It runs as the sandbox user and is not
+dumpable; bubblewrap makes the namespaces and mounts, this file only joins them.
 """
 
 import ctypes
