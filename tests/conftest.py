@@ -2,12 +2,23 @@
 make timings swing when the machine is busy), a fixed seed before every test, the ``gpu`` marker (those tests
 are skipped, with the reason shown, where there is no CUDA device) and the ``sandbox`` marker, given here to
 every test of the grader's files (they start bubblewrap sandboxes or graders: ``make test-fast`` leaves them out);
-the files in ``SLOW_FILES`` (processes, kernels, the real checkpoint, training runs) are ``slow`` as a whole."""
+the files in ``SLOW_FILES`` (processes, kernels, the real checkpoint, training runs) are ``slow`` as a whole; and
+every part's folder on the import path, so that a file run alone finds another part's helpers."""
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+# every part's folder on the import path, whichever files a run selects: a test may use another part's helpers by
+# module name (tests/fast/test_fast.py takes tests/interop/test_hf.py's tiny Hugging Face models), which pytest
+# alone makes importable only once a file of that folder has been collected
+for _part in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))):
+    if str(_part) not in sys.path:
+        sys.path.append(str(_part))
 
 
 @pytest.fixture(autouse=True)
