@@ -16,9 +16,9 @@ from modern_block.training.report import report_text
 from modern_block.training.study import STUDIES, TRAIN_LOSS_STEPS, Results
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ("ladder", "laptop", "attention", "quick")
+COMMITTED = ("ladder", "laptop", "attention", "quick", "ladder_laptop")
 # the model whose first steps are rerun
-RERUN = {"ladder": "llama", "laptop": "gpt2_nobias", "attention": "mla24", "quick": "llama"}
+RERUN = {"ladder": "llama", "laptop": "gpt2_nobias", "attention": "mla24", "quick": "llama", "ladder_laptop": "rope"}
 STEPS = 20  # about 3 s of one CPU core
 
 
