@@ -4,8 +4,8 @@ One class folder holds honest students and one attacker per attack class; the gr
 line does (``grade class/*``, so each student's folder is given by name, and ``class/*/*.ipynb`` for the
 attackers that plant links), twice: started as root (a cgroup per sandbox where one may be made) and as an
 ordinary user (no cgroup: with ``--no-cgroup-i-accept-per-process-limits``). Every attacker's row is asserted,
-and every honest row must be exactly what the honest students alone get from the same grader. The attack
-classes:
+and every honest row, from either grader, must be exactly what the honest students get graded alone (once, by
+the grader started as an ordinary user). The attack classes:
 
 * root's powers from a cell: ``/proc/sys`` written, the host uid, system calls of the deny list (io_uring,
   keyrings, ptrace, mounts, namespaces, BPF, perf, userfaultfd, kexec, modules), sockets other than AF_UNIX;
@@ -377,12 +377,26 @@ def class_folder(open_base):
     return folder, alone, attackers(folder)
 
 
+@pytest.fixture(scope="module")
+def alone_rows(open_base, class_folder):
+    """The honest students graded alone, once, by the grader started as an ordinary user (the one that runs
+    whoever runs the suite): every honest row of the class, from either grader, must be this one."""
+    _, alone, _ = class_folder
+    out = open_base / "alone_report"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    run_grader([str(alone), "--reference", str(REFERENCE), "--jobs", "2", "--timeout", str(TIMEOUT), "--json-file",
+                str(out / "alone.json")], GRADERS[-1])
+    return {(r["student"], Path(r["notebook"]).stem): r for r in
+            read_report((out / "alone.json").read_text())["notebooks"]}
+
+
 @pytest.fixture(scope="module", params=GRADERS)
-def class_run(request, open_base, class_folder):
+def class_run(request, open_base, class_folder, alone_rows):
     grader = request.param
     if grader == "root" and os.geteuid() != 0:
         pytest.skip("the suite runs as an ordinary user")
-    folder, alone, want = class_folder
+    folder, _, want = class_folder
     core_pattern = Path("/proc/sys/kernel/core_pattern").read_text()
     out = open_base / grader.replace(" ", "_")
     out.mkdir(mode=0o777)
@@ -394,14 +408,10 @@ def class_run(request, open_base, class_folder):
     result, stdout = run_grader([*sorted(named), "--reference", str(REFERENCE), "--jobs", "2", "--timeout",
                                  str(TIMEOUT), "--csv", outputs[0], "--json-file", outputs[1]], grader)
     seconds = time.monotonic() - started
-    run_grader([str(alone), "--reference", str(REFERENCE), "--jobs", "2", "--timeout", str(TIMEOUT), "--json-file",
-                str(out / "alone.json")], grader)
     doc = read_report(Path(outputs[1]).read_text(encoding="utf-8"))
     rows: dict = {}
     for r in doc["notebooks"]:
         rows.setdefault(r["student"], []).append(r)
-    alone_rows = {(r["student"], Path(r["notebook"]).stem): r for r in
-                  read_report((out / "alone.json").read_text())["notebooks"]}
     return {"result": result, "stdout": stdout, "rows": rows, "want": want, "alone": alone_rows, "seconds": seconds,
             "csv": Path(outputs[0]).read_text(encoding="utf-8"), "json": Path(outputs[1]).read_text(encoding="utf-8"),
             "core_pattern": core_pattern, "grader": grader}
