@@ -18,6 +18,7 @@ import nbformat
 import pytest
 from submissions import LAYERNORM_RMSNORM, ROOT, WRONG_RMS, answered, sandbox_problem, write
 
+from modern_block.__main__ import main as cli
 from modern_block.classroom.grading import grade
 from modern_block.classroom.grading.grade_report import COLUMNS, number_text
 
@@ -157,21 +158,20 @@ def test_every_command_in_the_doc_names_an_option_the_grader_has():
                 assert not unknown, (command, unknown)
 
 
-def test_a_build_says_what_it_writes(tmp_path):
+def test_a_build_says_what_it_writes(tmp_path, capsys):
+    """``python -m modern_block exercises build`` (its entry point, in this process: the walk-through runs the
+    command itself) names each file it writes and why, and ``--check`` names a stale one with exit status 1."""
     (tmp_path / "solutions").mkdir()
     shutil.copy(ROOT / "solutions" / "01_rmsnorm.ipynb", tmp_path / "solutions")
-    done = subprocess.run([sys.executable, "-m", "modern_block", "exercises", "build", "--root", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.stdout.splitlines() == ["exercises/01_rmsnorm.ipynb: written, new (from solutions/01_rmsnorm.ipynb)",
-                                        "wrote 1 exercise notebook(s)"]
+    build = ["exercises", "build", "--root", str(tmp_path)]
+    assert cli(build) == 0
+    assert capsys.readouterr().out.splitlines() == ["exercises/01_rmsnorm.ipynb: written, new (from "
+                                                    "solutions/01_rmsnorm.ipynb)", "wrote 1 exercise notebook(s)"]
     nb = nbformat.read(tmp_path / "solutions" / "01_rmsnorm.ipynb", as_version=4)
     last_text = [c for c in nb.cells if c.cell_type == "markdown"][-1]
     last_text.source += "\n\nOne more sentence."
     nbformat.write(nb, tmp_path / "solutions" / "01_rmsnorm.ipynb")
-    check = subprocess.run([sys.executable, "-m", "modern_block", "exercises", "build", "--check", "--root",
-                            str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert check.returncode == 1 and "exercises/01_rmsnorm.ipynb: out of date" in check.stdout
-    done = subprocess.run([sys.executable, "-m", "modern_block", "exercises", "build", "--root", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
-    assert "exercises/01_rmsnorm.ipynb: rewritten, was out of date" in done.stdout
+    assert cli([*build, "--check"]) == 1 and "exercises/01_rmsnorm.ipynb: out of date" in capsys.readouterr().out
+    assert cli(build) == 0
+    assert "exercises/01_rmsnorm.ipynb: rewritten, was out of date" in capsys.readouterr().out
     assert Path(tmp_path / "exercises" / "01_rmsnorm.ipynb").is_file()
