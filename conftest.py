@@ -14,6 +14,10 @@ sorts files by their number of tests) xdist hands out whole files in collection 
 longest files (lesson 08 alone is a sixth of a worker's time), so started last they leave one worker running a
 lesson while the other has nothing to do (a run's file times, scheduled in both orders: 1,566 s against 1,501 s,
 where 1,496 s is the even split).
+
+The ipywidgets 7.7 test runs last of all: its environment takes four downloads, which CI starts in the background
+before the suite (``.ci/run``); at its old place, a slow network kept a worker waiting on it (134 s in one CI run),
+while by the end of the suite the build has long finished.
 """
 
 import os
@@ -24,4 +28,5 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.suffix != ".ipynb")  # stable: each file's own order is kept
+    # stable: each file's own order is kept
+    items.sort(key=lambda item: (item.path.suffix != ".ipynb", item.path.name == "test_ipywidgets77.py"))
