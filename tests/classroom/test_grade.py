@@ -16,9 +16,11 @@ older ones (replaced checks, exits, endless loops, floods, allocations).
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -754,9 +756,14 @@ def test_a_run_stopped_midway_keeps_what_it_graded(tmp_path):
     write(tmp_path / "class", "ada", "01_rmsnorm", answered("01_rmsnorm", base="solutions"))
     write(tmp_path / "class", "zed", "01_rmsnorm", answered("01_rmsnorm", before_first="import time\ntime.sleep(1000)"))
     csv_path, json_path = tmp_path / "grades.csv", tmp_path / "report.jsonl"
+    # the grader's working folder, which a killed grader cannot remove, goes in a folder this test removes (one
+    # the sandbox's user may traverse, as /tmp)
+    work = Path(tempfile.mkdtemp(prefix="stopped-grader-"))
+    work.chmod(0o711)
     proc = subprocess.Popen([sys.executable, "-m", "modern_block", "grade", str(tmp_path / "class"), "--reference",
                              str(REFERENCE), "--timeout", "900", "--csv", str(csv_path), "--json-file", str(json_path)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=ROOT, env={**os.environ, "TMPDIR": str(work)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not (json_path.exists() and json_path.read_text().count("\n") >= 1):
@@ -766,6 +773,9 @@ def test_a_run_stopped_midway_keeps_what_it_graded(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+        leftover = [p.name for p in work.iterdir()]
+        shutil.rmtree(work, ignore_errors=True)
+    assert [name.split("-")[:3] for name in leftover] == [["modern", "block", "grade"]]  # it went there
     rows = csv_path.read_text(encoding="utf-8").splitlines()
     assert rows[0].startswith("student,") and [r.split(",")[0] for r in rows[1:]] == ["ada", "ada"]
     assert [r["student"] for r in read_report(json_path.read_text(encoding="utf-8"))["notebooks"]] == ["ada"]
