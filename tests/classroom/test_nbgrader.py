@@ -121,12 +121,17 @@ def term(tmp_path_factory):
     return {"course": course, "autograde": auto}
 
 
-def scores(course: Path) -> dict[str, tuple]:
-    """Each student's (score, max score, late penalty), read from nbgrader's gradebook (in this process: a
-    subprocess would pay nbgrader's 2-3 s import again)."""
+def gradebook(course: Path):
+    """nbgrader's gradebook of ``course``, opened in this process (a subprocess would pay nbgrader's 2-3 s import
+    again)."""
     from nbgrader.api import Gradebook
 
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+    return Gradebook(f"sqlite:///{course / 'gradebook.db'}")
+
+
+def scores(course: Path) -> dict[str, tuple]:
+    """Each student's (score, max score, late penalty)."""
+    with gradebook(course) as gb:
         return {s.student.id: (float(s.score), float(s.max_score),
                                None if s.late_submission_penalty is None else float(s.late_submission_penalty))
                 for s in gb.assignment_submissions(ASSIGNMENT)}
@@ -163,9 +168,7 @@ def test_autograde_runs_the_course_engine_with_partial_credit_and_the_late_polic
 @pytest.mark.slow
 def test_manual_grading_feedback_and_export(term):
     course = term["course"]
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:  # the teaching assistant's mark
+    with gradebook(course) as gb:  # the teaching assistant's mark
         gb.find_grade("ex2_rmsnorm_check", ASSIGNMENT, ASSIGNMENT, "bob").manual_score = 3.0
         gb.db.commit()
     assert scores(course)["bob"][:2] == (4.0, 4.0)  # the teaching assistant's mark replaces the autograde's
