@@ -96,3 +96,51 @@ def test_the_grader_imports_the_table_and_the_checks_never_import_the_grader():
             if isinstance(node, ast.ImportFrom):
                 assert "grading" not in (node.module or ""), f"{path.name} imports {node.module}"
     assert package_copy.hidden_message is hiding.hidden_message and package_copy.with_bases is hiding.with_bases
+
+
+
+PARSE_IN_THREADS = """
+import threading, time
+from modern_block.classroom.checks import hiding
+
+source = (hiding.PACKAGE / "attention.py").read_text()
+
+
+class Cycle:  # only the collector frees it, and its finaliser is Python code that lets another thread run
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        time.sleep(1e-4)
+
+
+failures = []
+
+
+def parse_many():
+    for _ in range(100):
+        for _ in range(50):
+            Cycle()
+        try:
+            hiding.parse_python(source)
+        except SystemError as err:
+            failures.append(repr(err))
+
+
+threads = [threading.Thread(target=parse_many) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(len(failures), failures[:1])
+"""
+
+
+def test_the_graders_threads_parse_python_one_at_a_time():
+    """Four threads parse a model file while the collector runs finalisers inside the AST constructor, as the
+    grader's threads do with two jobs (in a process of its own: under pytest's assertion rewriting the race did
+    not show). With a bare ``ast.parse``, CPython 3.11.7 failed a parse with ``SystemError: AST constructor
+    recursion depth mismatch`` in each run here, and a class of 40 lost a row to it in CI."""
+    proc = subprocess.run([sys.executable, "-c", PARSE_IN_THREADS], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[0] == "0", proc.stdout

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import importlib
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -113,12 +114,24 @@ def absent_message(module: str) -> str:
             "package's model files (modern_block/*.py)")
 
 
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(source: str) -> ast.Module:
+    """``ast.parse`` for the grader, whose threads parse check cells and model files at once: one at a time,
+    since CPython 3.11's AST constructor keeps its recursion count per interpreter, not per thread, and a thread
+    switch inside it (a finaliser run by the collector) fails the other thread's parse with ``SystemError``
+    (python/cpython#106905; seen grading a class with two jobs)."""
+    with _PARSE_LOCK:
+        return ast.parse(source)
+
+
 def with_bases(hidden: frozenset[str], sources: list[str]) -> frozenset[str]:
     """``hidden`` and, for each class in it, the classes of ``sources`` (the model files) it derives from,
     transitively (a base named directly or as ``module.Name``)."""
     bases: dict[str, set[str]] = {}
     for source in sources:
-        for node in ast.parse(source).body:
+        for node in parse_python(source).body:
             if isinstance(node, ast.ClassDef):
                 bases[node.name] = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
                                     if isinstance(b, (ast.Name, ast.Attribute))}

@@ -222,9 +222,10 @@ def sections(cells: list[Cell]) -> list[tuple[int, str, list[Cell]]]:
 def parse_check_cell(cell: Cell) -> list[CheckCall]:
     """The check calls of a reference check cell: each statement ``[checks.]check_x(name or literal, ...)``."""
     from .. import checks
+    from ..checks.hiding import parse_python
 
     try:
-        tree = ast.parse(cell.source)
+        tree = parse_python(cell.source)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
         raise BadReference(f"cell {cell.index}: not valid Python ({getattr(err, 'msg', None) or err})") from None
     calls = []

@@ -15,19 +15,19 @@ import shutil
 from pathlib import Path
 
 from .. import checks
-from ..checks.hiding import PACKAGE, hidden_message, model_files, sandbox_stub, with_bases
+from ..checks.hiding import PACKAGE, hidden_message, model_files, parse_python, sandbox_stub, with_bases
 
 RUNNER_FILES = ("classroom/grading/runner.py", "classroom/grading/wire.py")
 
 
 def _raise(name: str) -> list[ast.stmt]:
-    return [ast.parse(f"raise RuntimeError({hidden_message(name)!r})").body[0]]
+    return [parse_python(f"raise RuntimeError({hidden_message(name)!r})").body[0]]
 
 
 def hide(source: str, names: set[str]) -> tuple[str, set[str]]:
     """``source`` with the bodies of the top-level functions and classes named in ``names``, and of the methods
     named ``Class.method``, replaced by a ``raise`` (docstrings and comments go too); and the names found."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
     found: set[str] = set()
     functions = (ast.FunctionDef, ast.AsyncFunctionDef)
     for node in tree.body:
