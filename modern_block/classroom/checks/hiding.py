@@ -118,7 +118,7 @@ _PARSE_LOCK = threading.Lock()
 
 
 def parse_python(source: str) -> ast.Module:
-    """``ast.parse`` for the grader, whose threads parse check cells and model files at once: one at a time,
+    """``ast.parse`` for the grader, whose threads parse model files and cells at once: one at a time,
     since CPython 3.11's AST constructor keeps its recursion count per interpreter, not per thread, and a thread
     switch inside it (a finaliser run by the collector) fails the other thread's parse with ``SystemError``
     (python/cpython#106905; seen grading a class with two jobs)."""

@@ -80,8 +80,10 @@ def _statements(body: list[ast.stmt]):
 
 def _assignments(source: str, name: str) -> list[ast.expr]:
     """The values a cell assigns to ``name`` in its namespace, in order."""
+    from .hiding import parse_python
+
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # a student's cell: any parse failure
         return []
     found = []
