@@ -317,6 +317,26 @@ def test_a_huge_literal_or_deep_nesting_in_a_check_cell_is_a_bad_reference():
             notebook.parse_check_cell(notebook.Cell(0, "code", source))
 
 
+def test_reports_escape_every_character_of_the_escaped_categories_and_nothing_else():
+    """The escaping, character by character, against its rule: a control (Cc), format character (Cf), lone
+    surrogate (Cs) or line/paragraph separator (Zl, Zp) is escaped, line feeds and tabs kept only with
+    ``newlines``, every other character kept; over the first 0x3100 code points, the surrogates and astral ones."""
+    import unicodedata
+
+    def rule(ch, newlines):
+        if ch in "\n\t":
+            return ch if newlines else {"\n": "\\n", "\t": "\\t"}[ch]
+        if unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+            return ch
+        code = ord(ch)
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+    chars = [chr(c) for c in (*range(0x3100), *range(0xD800, 0xE000), 0xFEFF, 0x1F600, 0xE0001, 0xE007F, 0x10FFFF)]
+    for newlines in (True, False):
+        assert printable("".join(chars), newlines) == "".join(rule(ch, newlines) for ch in chars)
+        assert [printable(ch, newlines) for ch in chars] == [rule(ch, newlines) for ch in chars]
+
+
 def test_reports_escape_what_a_student_wrote():
     assert one_line("a\nb\x1b[2K\r\u202e\ud800") == "a\\nb\\x1b[2K\\x0d\\u202e\\ud800"
     assert printable("keep\nthe lines\x07") == "keep\nthe lines\\x07"

@@ -8,7 +8,9 @@ would run as a formula quoted.
 from __future__ import annotations
 
 import csv
+import functools
 import io
+import re
 import unicodedata
 from dataclasses import asdict, dataclass, field
 
@@ -27,22 +29,26 @@ def _escape(ch: str) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
+# runs of the characters that may need escaping: all but printable ASCII (and line feeds and tabs where kept)
+_CANDIDATES = {True: re.compile(r"[^\t\n\x20-\x7e]+"), False: re.compile(r"[^\x20-\x7e]+")}
+_NAMED = {"\n": "\\n", "\t": "\\t"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _shown(ch: str) -> str:
+    return _NAMED.get(ch) or (_escape(ch) if unicodedata.category(ch) in _ESCAPED else ch)
+
+
+def _escape_run(match: re.Match) -> str:
+    return "".join(map(_shown, match.group()))
+
+
 def printable(text: str, newlines: bool = True) -> str:
     """``text`` with every control, format and separator character and every lone surrogate escaped
-    (``\\x1b``, ``\\u202e``, ``\\u2028``); line feeds and tabs are kept unless ``newlines=False``."""
-    out = []
-    for ch in str(text):
-        if ch in "\n\t" and newlines:
-            out.append(ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif unicodedata.category(ch) in _ESCAPED:
-            out.append(_escape(ch))
-        else:
-            out.append(ch)
-    return "".join(out)
+    (``\\x1b``, ``\\u202e``, ``\\u2028``); line feeds and tabs are kept unless ``newlines=False``. Only the
+    characters outside printable ASCII are looked at one by one (a regular expression finds their runs), and
+    each distinct one once: a flood of raising cells repeats the same few."""
+    return _CANDIDATES[newlines].sub(_escape_run, str(text))
 
 
 def bounded(text: str, limit: int, newlines: bool = True) -> str:
