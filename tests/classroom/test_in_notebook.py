@@ -225,7 +225,9 @@ def test_every_name_a_hint_uses_is_imported_in_its_notebook():
 
 
 def run_all(nb) -> list:
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    # 30 s a cell (the slowest takes 1.3 s alone): nbclient's asyncio poll can miss a reply's wake-up and then
+    # waits out the whole timeout (tests/classroom/test_ipywidgets77.py)
+    NotebookClient(nb, timeout=30, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
     return nb.cells
 
 
