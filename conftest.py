@@ -15,9 +15,10 @@ longest files (lesson 08 alone is a sixth of a worker's time), so started last t
 lesson while the other has nothing to do (a run's file times, scheduled in both orders: 1,566 s against 1,501 s,
 where 1,496 s is the even split).
 
-The ipywidgets 7.7 test runs last of all: its environment takes four downloads, which CI starts in the background
-before the suite (``.ci/run``); at its old place, a slow network kept a worker waiting on it (134 s in one CI run),
-while by the end of the suite the build has long finished.
+The ipywidgets 7.7 test runs last of all: its environment takes four downloads (40 s to several minutes here),
+which CI starts in the background before the suite (``.ci/run``), so that by the end of the suite the build has
+finished and no worker waits on it. (The 134 s this test once took in CI, first read as that wait, was nbclient
+waiting out a cell's timeout on a missed reply: see the test's ``CELL_TIMEOUT_S``.)
 """
 
 import os
