@@ -21,7 +21,8 @@ RUNNER_FILES = ("classroom/grading/runner.py", "classroom/grading/wire.py")
 
 
 def _raise(name: str) -> list[ast.stmt]:
-    return [parse_python(f"raise RuntimeError({hidden_message(name)!r})").body[0]]
+    call = ast.Call(ast.Name("RuntimeError", ast.Load()), [ast.Constant(hidden_message(name))], [])
+    return [ast.Raise(exc=call, cause=None)]
 
 
 def hide(source: str, names: set[str]) -> tuple[str, set[str]]:
