@@ -1,7 +1,8 @@
 """Weight formats beside llama.cpp, on the same GGUF file (SmolLM2-135M-Instruct, Q4_1), in one run:
 
-* ``fast_fp32``, ``fast_bf16``, ``fast_int8``: the fast layer's compiled step with its matrices in each format
-  (``fast.prepare(model, weights=...)``; fp32 is the GGUF's Q4_1 dequantized exactly by ``load_gguf``);
+* ``fast_fp32``, ``fast_bf16``, ``fast_int8``, ``fast_w8a8``, ``fast_int4``: the fast layer's compiled step with
+  its matrices in each format (``fast.prepare(model, weights=...)``; fp32 is the GGUF's Q4_1 dequantized exactly by
+  ``load_gguf``; int4 finds the file's Q4_1 levels again);
 * ``transformers_fp32``: transformers' eager ``generate`` on the same fp32 weights (``to_hf``);
 * ``llama_cpp_q4_1``: llama.cpp (``llama-cpp-python``, built from source by ``make llama-cpp``) on the file itself,
   computing with the Q4_1 blocks directly.
@@ -45,7 +46,7 @@ from modern_block.fast.weights import convert_weights  # noqa: E402
 from modern_block.interop import load_gguf, smollm2_path, to_hf  # noqa: E402
 from modern_block.training.device import cpu_name  # noqa: E402
 
-FORMATS = ("fp32", "bf16", "int8", "w8a8")
+FORMATS = ("fp32", "bf16", "int8", "w8a8", "int4")
 QUESTIONS = ["What is the capital of France?", "Give me three tips to sleep better.", "What is 7 times 8?"]  # lesson 09
 CHECK_NEW = 32  # greedy tokens compared per prompt
 LLAMA_DIR = Path.home() / ".cache" / "modern-block" / "llama-cpp"  # make llama-cpp builds it here, outside the checkout
@@ -353,6 +354,9 @@ def results_dict(blocks, bpc, tokens_check, nbytes, T0, args, llama_cpp, t_start
         "int8_kernel": hasattr(torch.ops.aten, "_weight_int8pack_mm"),
         "w8a8": {"calibration_tokens": list(CALIBRATION), "smoothing_alpha": ALPHA,
                  "kernel": "torch._int_mm (u8 x s8 -> int32), compiled into the decode step"},
+        "int4": {"group": 32, "kernel": "torch._weight_int4pack_mm_for_cpu (4-bit weights, bf16 activations), "
+                                        "compiled into the decode step; the head and the embedding as w8a8's int8 "
+                                        "rows (unsmoothed)"},
         "bits_per_char_note": "fast_fp32 is the GGUF's Q4_1 (and Q8_0 head) dequantized exactly, so its bits per "
                               "character are the Q4_1 file's; llama.cpp's are its own logits on the same windows "
                               "(its dot products round the activations to 8 bits in blocks of 32)",

@@ -17,9 +17,11 @@ from ..kv_cache import KVCache
 # The largest logit error each weight format may make against fp32, as a share of fp32's largest |logit| on the
 # same tokens: more is not rounding but a wrong kernel. Measured on SmolLM2 (lesson 10's prompt, 16 tokens, largest
 # |logit| 37.6): bf16 1.4% (1.45% with the CPU's bf16 instructions off), int8 4.5%, w8a8 7.3% (calibrated on 1,024
-# tokens of the training text; 10.5% on one sentence), with torch 2.13.0 and 2.14.1; on the tests' tiny models at
-# most 1.37%, 3.99% and 4.2%. Each budget is 1.4x to 1.8x the worst measured.
-LOGIT_BUDGET = {"bf16": 0.02, "int8": 0.08, "w8a8": 0.16}
+# tokens of the training text; 10.5% on one sentence), int4 4.9% (its layers are the file's own Q4_1 levels), with
+# torch 2.13.0 and 2.14.1; on the tests' tiny models at most 1.37%, 3.99% and 4.2% (int4 on tiny models with random
+# weights, which the file's grid does not hold: 20-42%, checked against their own bound in tests/fast/test_int4.py).
+# Each budget is 1.4x to 1.8x the worst measured.
+LOGIT_BUDGET = {"bf16": 0.02, "int8": 0.08, "w8a8": 0.16, "int4": 0.08}
 
 
 def logit_error(ref_logits: torch.Tensor, other_logits: torch.Tensor) -> float:

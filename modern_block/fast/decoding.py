@@ -17,9 +17,10 @@ that can each be switched on alone and measured (lesson 10 measures them on Smol
    (full graph, static shapes) fuses each layer's small element-wise ops into a few kernels and takes Python
    out of the layer loop.
 
-Beside the steps, ``weights`` ("fp32", "bf16", "int8" or "w8a8"; ``weights.py``, ``w8a8.py``) stores the matrices
-in fewer bytes, which lowers the floor itself: the residual stream and the cache stay in the model's dtype; "w8a8"
-also rounds each matrix's input to int8, per token, and multiplies integers.
+Beside the steps, ``weights`` ("fp32", "bf16", "int8", "w8a8" or "int4"; ``weights.py``, ``w8a8.py``, ``int4.py``)
+stores the matrices in fewer bytes, which lowers the floor itself: the residual stream and the cache stay in the
+model's dtype; "w8a8" also rounds each matrix's input to int8, per token, and multiplies integers; "int4" stores the
+layers' weights in half a byte each (groups of 32 with a scale and an offset, as llama.cpp's Q4_1).
 
 The rule: any model built on ``decoder.DecoderLM`` (GPT2LM, LlamaStyleLM with GQA or MLA and any RoPE
 scaling, the ladder's models) is accepted; the fast layer fuses ``GQAttention`` and ``SwiGLU`` and leaves every
@@ -123,11 +124,11 @@ def prepare(model: DecoderLM, compile: bool = True, mode: str | None = None, opt
             fuse: bool = True, static_cache: bool | None = None, weights: str = "fp32",
             calibration: torch.Tensor | None = None) -> FastLM:
     """A fast copy of ``model`` for decoding: fused q/k/v and gate/up (unless ``fuse=False``), its matrices in the
-    format ``weights`` ("fp32": as loaded, "bf16", "int8", "w8a8": ``weights.convert_weights``), a static cache
-    (``static_cache``, by default when compiling) and, unless ``compile=False``, a compiled decode step (``mode``
-    and ``options`` go to ``torch.compile``; ``options`` defaults to ``COMPILE_OPTIONS``). ``model`` itself is
-    not changed. "w8a8" needs ``calibration``, token ids [B, T] of representative text: the activations' ranges
-    on it set each matrix's smoothing (``w8a8.py``)."""
+    format ``weights`` ("fp32": as loaded, "bf16", "int8", "w8a8", "int4": ``weights.convert_weights``), a static
+    cache (``static_cache``, by default when compiling) and, unless ``compile=False``, a compiled decode step
+    (``mode`` and ``options`` go to ``torch.compile``; ``options`` defaults to ``COMPILE_OPTIONS``). ``model``
+    itself is not changed. "w8a8" needs ``calibration``, token ids [B, T] of representative text: the activations'
+    ranges on it set each matrix's smoothing (``w8a8.py``)."""
     if not isinstance(model, DecoderLM):
         raise TypeError("fast.prepare takes a model built on modern_block.decoder.DecoderLM (GPT2LM, LlamaStyleLM, "
                         f"the ladder's models), got {type(model).__name__}")

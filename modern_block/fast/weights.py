@@ -28,9 +28,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..mla import MLAttention
+from .int4 import GROUP, Int4Linear
 from .w8a8 import W8A8Linear, smoothing_factors
 
-FORMATS = ("fp32", "bf16", "int8", "w8a8")  # "fp32": the weights as loaded (no conversion); w8a8: w8a8.py
+FORMATS = ("fp32", "bf16", "int8", "w8a8", "int4")  # "fp32": the weights as loaded (no conversion); w8a8.py, int4.py
 INT8_MAX = 127  # symmetric: -127 .. 127 (-128 unused, so that q and -q are both representable)
 
 
@@ -148,11 +149,11 @@ def _w8a8(w: torch.Tensor, amax: torch.Tensor | None) -> W8A8Linear:
 
 def convert_weights(model: nn.Module, fmt: str, ranges: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """Swap, in place, every bias-free ``nn.Linear`` of ``model`` and its token embedding ``model.emb`` for the
-    ``fmt`` version ("bf16", "int8" or "w8a8"; "fp32" changes nothing); a tied head keeps sharing the embedding's
-    storage. ``ranges`` (w8a8 only, from ``w8a8.activation_ranges``): each linear's largest |input| per channel on
-    calibration text, which sets its smoothing (a smoothed head gets its own matrix: the embedding keeps the
-    unsmoothed rows); without them the activations are rounded as they come. Returns ``model`` (call it on a
-    copy: ``fast.prepare(model, weights=fmt)`` does)."""
+    ``fmt`` version ("bf16", "int8", "w8a8" or "int4"; "fp32" changes nothing); a tied head keeps sharing the
+    embedding's storage. ``ranges`` (w8a8 only, from ``w8a8.activation_ranges``): each linear's largest |input|
+    per channel on calibration text, which sets its smoothing (a smoothed head gets its own matrix: the embedding
+    keeps the unsmoothed rows); without them the activations are rounded as they come. int4's rule: ``int4.py``.
+    Returns ``model`` (call it on a copy: ``fast.prepare(model, weights=fmt)`` does)."""
     if fmt not in FORMATS:
         raise ValueError(f"weights must be one of {FORMATS}, got {fmt!r}")
     if ranges is not None and fmt != "w8a8":
@@ -171,7 +172,9 @@ def convert_weights(model: nn.Module, fmt: str, ranges: dict[str, torch.Tensor] 
                     and id(child) not in absorbed and not (tied and child is head and not smoothed)):
                 swaps.append((parent, name, child, f"{prefix}.{name}" if prefix else name))
     for parent, name, lin, full in swaps:
-        if fmt == "w8a8":
+        if fmt == "int4" and lin is not head and lin.in_features % GROUP == 0:
+            setattr(parent, name, Int4Linear.from_weight(lin.weight))
+        elif fmt in ("w8a8", "int4"):  # int4's head and any matrix whose rows do not split into groups: 8 bits
             setattr(parent, name, _w8a8(lin.weight, None if ranges is None else _range(ranges, full, lin)))
         else:
             setattr(parent, name, (BF16Linear if fmt == "bf16" else Int8Linear).from_weight(lin.weight))

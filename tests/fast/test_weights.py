@@ -145,7 +145,7 @@ def test_the_embedding_lookup_reads_the_dequantized_row():
 
 def test_bad_input_is_refused_with_the_rule():
     with pytest.raises(ValueError, match="weights must be one of"):
-        fast.prepare(model_for("gpt2"), compile=False, weights="int4")
+        fast.prepare(model_for("gpt2"), compile=False, weights="int3")
     with pytest.raises(ValueError, match="weights must be one of"):
         convert_weights(nn.Linear(2, 2), "fp16")
     with pytest.raises(ValueError, match="2-D floating-point"):
@@ -158,7 +158,7 @@ def test_bad_input_is_refused_with_the_rule():
         dequantize_int8(torch.ones(2, 2), torch.ones(2))
     with pytest.raises(ValueError, match="one entry per row"):
         dequantize_int8(torch.ones(2, 2, dtype=torch.int8), torch.ones(3))
-    assert FORMATS == ("fp32", "bf16", "int8", "w8a8")
+    assert FORMATS == ("fp32", "bf16", "int8", "w8a8", "int4")
 
 
 def test_the_compiled_one_row_product_is_the_dequantized_product():
