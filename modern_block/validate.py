@@ -3,6 +3,15 @@
 import torch
 
 
+def finite_matrix(name: str, w) -> None:
+    """Raise unless ``w`` is a finite 2-D floating-point tensor [n_out, n_in]: a weight a format can round."""
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"{name} must be a 2-D floating-point tensor [n_out, n_in], got "
+                         f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
+    if not torch.isfinite(w).all():
+        raise ValueError(f"{name} must hold finite numbers only (inf or nan has no quantization scale)")
+
+
 def positive_int(name: str, value) -> int:
     """Return ``value`` if it is a positive int, else raise naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -29,24 +29,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..validate import finite_matrix
+
 GROUP = 32  # weights per scale and offset, as Q4_1's blocks
 LEVELS = 15  # q in 0..15
 MID = 8  # q - 8: the kernel's signed levels -8..7
 KERNEL_N = 16  # the CPU kernel packs rows in multiples of 16
 
 
-def _check_matrix(w: torch.Tensor) -> None:
-    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
-        raise ValueError(f"w must be a 2-D floating-point tensor [n_out, n_in], got "
-                         f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
-    if w.shape[1] % GROUP:
-        raise ValueError(f"w's n_in ({w.shape[1]}) must be a multiple of {GROUP} (groups of {GROUP} weights)")
-    if not torch.isfinite(w).all():
-        raise ValueError("w must hold finite numbers only (inf or nan has no 4-bit level)")
-
-
-def _round_up_bf16(x: torch.Tensor) -> torch.Tensor:
-    """x (fp32, >= 0) rounded to a bf16 number >= x."""
+def round_up_bf16(x: torch.Tensor) -> torch.Tensor:
+    """x (fp32, >= 0) rounded to a bf16 number >= x, so that a scale stored in bf16 still covers its range."""
     b = x.to(torch.bfloat16)
     return torch.where(b.float() < x, torch.nextafter(b, torch.full_like(b, float("inf"))), b)
 
@@ -54,11 +46,13 @@ def _round_up_bf16(x: torch.Tensor) -> torch.Tensor:
 def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Groups of 32 along each row: w [n_out, n_in] -> (q uint8 [n_out, n_in] in 0..15, scales and offsets bf16
     [n_out, n_in / 32]) with w ~ offset + (q - 8) scale. A group of equal weights gets scale 0."""
-    _check_matrix(w)
+    finite_matrix("w", w)
+    if w.shape[1] % GROUP:
+        raise ValueError(f"w's n_in ({w.shape[1]}) must be a multiple of {GROUP} (groups of {GROUP} weights)")
     n_out, n_in = w.shape
     g = w.detach().float().reshape(n_out, n_in // GROUP, GROUP)  # [n_out, groups, 32]
     lo, hi = g.amin(-1), g.amax(-1)  # [n_out, groups]
-    s = _round_up_bf16((hi - lo) / LEVELS)  # [n_out, groups]
+    s = round_up_bf16((hi - lo) / LEVELS)  # [n_out, groups]
     z = (lo + MID * s.float()).to(torch.bfloat16)  # [n_out, groups]
     safe = torch.where(s > 0, s.float(), torch.ones_like(lo))[..., None]  # [n_out, groups, 1]
     q = torch.round((g - z.float()[..., None]) / safe) + MID  # [n_out, groups, 32]

@@ -28,29 +28,21 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..mla import MLAttention
-from .int4 import GROUP, Int4Linear
+from ..validate import finite_matrix
+from .int4 import GROUP, Int4Linear, round_up_bf16
 from .w8a8 import W8A8Linear, smoothing_factors
 
 FORMATS = ("fp32", "bf16", "int8", "w8a8", "int4")  # "fp32": the weights as loaded (no conversion); w8a8.py, int4.py
 INT8_MAX = 127  # symmetric: -127 .. 127 (-128 unused, so that q and -q are both representable)
 
 
-def _matrix(name: str, w: torch.Tensor) -> None:
-    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
-        raise ValueError(f"{name} must be a 2-D floating-point tensor [n_out, n_in], got "
-                         f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
-    if not torch.isfinite(w).all():
-        raise ValueError(f"{name} must hold finite numbers only (inf or nan has no int8 scale)")
-
-
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row symmetric int8: w [n_out, n_in] -> (q int8 [n_out, n_in], scales bf16 [n_out]) with
     ``|w - q · s| <= s / 2``. An all-zero row gets scale 1 (its q are zeros)."""
-    _matrix("w", w)
+    finite_matrix("w", w)
     w = w.detach().float()
     amax = w.abs().amax(dim=1)  # [n_out]
-    s = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).to(torch.bfloat16)  # [n_out]
-    s = torch.where(s.float() < amax / INT8_MAX, torch.nextafter(s, torch.full_like(s, float("inf"))), s)  # round up
+    s = round_up_bf16(torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)))  # [n_out]
     q = torch.round(w / s.float()[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)  # [n_out, n_in]
     return q, s
 
@@ -117,7 +109,7 @@ class BF16Linear(nn.Module):
     @classmethod
     def from_weight(cls, w: torch.Tensor) -> "BF16Linear":
         """From an fp matrix w [n_out, n_in] (an ``nn.Linear``'s or an embedding's weight)."""
-        _matrix("w", w)
+        finite_matrix("w", w)
         return cls(_frozen(w.detach().to(torch.bfloat16)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., n_in] -> [..., n_out]
