@@ -6,6 +6,7 @@ within 0.01 of fp32's; the benchmark's agreement helper on a tiny model. The ker
 (results_kernels_cpu.json) hold every candidate."""
 
 import json
+import math
 import statistics
 import sys
 
@@ -15,6 +16,7 @@ from repo_files import ROOT, load_module
 from test_fast import model_for, prompts
 
 from modern_block import generate
+from modern_block.training.statistics import holm_verdicts, paired_difference
 
 RESULTS = ROOT / "benchmarks" / "results_formats_cpu.json"
 PATHS = {"fast_fp32", "fast_bf16", "fast_int8", "fast_w8a8", "fast_int4", "transformers_fp32", "llama_cpp_q4_1"}
@@ -114,6 +116,17 @@ def test_int4_decodes_at_or_above_llama_cpps_tokens_per_second(results):
         row = results["threads"][threads]["rows"]["fast_int4"]
         assert row["x_llama_cpp_median"] >= 1, (threads, row["x_llama_cpp_median"])
     assert results["formats"]["fast_int4"]["flips_explained"]
+
+
+def test_the_speed_verdicts_hold_after_pairing_the_rounds_and_holms_adjustment(results):
+    """Lesson 10's verdicts: each round's log step-time ratio, paired over the rounds, gives a 95% interval; over
+    the four comparisons with llama.cpp (int4, w8a8; one and two threads) Holm's adjustment keeps int4 faster and
+    w8a8 slower at both thread counts."""
+    blocks = [results["threads"][t]["rows"] for t in ("1", "2")]
+    diffs = [paired_difference([math.log(s) for s in rows["llama_cpp_q4_1"]["step_s"]],
+                               [math.log(s) for s in rows[f"fast_{fmt}"]["step_s"]])
+             for rows in blocks for fmt in ("int4", "w8a8")]
+    assert holm_verdicts(diffs) == ["lower", "higher"] * 2  # int4's step time lower, w8a8's higher
 
 
 def test_the_kernel_measurements_hold_every_candidate():
