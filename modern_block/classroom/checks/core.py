@@ -228,6 +228,14 @@ class CheckRun:
             args[i].value = changed[i]
         return value
 
+    def judge_each(self, fn, cases: Sequence[Case], judge: Callable, mistakes: Sequence[Mistake] = (),
+                   **options) -> None:
+        """The usual loop of a check: call ``fn`` on each case's arguments and judge what it returns with ``judge``
+        (``self.judge``, ``self.judge_int``, ...)."""
+        __tracebackhide__ = True
+        for case in cases:
+            judge(case, self.call(case.text, fn, *case.args, **case.kwargs), mistakes, **options)
+
     def randomize(self, module: M, seed: int) -> M:
         """Reference weights with structure: random Linear/Embedding weights and norm scales that are far from 1
         and differ per feature (so a forgotten or misplaced scale shows)."""

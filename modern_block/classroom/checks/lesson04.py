@@ -46,9 +46,7 @@ def check_repeat_kv(run: CheckRun, repeat_kv) -> str:
         shape = (run.randint(g, 1, 3), run.randint(g, 2, 5), run.randint(g, 1, 5), 2 * run.randint(g, 1, 4))
         return [_repeat_case(torch.randn(*shape, generator=g), run.randint(g, 2, 5))]
 
-    for case in run.cases(public, secret, seed=106):
-        got = run.call(case.text, repeat_kv, *case.args)
-        run.judge(case, got, REPEAT_MISTAKES, rtol=0, atol=0)
+    run.judge_each(repeat_kv, run.cases(public, secret, seed=106), run.judge, REPEAT_MISTAKES, rtol=0, atol=0)
     return "4 cases: GQA, MQA (one KV head), n_rep = 1"
 
 

@@ -289,8 +289,6 @@ def check_llama_param_count(run: CheckRun, llama_param_count) -> str:
                                               qkv_bias=run.pick(g, [False, True]))))
         return out
 
-    for case in run.cases(public, secret, seed=23):
-        got = run.call(case.text, llama_param_count, *case.args, **case.kwargs)
-        run.judge_int(case, got, PARAM_MISTAKES)
+    run.judge_each(llama_param_count, run.cases(public, secret, seed=23), run.judge_int, PARAM_MISTAKES)
     return ("9 cases incl. the chapter's 3,283,456, tied, no QK-norm, MQA, Llama 2 7B's 6,738,415,616 and "
             "Qwen2.5-0.5B's 494,032,768 (biases on q, k, v)")

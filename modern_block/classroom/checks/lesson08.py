@@ -118,9 +118,7 @@ def check_flops_per_token(run: CheckRun, flops_per_token) -> str:
         return [case(run.randint(g, 10_000, 10**9), run.pick(g, [2, 6, 12, 24]), run.pick(g, [4, 8, 16]),
                      run.pick(g, [32, 64, 128]), run.pick(g, [128, 512, 2048])) for _ in range(3)]
 
-    for c in run.cases(public, secret, seed=28):
-        got = run.call(c.text, flops_per_token, *c.args)
-        run.judge_int(c, got, FLOPS_MISTAKES)
+    run.judge_each(flops_per_token, run.cases(public, secret, seed=28), run.judge_int, FLOPS_MISTAKES)
     return "4 cases incl. the GPU-scale model's size"
 
 

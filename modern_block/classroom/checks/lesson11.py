@@ -86,9 +86,7 @@ def check_kv_bytes_per_token(run: CheckRun, kv_bytes_per_token) -> str:
                "num_attention_heads": 32, "hidden_size": 4096}
         return [_kv_case(cfg, f"a drawn config {cfg}"), _kv_case(mla, f"a drawn MLA config {mla}")]
 
-    for case in run.cases(public, secret, seed=211):
-        got = run.call(case.text, kv_bytes_per_token, dict(case.args[0]))
-        run.judge_int(case, got, KV_MISTAKES)
+    run.judge_each(kv_bytes_per_token, run.cases(public, secret, seed=211), run.judge_int, KV_MISTAKES)
     return f"{len(public)} configs incl. head_dim null; DeepSeek-V3 {_kv(load_config('DeepSeek-V3')):,} B/token"
 
 
@@ -218,9 +216,7 @@ def check_active_parameters(run: CheckRun, active_parameters) -> str:
         k = run.pick(g, [1, 2, 4, 8])
         return [_active_case((L * E * 3 * d * f + run.randint(g, 10**8, 10**10), L, E, k, d, f))]
 
-    for case in run.cases(public, secret, seed=213):
-        got = run.call(case.text, active_parameters, *case.args)
-        run.judge_int(case, got, ACTIVE_MISTAKES)
+    run.judge_each(active_parameters, run.cases(public, secret, seed=213), run.judge_int, ACTIVE_MISTAKES)
     L, E, k, d, f = MOE_CASES["DeepSeek-V3"]
     return f"3 models; DeepSeek-V3: {_active(TOTALS['DeepSeek-V3'], L, E, k, d, f) / 1e9:.1f}B active"
 
@@ -416,8 +412,6 @@ def check_kv_cache_at(run: CheckRun, kv_cache_at) -> str:
             drawn.append(_kv_at_case(cfg, run.pick(g, [cfg["sliding_window"] or 64, 50, 3000, 40_000]), text))
         return drawn
 
-    for case in run.cases(public, secret, seed=215):
-        got = run.call(case.text, kv_cache_at, dict(case.args[0]), case.args[1])
-        run.judge_int(case, got, KV_AT_ALL)
+    run.judge_each(kv_cache_at, run.cases(public, secret, seed=215), run.judge_int, KV_AT_ALL)
     gemma = _kv_at(language_model(load_config("Gemma 3 27B"))[0], 32_768)
     return f"{len(public)} cases; Gemma 3 27B at 32K holds {gemma / 2**30:.2f} GiB"
