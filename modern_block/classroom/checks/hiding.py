@@ -176,29 +176,20 @@ def _functions(owner, filename: str):
                 yield part
 
 
-def _model_modules() -> dict[str, types.ModuleType]:
-    stems = {p.stem for p in model_files()} - {"__init__"}
-    return {s: m for s in stems if (m := sys.modules.get(f"modern_block.{s}")) is not None}
-
-
-_SWAPS: dict[tuple, list] = {}
+_SWAPS: dict[tuple, list] = {}  # the latest run's swaps, by (hidden, how many package modules are imported)
 
 
 def _swaps(hidden: tuple[str, ...]) -> list[tuple[types.FunctionType, types.CodeType]]:
     """(function, the code that raises instead) for every function the grader's copy would not run (computed
     again when more of the package has been imported)."""
     key = (hidden, sum(1 for m in sys.modules if m.startswith("modern_block")))
-    if key not in _SWAPS:
-        _SWAPS.clear()
-        _SWAPS[key] = _find_swaps(hidden)
-    return _SWAPS[key]
-
-
-def _find_swaps(hidden: tuple[str, ...]) -> list[tuple[types.FunctionType, types.CodeType]]:
+    if key in _SWAPS:
+        return _SWAPS[key]
     names = with_bases(frozenset(n for n in hidden if not n.startswith("torch.")), list(_model_sources()))
     swaps = []
-    models = _model_modules()
-    for module in models.values():
+    stems = {p.stem for p in model_files()} - {"__init__"}
+    models = [m for s in stems if (m := sys.modules.get(f"modern_block.{s}")) is not None]  # those imported
+    for module in models:
         filename = module.__file__ or ""
         for name in sorted(names):
             top, _, method = name.partition(".")
@@ -212,7 +203,7 @@ def _find_swaps(hidden: tuple[str, ...]) -> list[tuple[types.FunctionType, types
                         swaps.append((fn, _raiser(hidden_message(name), fn.__code__.co_freevars)))
             elif isinstance(obj, types.FunctionType) and not method:
                 swaps.append((obj, _raiser(hidden_message(name), obj.__code__.co_freevars)))
-    model_names = {m.__name__ for m in models.values()} | {"modern_block", __name__}
+    model_names = {m.__name__ for m in models} | {"modern_block", __name__}
     for module_name, module in sorted(sys.modules.items()):
         if not module_name.startswith("modern_block.") or module_name in model_names:
             continue
@@ -222,7 +213,9 @@ def _find_swaps(hidden: tuple[str, ...]) -> list[tuple[types.FunctionType, types
             owners = [value] if isinstance(value, type) and value.__module__ == module_name else []
             for fn in [*_functions(module, filename), *(f for o in owners for f in _functions(o, filename))]:
                 swaps.append((fn, _raiser(message, fn.__code__.co_freevars)))
-    return list({id(fn): (fn, code) for fn, code in swaps}.values())
+    _SWAPS.clear()
+    _SWAPS[key] = list({id(fn): (fn, code) for fn, code in swaps}.values())
+    return _SWAPS[key]
 
 
 def forbid_torch_functions(names):
