@@ -115,7 +115,7 @@ def dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _number(got):
+def as_number(got):
     """A plain number from a student's answer (a one-element tensor's value), or None."""
     value = got.item() if isinstance(got, torch.Tensor) and got.numel() == 1 else got
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -339,7 +339,7 @@ class CheckRun:
         """An integer: the value first (never the right one in the message: how it is off), then its type."""
         __tracebackhide__ = True
         want = case.want if want is None else want
-        value = _number(got)
+        value = as_number(got)
         if value is None:
             self.fail(f"{case.text}: expected an int, got {type(got).__name__} {shown(got)}.")
 
@@ -361,7 +361,7 @@ class CheckRun:
         (float, say), the type the exercise asks for."""
         __tracebackhide__ = True
         want = case.want if want is None else want
-        value = _number(got)
+        value = as_number(got)
         if value is None or not math.isfinite(value):
             self.fail(f"{case.text}: expected a number, got {type(got).__name__} {shown(got)}.")
 

@@ -159,9 +159,9 @@ def grade_attention_module(run: CheckRun, make_student, qk_norm: bool | None = N
         ref = run.randomize(GQAttention(d, h, kv, qk_norm=on), seed)
         x = torch.randn(B, T, d, generator=g)
         cos, sin = (t[offset:] for t in rope_cache(offset + T, d // h))
-        run_ = partial(_attention64, _params(ref), x, h=h, kv=kv, dh=d // h, eps=1e-6, qk_norm=on)
+        expect = partial(_attention64, _params(ref), x, cos, sin, h=h, kv=kv, dh=d // h, eps=1e-6, qk_norm=on)
         text = f"forward(x, cos, sin) with {desc}" + (f", qk_norm={on}" if qk_norm is None else "")
-        return Case(text, partial(run_, cos, sin), (x, cos, sin), ref=ref, h=h, kv=kv, qk_norm=on)
+        return Case(text, expect, (x, cos, sin), ref=ref, h=h, kv=kv, qk_norm=on)
 
     def secret(g):
         kv = run.pick(g, [1, 2])
