@@ -195,8 +195,8 @@ def grade_attention_module(run: CheckRun, make_student, qk_norm: bool | None = N
 
 
 GQA_LOAD_HINTS = {
-    "wk.weight": "wk and wv project to n_kv_heads·head_dim features (fewer K/V heads than query heads).",
-    "wv.weight": "wk and wv project to n_kv_heads·head_dim features (fewer K/V heads than query heads).",
+    **dict.fromkeys(("wk.weight", "wv.weight"), "wk and wv project to n_kv_heads·head_dim features (fewer K/V heads "
+                                                "than query heads)."),
     "q_norm": "With qk_norm=True: self.q_norm = RMSNorm(head_dim) and self.k_norm = RMSNorm(head_dim) (per head, "
               "not over d); with qk_norm=False use nn.Identity().",
     "wq": "Name the projections wq, wk, wv (d → heads·head_dim) and wo (n_heads·head_dim → d), all bias-free.",

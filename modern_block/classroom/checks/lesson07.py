@@ -153,10 +153,8 @@ LM_MISTAKES = [
 ]
 _LM_HINTS = {"emb": "Name the parts emb, blocks, norm and head.",
              "blocks.": "self.blocks = nn.ModuleList(Block(...) for _ in range(n_layers)).",
-             "unexpected cos": "The RoPE tables are computed, not learned: register them with persistent=False so "
-                               "they are not saved as weights.",
-             "unexpected sin": "The RoPE tables are computed, not learned: register them with persistent=False so "
-                               "they are not saved as weights."}
+             **dict.fromkeys(("unexpected cos", "unexpected sin"), "The RoPE tables are computed, not learned: "
+                             "register them with persistent=False so they are not saved as weights.")}
 
 
 @exercise_check
