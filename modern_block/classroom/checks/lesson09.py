@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -142,7 +143,7 @@ def _unpermute_case(g, what: str, h: int, kv: int, dh: int, d: int) -> Case:
     """One call, its three outputs judged as the cases ``wq``, ``wk`` and ``wv``."""
     wq, wk, wv = (torch.randn(n * dh, d, generator=g) for n in (h, kv, kv))  # as stored in the file
     call = f"unpermute_qk(wq {list(wq.shape)}, wk {list(wk.shape)}, wv {list(wv.shape)}, {h}, {kv}) ({what})"
-    facts = dict(h=h, kv=kv, dh=dh)
+    facts: dict[str, Any] = dict(h=h, kv=kv, dh=dh)
     return Case(call, lambda: None, (wq, wk, wv, h, kv),
                 wq=Case(f"{call}: the query weight wq", partial(_rows, wq, h), (wq,), part="wq", **facts),
                 wk=Case(f"{call}: the key weight wk", partial(_rows, wk, kv), (wk,), part="wk", **facts),
