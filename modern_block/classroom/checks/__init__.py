@@ -1,27 +1,22 @@
 """Checks for the exercise notebooks: does the student's answer agree with the package, and if not, why?
 
-Each ``check_x(answer, mode=None)`` runs the student's function, class or value on several cases next to a
-float64 reference and
+``check_x(answer, mode=None)`` runs the student's function, class or value on several cases next to a float64
+reference and prints ``✓ check_x passed (...)``, raises ``NotAttempted`` while the answer is the exercise's stub, or
+raises ``CheckFailed`` with a diagnosis (in a Jupyter notebook both are printed instead). A known mistake is named
+only when it alone computes the student's output in every failing case and fails no passing one, and no message
+lets a student compute a target (``diagnosis``). The grader adds cases drawn from its secret (``mode``); a value
+item must be computed in its cell (``in_notebook``); what each exercise hides is ``hiding.HIDES``.
 
-* prints ``✓ check_x passed (...)`` when everything agrees;
-* raises ``NotAttempted`` while the answer is the exercise's stub (``NotImplementedError``, or a value still None);
-* raises ``CheckFailed`` with a diagnosis otherwise (in a Jupyter notebook both are printed instead).
+Writing a check (a new exercise goes in its lesson's module and in ``__all__`` below, its hidden pieces in
+``hiding.HIDES``)::
 
-A known mistake is named only when it alone computes the student's output in every failing case and fails no
-passing one (several that no case tells apart: "one of"); no message lets a student compute a target
-(``diagnosis``). Every check has grader-only cases drawn from the grader's secret (``mode``); a value item must be
-computed in its cell (``in_notebook``); what each exercise hides is ``hiding.HIDES``.
-
-Writing a check (``lesson11.py`` is a short example; a new exercise of a lesson goes in that lesson's module and
-in ``__all__`` below, and its hidden pieces in ``hiding.HIDES``)::
-
-    def _count(d, n_layers, *, head=True):                  # the right answer, a knob per mistake
+    def _count(d, n_layers, *, head=True):                  # the right answer, a keyword "knob" per mistake
         return ...
 
     MISTAKES = [                                            # one record per known mistake
         Mistake("the head was not counted: ...",            # what the teacher says
-                dict(head=False),                           # how it computes: the reference's knobs,
-                when=lambda c: not c.tied),                 #   or a function of the case; where it applies
+                dict(head=False),                           # how it computes: knobs, or a function of the case
+                when=lambda c: not c.tied),                 # where it applies
     ]
 
     @exercise_check                                         # value="name" for a value item
@@ -31,13 +26,12 @@ in ``__all__`` below, and its hidden pieces in ``hiding.HIDES``)::
         def secret(g):                                      # the grader-only cases, drawn from the secret
             return [Case(...) for _ in range(3)]
 
-        for case in run.cases(public, secret, seed=300):    # one loop over the cases
-            got = run.call(case.text, count, *case.args)    # the student's code, on fresh copies
-            run.judge_int(case, got, MISTAKES)              # judge, judge_number, judge_equal for other kinds
+        run.judge_each(count, run.cases(public, secret, seed=300), run.judge_int, MISTAKES)
         return "1 case ..."                                 # the success line's summary
 
-Layout: ``core`` (Mistake, Case, CheckRun, the decorator), ``diagnosis`` (naming and wording), ``mode``,
-``hiding``, ``in_notebook``, ``formulas`` (float64 references with a knob per mistake), one module per lesson.
+``judge_each`` is the usual loop (``run.call`` on fresh copies, then ``judge``, ``judge_int``, ``judge_number`` or
+``judge_equal``). Layout: ``core`` (Mistake, Case, CheckRun, the decorator), ``diagnosis`` (naming and wording),
+``mode``, ``hiding``, ``in_notebook``, ``formulas`` (shared float64 references), one module per lesson.
 """
 
 from .core import Case, CheckRun, Mistake

@@ -115,7 +115,7 @@ def dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _number(got):
+def as_number(got):
     """A plain number from a student's answer (a one-element tensor's value), or None."""
     value = got.item() if isinstance(got, torch.Tensor) and got.numel() == 1 else got
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -228,6 +228,14 @@ class CheckRun:
             args[i].value = changed[i]
         return value
 
+    def judge_each(self, fn, cases: Sequence[Case], judge: Callable, mistakes: Sequence[Mistake] = (),
+                   **options) -> None:
+        """The usual loop of a check: call ``fn`` on each case's arguments and judge what it returns with ``judge``
+        (``self.judge``, ``self.judge_int``, ...)."""
+        __tracebackhide__ = True
+        for case in cases:
+            judge(case, self.call(case.text, fn, *case.args, **case.kwargs), mistakes, **options)
+
     def randomize(self, module: M, seed: int) -> M:
         """Reference weights with structure: random Linear/Embedding weights and norm scales that are far from 1
         and differ per feature (so a forgotten or misplaced scale shows)."""
@@ -331,7 +339,7 @@ class CheckRun:
         """An integer: the value first (never the right one in the message: how it is off), then its type."""
         __tracebackhide__ = True
         want = case.want if want is None else want
-        value = _number(got)
+        value = as_number(got)
         if value is None:
             self.fail(f"{case.text}: expected an int, got {type(got).__name__} {shown(got)}.")
 
@@ -353,7 +361,7 @@ class CheckRun:
         (float, say), the type the exercise asks for."""
         __tracebackhide__ = True
         want = case.want if want is None else want
-        value = _number(got)
+        value = as_number(got)
         if value is None or not math.isfinite(value):
             self.fail(f"{case.text}: expected a number, got {type(got).__name__} {shown(got)}.")
 

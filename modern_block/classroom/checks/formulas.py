@@ -6,20 +6,22 @@ from __future__ import annotations
 import torch
 
 
-def rms_norm64(x, weight, eps, *, center=False, eps_outside=False, use_sum=False, no_sqrt=False,
-               multiply=False, dim=-1, unbiased=False):
+def rms64(x, eps, *, center=False, unbiased=False, eps_outside=False, no_sqrt=False, use_sum=False, dim=-1):
+    """sqrt(mean(x², dim) + eps) (keepdim), with a knob per common mistake."""
     x = x.double()
     if center:
         x = x - x.mean(dim, keepdim=True)
-    ms = x.pow(2).sum(dim, keepdim=True) if use_sum else x.pow(2).mean(dim, keepdim=True)
-    if unbiased:
-        ms = ms * x.shape[dim] / (x.shape[dim] - 1)
-    if no_sqrt:
-        denom = ms + eps
-    elif eps_outside:
-        denom = ms.sqrt() + eps
-    else:
-        denom = (ms + eps).sqrt()
+    n = x.shape[dim]
+    ms = x.pow(2).sum(dim, keepdim=True) / (1 if use_sum else (n - 1) if unbiased else n)
+    return ms + eps if no_sqrt else ms.sqrt() + eps if eps_outside else (ms + eps).sqrt()
+
+
+def rms_norm64(x, weight, eps, *, center=False, multiply=False, dim=-1, **knobs):
+    """x / rms64(x), times ``weight`` unless it is None (``multiply``: times the RMS instead)."""
+    x = x.double()
+    if center:
+        x = x - x.mean(dim, keepdim=True)
+    denom = rms64(x, eps, dim=dim, **knobs)
     y = x * denom if multiply else x / denom
     return y if weight is None else y * weight.double()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
-import importlib
+import inspect
 import sys
 import threading
 import types
@@ -176,29 +176,20 @@ def _functions(owner, filename: str):
                 yield part
 
 
-def _model_modules() -> dict[str, types.ModuleType]:
-    stems = {p.stem for p in model_files()} - {"__init__"}
-    return {s: m for s in stems if (m := sys.modules.get(f"modern_block.{s}")) is not None}
-
-
-_SWAPS: dict[tuple, list] = {}
+_SWAPS: dict[tuple, list] = {}  # the latest run's swaps, by (hidden, how many package modules are imported)
 
 
 def _swaps(hidden: tuple[str, ...]) -> list[tuple[types.FunctionType, types.CodeType]]:
     """(function, the code that raises instead) for every function the grader's copy would not run (computed
     again when more of the package has been imported)."""
     key = (hidden, sum(1 for m in sys.modules if m.startswith("modern_block")))
-    if key not in _SWAPS:
-        _SWAPS.clear()
-        _SWAPS[key] = _find_swaps(hidden)
-    return _SWAPS[key]
-
-
-def _find_swaps(hidden: tuple[str, ...]) -> list[tuple[types.FunctionType, types.CodeType]]:
+    if key in _SWAPS:
+        return _SWAPS[key]
     names = with_bases(frozenset(n for n in hidden if not n.startswith("torch.")), list(_model_sources()))
     swaps = []
-    models = _model_modules()
-    for module in models.values():
+    stems = {p.stem for p in model_files()} - {"__init__"}
+    models = [m for s in stems if (m := sys.modules.get(f"modern_block.{s}")) is not None]  # those imported
+    for module in models:
         filename = module.__file__ or ""
         for name in sorted(names):
             top, _, method = name.partition(".")
@@ -212,7 +203,7 @@ def _find_swaps(hidden: tuple[str, ...]) -> list[tuple[types.FunctionType, types
                         swaps.append((fn, _raiser(hidden_message(name), fn.__code__.co_freevars)))
             elif isinstance(obj, types.FunctionType) and not method:
                 swaps.append((obj, _raiser(hidden_message(name), obj.__code__.co_freevars)))
-    model_names = {m.__name__ for m in models.values()} | {"modern_block", __name__}
+    model_names = {m.__name__ for m in models} | {"modern_block", __name__}
     for module_name, module in sorted(sys.modules.items()):
         if not module_name.startswith("modern_block.") or module_name in model_names:
             continue
@@ -222,12 +213,31 @@ def _find_swaps(hidden: tuple[str, ...]) -> list[tuple[types.FunctionType, types
             owners = [value] if isinstance(value, type) and value.__module__ == module_name else []
             for fn in [*_functions(module, filename), *(f for o in owners for f in _functions(o, filename))]:
                 swaps.append((fn, _raiser(message, fn.__code__.co_freevars)))
-    return list({id(fn): (fn, code) for fn, code in swaps}.values())
+    _SWAPS.clear()
+    _SWAPS[key] = list({id(fn): (fn, code) for fn, code in swaps}.values())
+    return _SWAPS[key]
 
 
-def _torch_function(name: str):
-    module_name, _, attr = name.rpartition(".")
-    return getattr(importlib.import_module(module_name), attr)
+def forbid_torch_functions(names):
+    """A mode in which the torch functions ``names`` raise, however they were imported. Self-contained: the
+    grader's stub of this package holds its source (``sandbox_stub``)."""
+    import importlib
+
+    from torch.overrides import TorchFunctionMode
+
+    forbidden = {}
+    for name in names:
+        module_name, _, attr = name.rpartition(".")
+        forbidden[getattr(importlib.import_module(module_name), attr)] = name
+
+    class Forbidden(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in forbidden:
+                raise RuntimeError(forbidden[func] + " is not available in this exercise: its text asks you to "
+                                   "write it yourself")
+            return func(*args, **(kwargs or {}))
+
+    return Forbidden()
 
 
 @contextlib.contextmanager
@@ -235,19 +245,10 @@ def grader_view(hidden: tuple[str, ...]):
     """Inside the block this process shows the package as the grader's copy does: ``hidden``'s pieces (and their
     classes' bases) raise, every module of ``modern_block`` outside the model files raises, and the torch
     functions in ``hidden`` raise however they were imported."""
-    from torch.overrides import TorchFunctionMode
-
     swaps = _swaps(hidden)
-    forbidden = {_torch_function(n): n for n in hidden if n.startswith("torch.")}
-
-    class Forbidden(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func in forbidden:
-                raise RuntimeError(hidden_message(forbidden[func]))
-            return func(*args, **(kwargs or {}))
-
+    torch_names = [n for n in hidden if n.startswith("torch.")]
     originals = [(fn, fn.__code__) for fn, _ in swaps]
-    mode = Forbidden() if forbidden else contextlib.nullcontext()
+    mode = forbid_torch_functions(torch_names) if torch_names else contextlib.nullcontext()
     try:
         for fn, code in swaps:
             fn.__code__ = code
@@ -284,32 +285,6 @@ def _not_here(*args, **kwargs):
 
 '''
 
-_STUB_TORCH = '''
-
-def _hide_torch_functions(names):
-    """The torch functions an exercise of this run forbids raise, however they were imported."""
-    import importlib
-
-    from torch.overrides import TorchFunctionMode
-
-    forbidden = {}
-    for name in names:
-        module_name, _, attr = name.rpartition(".")
-        forbidden[getattr(importlib.import_module(module_name), attr)] = name
-
-    class Forbidden(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func in forbidden:
-                raise RuntimeError(forbidden[func] + " is not available in this exercise: its text asks you to "
-                                   "write it yourself")
-            return func(*args, **(kwargs or {}))
-
-    Forbidden().__enter__()  # for the rest of this process
-
-
-_hide_torch_functions({names!r})
-'''
-
 
 def sandbox_stub(hidden: frozenset[str], public: list[str]) -> str:
     """The source of ``modern_block.classroom.checks`` in the grader's copy of the package, for a run that hides
@@ -319,4 +294,7 @@ def sandbox_stub(hidden: frozenset[str], public: list[str]) -> str:
                            if name not in ("CheckFailed", "NotAttempted", "graded"))
     stub += f"__all__ = {list(public)!r}\n"
     torch_names = sorted(n for n in hidden if n.startswith("torch."))
-    return stub + (_STUB_TORCH.replace("{names!r}", repr(torch_names)) if torch_names else "")
+    if torch_names:  # the forbidden torch functions raise for the rest of the submission's process
+        source = inspect.getsource(forbid_torch_functions)
+        stub += f"\n\n{source}\n\nforbid_torch_functions({torch_names!r}).__enter__()\n"
+    return stub

@@ -43,9 +43,11 @@ def reset() -> None:
     _RESULTS.clear()
 
 
-def summary_text() -> str:
+def summary() -> None:
+    """Print the result of every check that ran in this notebook (the exercise notebooks' last cell)."""
     if not _RESULTS:
-        return "No check has run yet: run the notebook's cells (Run All) first."
+        print("No check has run yet: run the notebook's cells (Run All) first.")
+        return
     width = max(len(n) for n in _RESULTS)
     marks = {"passed": "✓", "failed": "✗", "not attempted": "…"}
     lines = ["Checks run in this notebook:"]
@@ -55,12 +57,7 @@ def summary_text() -> str:
     counts = {s: sum(1 for st, _ in _RESULTS.values() if st == s) for s in marks}
     lines.append(f"{counts['passed']} of {len(_RESULTS)} passed, {counts['failed']} failed, "
                  f"{counts['not attempted']} not attempted.")
-    return "\n".join(lines)
-
-
-def summary() -> None:
-    """Print the result of every check that ran in this notebook (the exercise notebooks' last cell)."""
-    print(summary_text())
+    print("\n".join(lines))
 
 
 # ---- value items ---------------------------------------------------------------------------------------

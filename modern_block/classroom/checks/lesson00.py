@@ -57,9 +57,7 @@ def check_gpt2_block_params(run: CheckRun, gpt2_block_params) -> str:
     public = [_block_case(d, d_ff) for d, d_ff in [(768, None), (1600, None), (64, None), (128, 256), (48, 100)]]
     cases = run.cases(public, lambda g: [_block_case(64 * run.randint(g, 1, 40), run.pick(g, [None, 100, 3000]))
                                          for _ in range(3)], seed=24)
-    for case in cases:
-        got = run.call(case.text, gpt2_block_params, *case.args, **case.kwargs)
-        run.judge_int(case, got, BLOCK_MISTAKES)
+    run.judge_each(gpt2_block_params, cases, run.judge_int, BLOCK_MISTAKES)
     return "5 cases incl. GPT-2 small's 7,087,872 per block and a custom d_ff"
 
 
@@ -198,11 +196,9 @@ def check_gpt2_attention(run: CheckRun, gpt2_attention) -> str:
         d = h * 2 * run.randint(g, 2, 6)
         return [_gpt2_case(g, d, h, 2, T, f"d={d}, {h} heads, x of shape [2, {T}, {d}]")]
 
-    for case in run.cases(public, secret, seed=126):
-        got = run.call(case.text, gpt2_attention, *case.args)
-        run.judge(case, got, GPT2_MISTAKES, rtol=1e-4, atol=1e-5, dims=("batch", "position", ""),
-                  hint="compare with the formula: q, k, v from one projection, heads, causal attention, merge, "
-                       "output projection.")
+    run.judge_each(gpt2_attention, run.cases(public, secret, seed=126), run.judge, GPT2_MISTAKES,
+                   dims=("batch", "position", ""), hint="compare with the formula: q, k, v from one projection, heads, "
+                                                        "causal attention, merge, output projection.")
     return "4 cases: several heads, one token, one head, head size 4"
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from .core import Case, CheckRun, Mistake, dtype_name, exercise_check, shape_of
-from .formulas import rms_norm64
+from .formulas import rms64, rms_norm64
 
 _HALF = ("x² overflows float16 above 65,504 (|x| > 256) and underflows below 6e-8 (|x| < 2.4e-4)")
 
@@ -23,16 +23,9 @@ def _wrong_dim(c: Case):
 # ---- exercise 1: the statistic ---------------------------------------------------------------------------
 
 
-def _rms64(x, eps, *, center=False, unbiased=False, eps_outside=False, no_eps=False, no_sqrt=False,
-           use_sum=False, inverse=False, dim=-1, keepdim=True):
-    """sqrt(mean(x², dim) + eps) in float64, with a knob per common mistake."""
-    x = x.double()
-    if center:
-        x = x - x.mean(dim, keepdim=True)
-    n = x.shape[dim]
-    ms = x.pow(2).sum(dim, keepdim=True) / (1 if use_sum else (n - 1) if unbiased else n)
-    eps = 0.0 if no_eps else eps
-    out = ms + eps if no_sqrt else ms.sqrt() + eps if eps_outside else (ms + eps).sqrt()
+def _rms64(x, eps, *, no_eps=False, inverse=False, dim=-1, keepdim=True, **knobs):
+    """The statistic, with the knobs of ``rms64`` and a few more."""
+    out = rms64(x, 0.0 if no_eps else eps, dim=dim, **knobs)
     out = 1 / out if inverse else out
     return out if keepdim else out.squeeze(dim)
 

@@ -74,9 +74,7 @@ def check_swiglu_hidden_dim(run: CheckRun, swiglu_hidden_dim_fn) -> str:
         return [_hidden_case(64 * run.randint(g, 16, 256), run.pick(g, [1, 16, 64, 128, 256, 1024]),
                              None if i == 0 else run.pick(g, [None, 1.3, 1.5])) for i in range(3)]
 
-    for case in run.cases(public, secret, seed=20):
-        got = run.call(case.text, swiglu_hidden_dim_fn, *case.args)
-        run.judge_int(case, got, HIDDEN_MISTAKES)
+    run.judge_each(swiglu_hidden_dim_fn, run.cases(public, secret, seed=20), run.judge_int, HIDDEN_MISTAKES)
     return "11 cases incl. Llama 11,008, d=5120 → 13,824, Llama 3 8B 14,336, exact multiples, multiple_of = 1"
 
 
@@ -136,9 +134,8 @@ def check_swiglu(run: CheckRun, SwiGLUClass) -> str:
         return [case(torch.randn(n, run.randint(g, 1, 5), d, generator=g) * run.pick(g, [0.5, 2.0]),
                      f"x of shape [{n}, .., 16]")]
 
-    for c in run.cases(public, secret, seed=103):
-        got = run.call(c.text, student, *c.args)
-        run.judge(c, got, SWIGLU_MISTAKES, hint="SwiGLU(x) = w_down(silu(w_gate(x)) * w_up(x)).")
+    run.judge_each(student, run.cases(public, secret, seed=103), run.judge, SWIGLU_MISTAKES,
+                   hint="SwiGLU(x) = w_down(silu(w_gate(x)) * w_up(x)).")
     x = torch.randn(2, 4, d, generator=g).to(torch.bfloat16)
     m = run.call("module.to(torch.bfloat16)", student.to, torch.bfloat16)
     got = run.call("forward on a bfloat16 x of shape [2, 4, 16]", m, x)
@@ -192,9 +189,7 @@ def check_ffn_weight_count(run: CheckRun, ffn_weight_count) -> str:
         return [_ffn_case(run.randint(g, 8, 9000), run.randint(g, 8, 30000), run.pick(g, [False, True]))
                 for _ in range(3)]
 
-    for case in run.cases(public, secret, seed=21):
-        got = run.call(case.text, ffn_weight_count, *case.args)
-        run.judge_int(case, got, FFN_MISTAKES)
+    run.judge_each(ffn_weight_count, run.cases(public, secret, seed=21), run.judge_int, FFN_MISTAKES)
     return "6 cases incl. 8d² = 134,217,728, Llama's 135,266,304 and a GELU MLP narrower than 4d"
 
 

@@ -49,14 +49,16 @@ TABLE_MISTAKES = [
 ]
 
 
-def _table_cases(positions: torch.Tensor, dh: int, base: float | None) -> list[Case]:
+def _table_case(positions: torch.Tensor, dh: int, base: float | None) -> Case:
+    """One call, its two outputs judged as the cases ``cos`` and ``sin``."""
     b = 10000.0 if base is None else base
     shown = positions.tolist() if len(positions) <= 6 else f"0 .. {len(positions) - 1}" if \
         torch.equal(positions, torch.arange(len(positions))) else f"{len(positions)} positions up to {positions.max()}"
     call = f"rope_tables(torch.tensor({shown}), {dh}" + ("" if base is None else f", base={base:g}") + ")"
     args = (positions, dh) if base is None else (positions, dh, base)
-    return [Case(f"{call}, {name}", partial(_tables64, positions, dh, b, which), args, call=call, positions=positions,
-                 dh=dh, base=b, which=which) for which, name in ((0, "cos"), (1, "sin"))]
+    cos, sin = (Case(f"{call}, {name}", partial(_tables64, positions, dh, b, which), args, positions=positions, dh=dh,
+                     base=b, which=which) for which, name in ((0, "cos"), (1, "sin")))
+    return Case(call, lambda: None, args, positions=positions, cos=cos, sin=sin)
 
 
 @exercise_check
@@ -69,19 +71,16 @@ def check_rope_cache(run: CheckRun, rope_tables_fn) -> str:
 
     def secret(g):
         n = run.randint(g, 2, 12)
-        return _table_cases(torch.randperm(2048, generator=g)[:n], 2 * run.randint(g, 2, 32),
-                            run.pick(g, [None, 500000.0, 1000000.0]))
+        return [_table_case(torch.randperm(2048, generator=g)[:n], 2 * run.randint(g, 2, 32),
+                            run.pick(g, [None, 500000.0, 1000000.0]))]
 
-    pairs = [_table_cases(*c) for c in public]
-    drawn = run.cases([], secret, seed=104)
-    pairs += [drawn[i:i + 2] for i in range(0, len(drawn), 2)]
-    for cos_case, sin_case in pairs:
-        out = run.call(cos_case.call, rope_tables_fn, *cos_case.args)
+    for call in run.cases([_table_case(*c) for c in public], secret, seed=104):
+        out = run.call(call.text, rope_tables_fn, *call.args)
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            run.fail(f"{cos_case.call} must return a pair (cos, sin), got {type(out).__name__}.")
+            run.fail(f"{call.text} must return a pair (cos, sin), got {type(out).__name__}.")
         # float32 angles p·θ are off by up to ~6e-8·p rad (2.4e-4 near position 4,096): 4x that, or 2e-5
-        atol = max(2e-5, 2.5e-7 * int(cos_case.positions.max()))
-        for case, got in zip((cos_case, sin_case), out, strict=True):
+        atol = max(2e-5, 2.5e-7 * int(call.positions.max()))
+        for case, got in zip((call.cos, call.sin), out, strict=True):
             if isinstance(got, torch.Tensor) and got.shape != case.want.shape and got.shape == case.want.shape[::-1]:
                 run.fail(f"{case.text} has shape {shape_of(got)}; it should be [n, dh/2] = {list(case.want.shape)} "
                          "(one row per position).")

@@ -46,9 +46,7 @@ def check_repeat_kv(run: CheckRun, repeat_kv) -> str:
         shape = (run.randint(g, 1, 3), run.randint(g, 2, 5), run.randint(g, 1, 5), 2 * run.randint(g, 1, 4))
         return [_repeat_case(torch.randn(*shape, generator=g), run.randint(g, 2, 5))]
 
-    for case in run.cases(public, secret, seed=106):
-        got = run.call(case.text, repeat_kv, *case.args)
-        run.judge(case, got, REPEAT_MISTAKES, rtol=0, atol=0)
+    run.judge_each(repeat_kv, run.cases(public, secret, seed=106), run.judge, REPEAT_MISTAKES, rtol=0, atol=0)
     return "4 cases: GQA, MQA (one KV head), n_rep = 1"
 
 
@@ -161,9 +159,9 @@ def grade_attention_module(run: CheckRun, make_student, qk_norm: bool | None = N
         ref = run.randomize(GQAttention(d, h, kv, qk_norm=on), seed)
         x = torch.randn(B, T, d, generator=g)
         cos, sin = (t[offset:] for t in rope_cache(offset + T, d // h))
-        run_ = partial(_attention64, _params(ref), x, h=h, kv=kv, dh=d // h, eps=1e-6, qk_norm=on)
+        expect = partial(_attention64, _params(ref), x, cos, sin, h=h, kv=kv, dh=d // h, eps=1e-6, qk_norm=on)
         text = f"forward(x, cos, sin) with {desc}" + (f", qk_norm={on}" if qk_norm is None else "")
-        return Case(text, partial(run_, cos, sin), (x, cos, sin), ref=ref, h=h, kv=kv, qk_norm=on)
+        return Case(text, expect, (x, cos, sin), ref=ref, h=h, kv=kv, qk_norm=on)
 
     def secret(g):
         kv = run.pick(g, [1, 2])
@@ -197,8 +195,8 @@ def grade_attention_module(run: CheckRun, make_student, qk_norm: bool | None = N
 
 
 GQA_LOAD_HINTS = {
-    "wk.weight": "wk and wv project to n_kv_heads·head_dim features (fewer K/V heads than query heads).",
-    "wv.weight": "wk and wv project to n_kv_heads·head_dim features (fewer K/V heads than query heads).",
+    **dict.fromkeys(("wk.weight", "wv.weight"), "wk and wv project to n_kv_heads·head_dim features (fewer K/V heads "
+                                                "than query heads)."),
     "q_norm": "With qk_norm=True: self.q_norm = RMSNorm(head_dim) and self.k_norm = RMSNorm(head_dim) (per head, "
               "not over d); with qk_norm=False use nn.Identity().",
     "wq": "Name the projections wq, wk, wv (d → heads·head_dim) and wo (n_heads·head_dim → d), all bias-free.",

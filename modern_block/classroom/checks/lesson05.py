@@ -43,9 +43,7 @@ def check_mla_cache_bytes(run: CheckRun, mla_cache_bytes) -> str:
         return [_bytes_case(run.randint(g, 2, 128), run.pick(g, [96, 128, 256, 384, 512, 768]),
                             run.pick(g, [16, 32, 48, 64]), run.pick(g, [1, 2, 4])) for _ in range(3)]
 
-    for case in run.cases(public, secret, seed=22):
-        got = run.call(case.text, mla_cache_bytes, *case.args)
-        run.judge_int(case, got, MLA_BYTES_MISTAKES)
+    run.judge_each(mla_cache_bytes, run.cases(public, secret, seed=22), run.judge_int, MLA_BYTES_MISTAKES)
     return "4 cases incl. DeepSeek-V3's 70,272 bytes per token"
 
 

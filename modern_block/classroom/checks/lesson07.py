@@ -21,22 +21,19 @@ from .core import Case, CheckRun, Mistake, exercise_check
 
 
 class _SandwichBlock(nn.Module):
-    """The reference of exercise 1: the pre-norm block with an RMSNorm on each sub-layer's output as well
-    (Gemma 2 and 3's "sandwich" norm)."""
+    """The parts of exercise 1's block: the pre-norm block with an RMSNorm on each sub-layer's output as well
+    (Gemma 2 and 3's "sandwich" norm); ``_sandwich`` computes it."""
 
     def __init__(self, d: int, n_heads: int, n_kv_heads: int, d_ff: int):
         super().__init__()
         self.attn_norm, self.attn, self.attn_post_norm = RMSNorm(d), GQAttention(d, n_heads, n_kv_heads), RMSNorm(d)
         self.ffn_norm, self.ffn, self.ffn_post_norm = RMSNorm(d), SwiGLU(d, d_ff), RMSNorm(d)
 
-    def forward(self, x, cos, sin):  # x: [B, T, d]
-        x = x + self.attn_post_norm(self.attn(self.attn_norm(x), cos, sin))
-        return x + self.ffn_post_norm(self.ffn(self.ffn_norm(x)))
-
 
 def _sandwich(ref: _SandwichBlock, x, cos, sin, *, pre1="attn_norm", post1="attn_post_norm", pre2="ffn_norm",
               post2="ffn_post_norm", res1=True, res2=True, layout="sequential"):
-    """The block with its norms named by knob (None: left out), its residuals, or another layout."""
+    """The block: x += attn_post_norm(attn(attn_norm(x))), then x + ffn_post_norm(ffn(ffn_norm(x))); its norms
+    named by knob (None: left out), its residuals, or another layout."""
     def norm(name):
         return (lambda t: t) if name is None else ref.get_submodule(name)
 
@@ -156,10 +153,8 @@ LM_MISTAKES = [
 ]
 _LM_HINTS = {"emb": "Name the parts emb, blocks, norm and head.",
              "blocks.": "self.blocks = nn.ModuleList(Block(...) for _ in range(n_layers)).",
-             "unexpected cos": "The RoPE tables are computed, not learned: register them with persistent=False so "
-                               "they are not saved as weights.",
-             "unexpected sin": "The RoPE tables are computed, not learned: register them with persistent=False so "
-                               "they are not saved as weights."}
+             **dict.fromkeys(("unexpected cos", "unexpected sin"), "The RoPE tables are computed, not learned: "
+                             "register them with persistent=False so they are not saved as weights.")}
 
 
 @exercise_check
@@ -289,8 +284,6 @@ def check_llama_param_count(run: CheckRun, llama_param_count) -> str:
                                               qkv_bias=run.pick(g, [False, True]))))
         return out
 
-    for case in run.cases(public, secret, seed=23):
-        got = run.call(case.text, llama_param_count, *case.args, **case.kwargs)
-        run.judge_int(case, got, PARAM_MISTAKES)
+    run.judge_each(llama_param_count, run.cases(public, secret, seed=23), run.judge_int, PARAM_MISTAKES)
     return ("9 cases incl. the chapter's 3,283,456, tied, no QK-norm, MQA, Llama 2 7B's 6,738,415,616 and "
             "Qwen2.5-0.5B's 494,032,768 (biases on q, k, v)")

@@ -7,7 +7,7 @@ from functools import partial
 
 import torch
 
-from .core import Case, CheckRun, Mistake, exercise_check
+from .core import Case, CheckRun, Mistake, as_number, exercise_check
 from .diagnosis import shown
 
 # ---- exercise 1: the learning-rate schedule ---------------------------------------------------------------
@@ -72,8 +72,8 @@ def check_lr_schedule(run: CheckRun, lr_at) -> str:
         for step in case.steps:
             call = f"lr_at({step}, {', '.join(f'{a:g}' for a in case.args)})"
             got = run.call(call, lr_at, step, *case.args)
-            number = got.item() if isinstance(got, torch.Tensor) and got.numel() == 1 else got
-            if not isinstance(number, (int, float)) or isinstance(number, bool) or not math.isfinite(number):
+            number = as_number(got)
+            if number is None or not math.isfinite(number):
                 run.fail(f"{call} returned {type(got).__name__} {shown(got)}; expected a float.")
             values.append(float(number))
         run.judge(case, torch.tensor(values, dtype=torch.float64), LR_MISTAKES, rtol=1e-9, atol=1e-12,
@@ -118,9 +118,7 @@ def check_flops_per_token(run: CheckRun, flops_per_token) -> str:
         return [case(run.randint(g, 10_000, 10**9), run.pick(g, [2, 6, 12, 24]), run.pick(g, [4, 8, 16]),
                      run.pick(g, [32, 64, 128]), run.pick(g, [128, 512, 2048])) for _ in range(3)]
 
-    for c in run.cases(public, secret, seed=28):
-        got = run.call(c.text, flops_per_token, *c.args)
-        run.judge_int(c, got, FLOPS_MISTAKES)
+    run.judge_each(flops_per_token, run.cases(public, secret, seed=28), run.judge_int, FLOPS_MISTAKES)
     return "4 cases incl. the GPU-scale model's size"
 
 

@@ -139,13 +139,15 @@ V_ROW_MISTAKES = [
 ]
 
 
-def _unpermute_cases(g, what: str, h: int, kv: int, dh: int, d: int) -> list[Case]:
+def _unpermute_case(g, what: str, h: int, kv: int, dh: int, d: int) -> Case:
+    """One call, its three outputs judged as the cases ``wq``, ``wk`` and ``wv``."""
     wq, wk, wv = (torch.randn(n * dh, d, generator=g) for n in (h, kv, kv))  # as stored in the file
     call = f"unpermute_qk(wq {list(wq.shape)}, wk {list(wk.shape)}, wv {list(wv.shape)}, {h}, {kv}) ({what})"
-    facts: dict[str, Any] = dict(call=call, h=h, kv=kv, dh=dh, weights=(wq, wk, wv))
-    return [Case(f"{call}: the query weight wq", partial(_rows, wq, h), (wq,), part="wq", **facts),
-            Case(f"{call}: the key weight wk", partial(_rows, wk, kv), (wk,), part="wk", **facts),
-            Case(f"{call}: the value weight wv", partial(_rows, wv, kv, how="none"), (wv,), part="wv", **facts)]
+    facts: dict[str, Any] = dict(h=h, kv=kv, dh=dh)
+    return Case(call, lambda: None, (wq, wk, wv, h, kv),
+                wq=Case(f"{call}: the query weight wq", partial(_rows, wq, h), (wq,), part="wq", **facts),
+                wk=Case(f"{call}: the key weight wk", partial(_rows, wk, kv), (wk,), part="wk", **facts),
+                wv=Case(f"{call}: the value weight wv", partial(_rows, wv, kv, how="none"), (wv,), part="wv", **facts))
 
 
 @exercise_check
@@ -153,22 +155,20 @@ def check_unpermute_qk(run: CheckRun, unpermute_fn) -> str:
     """``unpermute_qk(wq, wk, wv, n_heads, n_kv_heads)`` -> (wq, wk, wv) in the half-split RoPE layout: llama.cpp's
     interleaved rows of each query and key head put back, the values untouched."""
     g = run.rng(92)
-    public = [_unpermute_cases(g, *c) for c in [("GQA: 4 query heads, 2 K/V heads of 12", 4, 2, 12, 16),
+    public = [_unpermute_case(g, *c) for c in [("GQA: 4 query heads, 2 K/V heads of 12", 4, 2, 12, 16),
                                                 ("SmolLM2-135M's shapes: 9 / 3 heads of 64", 9, 3, 64, 576),
                                                 ("MHA: 3 heads of 12", 3, 3, 12, 20),
                                                 ("MQA: 4 query heads, 1 K/V head of 16", 4, 1, 16, 24)]]
 
     def secret(g):
         kv = run.randint(g, 1, 4)
-        return _unpermute_cases(g, "drawn heads", kv * run.randint(g, 1, 4), kv, 2 * run.randint(g, 2, 9), 8)
+        return [_unpermute_case(g, "drawn heads", kv * run.randint(g, 1, 4), kv, 2 * run.randint(g, 2, 9), 8)]
 
-    drawn = run.cases([], secret, seed=192)
-    for parts in public + ([drawn] if drawn else []):
-        wq, wk, wv = parts[0].weights
-        got = run.call(parts[0].call, unpermute_fn, wq, wk, wv, parts[0].h, parts[0].kv)
+    for call in run.cases(public, secret, seed=192):
+        got = run.call(call.text, unpermute_fn, *call.args)
         if not (isinstance(got, (tuple, list)) and len(got) == 3):
-            run.fail(f"{parts[0].call}: return the three matrices (wq, wk, wv), got {type(got).__name__}.")
-        for case, value in zip(parts, got, strict=True):
+            run.fail(f"{call.text}: return the three matrices (wq, wk, wv), got {type(got).__name__}.")
+        for case, value in zip((call.wq, call.wk, call.wv), got, strict=True):
             run.judge(case, value, V_ROW_MISTAKES if case.part == "wv" else QK_ROW_MISTAKES, rtol=0, atol=0,
                       hint="per head: rows (2i, 2i+1) of the file are rows (i, i + d_h/2) of the course's layout.")
     return "4 layouts (GQA, SmolLM2's 9/3 heads of 64, MHA, MQA): q and k un-permuted per head, v untouched"

@@ -122,9 +122,7 @@ def check_ntk_scaled_base(run: CheckRun, ntk_scaled_base_fn) -> str:
                      run.pick(g, [1.5, 3.0, 16.0]))]
 
     public = [case(10000.0, 128, 4.0), case(500000.0, 64, 2.0), case(10000.0, 16, 8.0)]
-    for c in run.cases(public, secret, seed=10):
-        got = run.call(c.text, ntk_scaled_base_fn, *c.args)
-        run.judge_number(c, got, NTK_MISTAKES, rel=1e-6, kind=float,
-                         hint="the slowest pair's frequency is b^(-(d_h-2)/d_h); solve for the base that divides it "
-                              "by kappa.")
+    run.judge_each(ntk_scaled_base_fn, run.cases(public, secret, seed=10), run.judge_number, NTK_MISTAKES, rel=1e-6,
+                   kind=float, hint="the slowest pair's frequency is b^(-(d_h-2)/d_h); solve for the base that "
+                                    "divides it by kappa.")
     return "3 cases: Llama 2-style, Llama 3-style and a 16-dimensional head"

@@ -66,9 +66,7 @@ def check_bytes_per_token(run: CheckRun, bytes_per_token) -> str:
         shapes = [(run.randint(g, 1, 600), 32 * run.randint(g, 1, 40)) for _ in range(run.randint(g, 1, 4))]
         return [_bytes_case(shapes, fmt) for fmt in ("fp32", "bf16", "int8", "q4_1")]
 
-    for case in run.cases(public, secret, seed=110):
-        got = run.call(case.text, bytes_per_token, *case.args)
-        run.judge_int(case, got, BYTES_MISTAKES)
+    run.judge_each(bytes_per_token, run.cases(public, secret, seed=110), run.judge_int, BYTES_MISTAKES)
     return f"{len(public)} cases; SmolLM2-135M: {_bytes(SMOLLM2, 'fp32') / 1e6:.0f} MB in fp32, " \
            f"{_bytes(SMOLLM2, 'int8') / 1e6:.0f} MB in int8, {_bytes(SMOLLM2, 'q4_1') / 1e6:.1f} MB in Q4_1"
 
@@ -104,9 +102,8 @@ def check_floor_ms(run: CheckRun, floor_ms) -> str:
         return [case(float(run.randint(g, 10, 2000)) * 1e6, run.pick(g, [64, 128, 256, 512]) * 2**20,
                      run.pick(g, [0.003, 0.01, 0.05, 0.2]))]
 
-    for c in run.cases(public, secret, seed=111):
-        got = run.call(c.text, floor_ms, *c.args)
-        run.judge_number(c, got, FLOOR_MISTAKES, rel=1e-6, kind=float)
+    run.judge_each(floor_ms, run.cases(public, secret, seed=111), run.judge_number, FLOOR_MISTAKES, rel=1e-6,
+                   kind=float)
     bandwidth = 2 * 256 * 2**20 / 0.05
     return f"3 cases: SmolLM2 fp32 at a {bandwidth / 1e9:.1f} GB/s copy: {1e3 * 538e6 / bandwidth:.1f} ms"
 

@@ -86,9 +86,7 @@ def check_kv_bytes_per_token(run: CheckRun, kv_bytes_per_token) -> str:
                "num_attention_heads": 32, "hidden_size": 4096}
         return [_kv_case(cfg, f"a drawn config {cfg}"), _kv_case(mla, f"a drawn MLA config {mla}")]
 
-    for case in run.cases(public, secret, seed=211):
-        got = run.call(case.text, kv_bytes_per_token, dict(case.args[0]))
-        run.judge_int(case, got, KV_MISTAKES)
+    run.judge_each(kv_bytes_per_token, run.cases(public, secret, seed=211), run.judge_int, KV_MISTAKES)
     return f"{len(public)} configs incl. head_dim null; DeepSeek-V3 {_kv(load_config('DeepSeek-V3')):,} B/token"
 
 
@@ -218,9 +216,7 @@ def check_active_parameters(run: CheckRun, active_parameters) -> str:
         k = run.pick(g, [1, 2, 4, 8])
         return [_active_case((L * E * 3 * d * f + run.randint(g, 10**8, 10**10), L, E, k, d, f))]
 
-    for case in run.cases(public, secret, seed=213):
-        got = run.call(case.text, active_parameters, *case.args)
-        run.judge_int(case, got, ACTIVE_MISTAKES)
+    run.judge_each(active_parameters, run.cases(public, secret, seed=213), run.judge_int, ACTIVE_MISTAKES)
     L, E, k, d, f = MOE_CASES["DeepSeek-V3"]
     return f"3 models; DeepSeek-V3: {_active(TOTALS['DeepSeek-V3'], L, E, k, d, f) / 1e9:.1f}B active"
 
@@ -274,11 +270,12 @@ MOE_FFN_MISTAKES = [
 MOE_FFN_ALL = [*MOE_FFN_MISTAKES, *Mistake.pairs(MOE_FFN_MISTAKES)]  # and two slips at once
 
 
-def _moe_ffn_cases(args: tuple, name: str = "") -> tuple[Case, Case]:
+def _moe_ffn_case(args: tuple, name: str = "") -> Case:
+    """One call, its two outputs judged as the cases ``held`` and ``active``."""
     call = f"moe_ffn_parameters{args}" + (f" ({name})" if name else "")
     facts = dict(first_k=args[3], n_shared=args[7])
-    return (Case(f"{call}, held", partial(_moe_ffn, *args, part=0), args, **facts),
-            Case(f"{call}, active", partial(_moe_ffn, *args, part=1), args, **facts))
+    return Case(call, lambda: None, args, held=Case(f"{call}, held", partial(_moe_ffn, *args, part=0), args, **facts),
+                active=Case(f"{call}, active", partial(_moe_ffn, *args, part=1), args, **facts))
 
 
 @exercise_check
@@ -286,25 +283,23 @@ def check_moe_ffn_parameters(run: CheckRun, moe_ffn_parameters) -> str:
     """``moe_ffn_parameters(L, d, d_ff, first_k_dense, n_routed, top_k, d_expert, n_shared)`` -> ``(held, active)``:
     the FFN sublayers' parameters of a DeepSeek-style model (dense SwiGLUs in the first layers; in the others a d x E
     router, E routed and n_shared shared SwiGLU experts of width d_expert), all of them and those one token runs."""
-    public = [_moe_ffn_cases(sizes, name) for name, sizes in MOE_FFN_CASES.items()]
+    public = [_moe_ffn_case(sizes, name) for name, sizes in MOE_FFN_CASES.items()]
 
     def secret(g):
-        drawn = [_moe_ffn_cases(sizes, name) for name, sizes in MOE_FFN_GRADER.items()]
+        drawn = [_moe_ffn_case(sizes, name) for name, sizes in MOE_FFN_GRADER.items()]
         for _ in range(2):
             L, E = run.randint(g, 4, 96), run.pick(g, [8, 16, 64, 128, 256])
             args = (L, 128 * run.randint(g, 8, 64), 256 * run.randint(g, 8, 80), run.randint(g, 0, min(L, 5)), E,
                     run.pick(g, [1, 2, 4, 8]), 128 * run.randint(g, 2, 24), run.pick(g, [0, 1, 2]))
-            drawn.append(_moe_ffn_cases(args))
-        return [case for pair in drawn for case in pair]
+            drawn.append(_moe_ffn_case(args))
+        return drawn
 
-    cases = run.cases([case for pair in public for case in pair], secret, seed=214)
-    for held_case, active_case in zip(cases[::2], cases[1::2], strict=True):
-        got = run.call(held_case.text.removesuffix(", held"), moe_ffn_parameters, *held_case.args)
+    for case in run.cases(public, secret, seed=214):
+        got = run.call(case.text, moe_ffn_parameters, *case.args)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            run.fail(f"{held_case.text.removesuffix(', held')}: expected a tuple (held, active) of two ints, got "
-                     f"{type(got).__name__} {got!r:.60}.")
-        run.judge_int(held_case, got[0], MOE_FFN_ALL)
-        run.judge_int(active_case, got[1], MOE_FFN_ALL)
+            run.fail(f"{case.text}: expected a tuple (held, active) of two ints, got {type(got).__name__} {got!r:.60}.")
+        run.judge_int(case.held, got[0], MOE_FFN_ALL)
+        run.judge_int(case.active, got[1], MOE_FFN_ALL)
     held, active = (_moe_ffn(*MOE_FFN_CASES["DeepSeek-V3"], part=p) for p in (0, 1))
     return f"3 models; DeepSeek-V3's FFNs hold {held / 1e9:.1f}B, {active / 1e9:.1f}B run per token"
 
@@ -416,8 +411,6 @@ def check_kv_cache_at(run: CheckRun, kv_cache_at) -> str:
             drawn.append(_kv_at_case(cfg, run.pick(g, [cfg["sliding_window"] or 64, 50, 3000, 40_000]), text))
         return drawn
 
-    for case in run.cases(public, secret, seed=215):
-        got = run.call(case.text, kv_cache_at, dict(case.args[0]), case.args[1])
-        run.judge_int(case, got, KV_AT_ALL)
+    run.judge_each(kv_cache_at, run.cases(public, secret, seed=215), run.judge_int, KV_AT_ALL)
     gemma = _kv_at(language_model(load_config("Gemma 3 27B"))[0], 32_768)
     return f"{len(public)} cases; Gemma 3 27B at 32K holds {gemma / 2**30:.2f} GiB"

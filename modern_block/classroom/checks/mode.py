@@ -1,10 +1,9 @@
 """How a check runs and reports: one explicit object, ``Mode``, instead of switches read from the environment.
 
-``Mode.notebook(...)``: failures print, the package looks as the grader shows it while the student's code runs,
-and a value item's cell is read and run again with the pieces hidden. ``Mode.script()``: failures raise, nothing
-hidden. ``Mode.graded(secret, sources)``: the grader's, inputs and extra cases drawn from the secret, nothing
-printed. Without ``mode=``, ``Mode.current()`` picks notebook in a Jupyter kernel, else script; ``graded`` and
-``answer_sources`` are blocks that set the mode of the checks called inside them.
+``notebook``: failures print, the package looks as the grader shows it while the student's code runs, a value
+item's cell runs again with the pieces hidden. ``script``: failures raise. ``graded``: inputs and extra cases drawn
+from the grader's secret, nothing printed. ``Mode.current()`` picks notebook in a Jupyter kernel, else script;
+``graded`` and ``answer_sources`` are blocks that set the mode of the checks called inside them.
 """
 
 from __future__ import annotations
@@ -67,16 +66,11 @@ class Mode:
         chosen = _CHOSEN.get()
         if chosen is not None:
             return chosen
-        shell = _shell()
+        ipython = sys.modules.get("IPython")
+        shell = ipython.get_ipython() if ipython is not None else None
         if shell is not None and getattr(shell, "kernel", None) is not None:
             return cls.notebook(shell.user_ns.get("In", []), shell.user_ns)
         return cls.script()
-
-
-
-def _shell():
-    ipython = sys.modules.get("IPython")
-    return ipython.get_ipython() if ipython is not None else None
 
 
 _CHOSEN: contextvars.ContextVar[Mode | None] = contextvars.ContextVar("modern_block_checks_mode", default=None)
