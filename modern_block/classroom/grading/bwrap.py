@@ -69,17 +69,17 @@ def describe_interpreter() -> dict:
     return {"executable": real(sys.executable), "folders": sorted(folders), "path": path}
 
 
+def _inside(path: str, folders) -> bool:
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+
 def _outermost(paths) -> list[str]:
     """The paths with those inside another removed."""
     out: list[str] = []
     for p in sorted(set(paths)):
-        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out):
+        if not _inside(p, out):
             out.append(p)
     return out
-
-
-def _inside(path: str, folders) -> bool:
-    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
 
 
 def installed_packages(paths) -> list[str]:

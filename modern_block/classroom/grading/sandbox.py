@@ -9,6 +9,7 @@ enters the namespaces, loads the seccomp filter and talks to the grader over a s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -95,19 +96,17 @@ class Sandbox:
             wire.send(self.sock, message, timeout=max(0.01, deadline - time.monotonic()))
             reply = wire.receive(self.sock, deadline)
         except TimeoutError:
-            self.close()
-            raise SandboxLost("timed out") from None
+            lost = SandboxLost("timed out")
         except (EOFError, OSError):
-            how = self.how_it_ended()
-            self.close()
-            raise SandboxLost("died", how) from None
+            lost = SandboxLost("died", self.how_it_ended())
         except wire.ProtocolError as err:
-            self.close()
-            raise SandboxLost("garbled", str(err)) from None
-        if not isinstance(reply, dict):
-            self.close()
-            raise SandboxLost("garbled", "a reply that is not a dict")
-        return reply
+            lost = SandboxLost("garbled", str(err))
+        else:
+            if isinstance(reply, dict):
+                return reply
+            lost = SandboxLost("garbled", "a reply that is not a dict")
+        self.close()
+        raise lost
 
     def read_status(self, timeout: float, joining: bool = False) -> None:
         """Read the joiner's reports (its own pid when it waits for its cgroup, the student's pid, then its wait
@@ -163,15 +162,13 @@ class Sandbox:
             self.read_status(0.5)
         self.closed = True
         for s in (self.sock, self.status):
-            try:
+            with contextlib.suppress(OSError):
                 s.close()
-            except OSError:
-                pass
         if self.holder is not None:
             kill_group(self.holder.pid)
             self.holder.wait()
         elif self.pid is not None:
-                kill_group(self.pid)  # no sandbox: its session (a process that left it survives)
+            kill_group(self.pid)  # no sandbox: its session (a process that left it survives)
         if self.group is not None:
             self.group.remove()
         for path in self.files:
@@ -234,20 +231,6 @@ class Launcher:
             self.close()
             raise
 
-    @property
-    def _bwrap(self) -> str:
-        """bubblewrap's path, where sandboxes are in use."""
-        if self.bwrap is None:
-            raise SandboxError("no sandbox: bubblewrap is not in use")
-        return self.bwrap
-
-    @property
-    def _control(self) -> socket.socket:
-        """The socket to the zygote, once it runs."""
-        if self.control is None:
-            raise SandboxError("the zygote is not running")
-        return self.control
-
     def hide(self, paths) -> None:
         """Also hide these folders (the class's, the reference's) from every sandbox started from now on,
         should they lie inside a folder the sandbox shows."""
@@ -274,12 +257,10 @@ class Launcher:
 
     def _refusal(self, why: str) -> str:
         who = f" for uid {self.uid}" if self.user else ""
-        for knob, off in (("kernel/unprivileged_userns_clone", "0"), ("user/max_user_namespaces", "0")):
-            try:
-                if Path("/proc/sys", knob).read_text().strip() == off:
-                    why += f" (the kernel refuses user namespaces{who}: sysctl {knob.replace('/', '.')} is {off})"
-            except OSError:
-                pass
+        for knob in ("kernel/unprivileged_userns_clone", "user/max_user_namespaces"):
+            with contextlib.suppress(OSError):
+                if Path("/proc/sys", knob).read_text().strip() == "0":
+                    why += f" (the kernel refuses user namespaces{who}: sysctl {knob.replace('/', '.')} is 0)"
         if self.user is not None and "Permission denied" in why:
             why += (f" (the sandboxes run as uid {self.uid}, which must be able to read the interpreter "
                     f"{self.interpreter.executable} and its folders: chmod o+rx them, or o+x a private folder above)")
@@ -292,11 +273,16 @@ class Launcher:
         """A fresh descriptor of the filter's program, for bubblewrap's ``--seccomp`` (it reads it to the end)."""
         return os.open(self.run_dir / "seccomp.bpf", os.O_RDONLY)
 
+    def _command(self, copy: Path, notebook: Path | None, argv: list[str], seccomp_fd: int) -> list[str]:
+        if self.bwrap is None:
+            raise SandboxError("no sandbox: bubblewrap is not in use")
+        return bwrap_command(self.bwrap, self.interpreter, str(copy), str(notebook) if notebook else None,
+                             self.hidden, argv, self.features, seccomp_fd)
+
     def _probe(self) -> None:
         copy = package_copy.build(self.run_dir, frozenset())
         fd = self._seccomp_fd()
-        cmd = bwrap_command(self._bwrap, self.interpreter, str(copy), None, self.hidden,
-                            [self.interpreter.executable, "-I", "-S", "-c", _PROBE], self.features, fd)
+        cmd = self._command(copy, None, [self.interpreter.executable, "-I", "-S", "-c", _PROBE], fd)
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
                                   pass_fds=[fd], cwd="/", **self.as_user)
@@ -370,28 +356,21 @@ class Launcher:
             self.zygote.wait()
             self.zygote = None
 
-    def _notebook_file(self, number: int, notebook: bytes | None, files: list) -> Path | None:
-        """The submission's copy that bubblewrap binds, alone in a folder with a random name that only the
-        sandbox user may open; the folder is listed in ``files``."""
-        if notebook is None:
-            return None
-        folder = self._private_folder(f"n{number}-")
-        files.append(folder)
-        nb = folder / "notebook.ipynb"
-        nb.write_bytes(notebook)
-        if self.user is not None:
-            os.chown(nb, *self.user)
-        nb.chmod(0o400)
-        return nb
-
     def _holder(self, number: int, copy: Path, notebook: bytes | None, files: list) -> tuple[subprocess.Popen, int]:
-        """Start bubblewrap for one sandbox, holding its namespaces open; its first process's pid."""
-        nb = self._notebook_file(number, notebook, files)
+        """Start bubblewrap for one sandbox, holding its namespaces open; its first process's pid. The notebook
+        lies alone in a folder with a random name that only the sandbox user may open (listed in ``files``)."""
+        nb = None
+        if notebook is not None:
+            folder = self._private_folder(f"n{number}-")
+            files.append(folder)
+            nb = folder / "notebook.ipynb"
+            nb.write_bytes(notebook)
+            if self.user is not None:
+                os.chown(nb, *self.user)
+            nb.chmod(0o400)
         seccomp = self._seccomp_fd()
         try:
-            return hold(lambda argv: bwrap_command(self._bwrap, self.interpreter, str(copy), str(nb) if nb else None,
-                                                   self.hidden, argv, self.features, seccomp),
-                        self.user, self.as_user, [seccomp])
+            return hold(lambda argv: self._command(copy, nb, argv, seccomp), self.user, self.as_user, [seccomp])
         except HolderError as err:
             raise SandboxError(self._refusal(str(err))) from None
         finally:
@@ -428,8 +407,10 @@ class Launcher:
                                      str(workdir / "matplotlib"), "IPYTHONDIR": str(workdir / ".ipython")})
                 try:
                     with self.lock:
-                        socket.send_fds(self._control, [json.dumps(spec).encode()], [theirs.fileno(),
-                                                                                     status_theirs.fileno()])
+                        if self.control is None:
+                            raise SandboxError("the zygote is not running")
+                        socket.send_fds(self.control, [json.dumps(spec).encode()],
+                                        [theirs.fileno(), status_theirs.fileno()])
                 except OSError:
                     raise SandboxError("the grader's pre-loaded interpreter has ended") from None
             finally:
