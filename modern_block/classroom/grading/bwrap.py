@@ -1,4 +1,4 @@
-"""The bubblewrap command line of a sandbox, the interpreter it shows, and the process that holds it open.
+"""The bubblewrap command line of a sandbox and the interpreter it shows.
 
 A sandbox sees the system's libraries and the interpreter's folders read-only, its copy of the package, the
 notebook, a private read-only ``/proc``, a ``/dev`` of four devices and a size-limited ``/tmp`` (the only place it
@@ -10,11 +10,8 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import select
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
 from . import package_copy
@@ -135,73 +132,3 @@ def bwrap_command(bwrap: str, interpreter: Interpreter, copy: str, notebook: str
     if notebook is not None:
         cmd += ["--ro-bind", notebook, NOTEBOOK_MOUNT]
     return cmd + ["--chdir", "/tmp", "--", *argv]
-
-
-class HolderError(Exception):
-    """bubblewrap did not start a sandbox (the message: what it said)."""
-
-
-def kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def read_until(fd: int, deadline: float, done) -> bytes:
-    """Bytes from ``fd`` until ``done(data)`` or end of file; raises TimeoutError at ``deadline``."""
-    data = b""
-    while not done(data):
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise TimeoutError("no answer in time")
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
-def _json_complete(data: bytes) -> bool:
-    try:
-        json.loads(data)
-        return True
-    except ValueError:
-        return False
-
-
-def hold(command, owner: tuple[int, int] | None, as_user: dict, pass_fds: list[int]) -> tuple[subprocess.Popen, int]:
-    """Start bubblewrap (``command(argv)``: its command line around the sandbox's first process ``argv``) with a
-    first process that holds the namespaces open; bubblewrap's process and that first process's pid. ``owner``:
-    the sandbox user, ``as_user``: Popen's arguments that start it as that user. Raises HolderError."""
-    info_r, info_w = os.pipe()
-    ready_r, ready_w = os.pipe()
-    if owner is not None:
-        os.fchown(ready_w, *owner)  # the shell inside reopens it through /proc/self/fd
-    argv = ["/bin/sh", "-c", f"printf x > /proc/self/fd/{ready_w} && exec sleep 2147483647"]
-    cmd = command(argv)
-    cmd[-len(argv) - 1:-len(argv) - 1] = ["--info-fd", str(info_w)]
-    try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                pass_fds=[info_w, ready_w, *pass_fds], start_new_session=True,
-                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd="/", **as_user)
-    finally:
-        os.close(info_w)
-        os.close(ready_w)
-    try:
-        deadline = time.monotonic() + 60
-        ready = read_until(ready_r, deadline, lambda d: len(d) >= 1)
-        info = json.loads(read_until(info_r, deadline, _json_complete) or b"{}")
-        if ready != b"x" or not isinstance(info.get("child-pid"), int):
-            raise OSError("bubblewrap did not start")
-        return proc, info["child-pid"]
-    except (OSError, ValueError, TimeoutError) as err:
-        kill_group(proc.pid)
-        proc.wait()
-        said = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-        raise HolderError(said.strip()[-500:] or str(err)) from None
-    finally:
-        os.close(info_r)
-        os.close(ready_r)
-        if proc.stderr is not None:
-            proc.stderr.close()

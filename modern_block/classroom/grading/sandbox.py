@@ -30,15 +30,11 @@ from .bwrap import (
     COPY_MOUNT,
     ENV,
     TMPFS_BYTES,
-    HolderError,
     Interpreter,
     InterpreterError,
     bwrap_command,
     bwrap_features,
-    hold,
     installed_packages,
-    kill_group,
-    read_until,
 )
 from .cgroups import Cgroups, Group, scope_command, v2_group
 from .sandbox_user import sandbox_user, user_processes
@@ -52,6 +48,33 @@ UNSAFE_FLAG = "--no-sandbox-i-trust-these-notebooks"
 NO_CGROUP_FLAG = "--no-cgroup-i-accept-per-process-limits"  # Limits(without_cgroup=True)
 STATUS_LINE = 4096  # bytes of one report of the process that enters a sandbox
 _PROBE = "import sys; sys.exit(0 if sys.path else 1)"
+
+
+def kill_group(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def read_until(fd: int, deadline: float, done) -> bytes:
+    """Bytes from ``fd`` until ``done(data)`` or end of file; raises TimeoutError at ``deadline``."""
+    data = b""
+    while not done(data):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError("no answer in time")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _json_complete(data: bytes) -> bool:
+    try:
+        json.loads(data)
+        return True
+    except ValueError:
+        return False
 
 
 class SandboxLost(BaseException):
@@ -273,16 +296,18 @@ class Launcher:
         """A fresh descriptor of the filter's program, for bubblewrap's ``--seccomp`` (it reads it to the end)."""
         return os.open(self.run_dir / "seccomp.bpf", os.O_RDONLY)
 
-    def _command(self, copy: Path, notebook: Path | None, argv: list[str], seccomp_fd: int) -> list[str]:
+    @property
+    def _bwrap(self) -> str:
+        """bubblewrap's path, where sandboxes are in use."""
         if self.bwrap is None:
             raise SandboxError("no sandbox: bubblewrap is not in use")
-        return bwrap_command(self.bwrap, self.interpreter, str(copy), str(notebook) if notebook else None,
-                             self.hidden, argv, self.features, seccomp_fd)
+        return self.bwrap
 
     def _probe(self) -> None:
         copy = package_copy.build(self.run_dir, frozenset())
         fd = self._seccomp_fd()
-        cmd = self._command(copy, None, [self.interpreter.executable, "-I", "-S", "-c", _PROBE], fd)
+        cmd = bwrap_command(self._bwrap, self.interpreter, str(copy), None, self.hidden,
+                            [self.interpreter.executable, "-I", "-S", "-c", _PROBE], self.features, fd)
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
                                   pass_fds=[fd], cwd="/", **self.as_user)
@@ -356,25 +381,57 @@ class Launcher:
             self.zygote.wait()
             self.zygote = None
 
+    def _notebook_file(self, number: int, notebook: bytes | None, files: list) -> Path | None:
+        """The submission's copy that bubblewrap binds, alone in a folder with a random name that only the
+        sandbox user may open; the folder is listed in ``files``."""
+        if notebook is None:
+            return None
+        folder = self._private_folder(f"n{number}-")
+        files.append(folder)
+        nb = folder / "notebook.ipynb"
+        nb.write_bytes(notebook)
+        if self.user is not None:
+            os.chown(nb, *self.user)
+        nb.chmod(0o400)
+        return nb
+
     def _holder(self, number: int, copy: Path, notebook: bytes | None, files: list) -> tuple[subprocess.Popen, int]:
-        """Start bubblewrap for one sandbox, holding its namespaces open; its first process's pid. The notebook
-        lies alone in a folder with a random name that only the sandbox user may open (listed in ``files``)."""
-        nb = None
-        if notebook is not None:
-            folder = self._private_folder(f"n{number}-")
-            files.append(folder)
-            nb = folder / "notebook.ipynb"
-            nb.write_bytes(notebook)
-            if self.user is not None:
-                os.chown(nb, *self.user)
-            nb.chmod(0o400)
+        """Start bubblewrap for one sandbox with a first process that holds its namespaces open (a shell that says
+        so on a pipe, then sleeps); bubblewrap's process and that first process's pid."""
+        nb = self._notebook_file(number, notebook, files)
         seccomp = self._seccomp_fd()
+        info_r, info_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        if self.user is not None:
+            os.fchown(ready_w, *self.user)  # the shell inside reopens it through /proc/self/fd
+        argv = ["/bin/sh", "-c", f"printf x > /proc/self/fd/{ready_w} && exec sleep 2147483647"]
         try:
-            return hold(lambda argv: self._command(copy, nb, argv, seccomp), self.user, self.as_user, [seccomp])
-        except HolderError as err:
-            raise SandboxError(self._refusal(str(err))) from None
+            cmd = bwrap_command(self._bwrap, self.interpreter, str(copy), str(nb) if nb else None, self.hidden, argv,
+                                self.features, seccomp)
+            cmd[-len(argv) - 1:-len(argv) - 1] = ["--info-fd", str(info_w)]
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    pass_fds=[info_w, ready_w, seccomp], start_new_session=True,
+                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd="/", **self.as_user)
         finally:
-            os.close(seccomp)
+            for fd in (info_w, ready_w, seccomp):
+                os.close(fd)
+        try:
+            deadline = time.monotonic() + 60
+            ready = read_until(ready_r, deadline, lambda d: len(d) >= 1)
+            info = json.loads(read_until(info_r, deadline, _json_complete) or b"{}")
+            if ready != b"x" or not isinstance(info.get("child-pid"), int):
+                raise OSError("bubblewrap did not start")
+            return proc, info["child-pid"]
+        except (OSError, ValueError, TimeoutError) as err:
+            kill_group(proc.pid)
+            proc.wait()
+            said = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise SandboxError(self._refusal(said.strip()[-500:] or str(err))) from None
+        finally:
+            os.close(info_r)
+            os.close(ready_r)
+            if proc.stderr is not None:
+                proc.stderr.close()
 
     def spawn(self, hidden: frozenset[str], notebook: bytes | None = None) -> Sandbox:
         """A fresh sandbox, its package copy without the components ``hidden``, serving requests. Raises
