@@ -102,7 +102,7 @@ class Sandbox:
     """One submission's process, reached through a socket; ``close`` ends it and all it started."""
 
     def __init__(self, sock: socket.socket, status: socket.socket, holder: subprocess.Popen | None,
-                 group: Group | None, files: list[Path]):
+                 group: Group | None, files: list[Path]):  # files: the sandbox's private folders
         self.sock, self.status, self.holder, self.group, self.files = sock, status, holder, group, files
         self.pid: int | None = None  # the student's process, as the joiner reports it
         self.joining: int | None = None  # the joiner, waiting to be moved into the cgroup
@@ -194,11 +194,8 @@ class Sandbox:
             kill_group(self.pid)  # no sandbox: its session (a process that left it survives)
         if self.group is not None:
             self.group.remove()
-        for path in self.files:
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+        for folder in self.files:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class Launcher:
