@@ -123,9 +123,8 @@ class _Run:
     def _lose(self, cell: Cell, lost: SandboxLost) -> None:
         if cell in self.done:
             self.done.remove(cell)
-        why = _lost(lost, self.options.timeout)
-        self.errors[cell.index] = why
-        self.record(cell.index, why, "")
+        self.errors[cell.index] = _lost(lost, self.options.timeout)
+        self.record(cell.index, self.errors[cell.index], "")
 
     def run_cell(self, cell: Cell) -> None:
         try:
