@@ -1,4 +1,4 @@
-"""The bubblewrap command line of a sandbox and the interpreter it shows.
+"""The bubblewrap command line of a sandbox, the interpreter it shows, and reading what its holder reports.
 
 A sandbox sees the system's libraries and the interpreter's folders read-only, its copy of the package, the
 notebook, a private read-only ``/proc``, a ``/dev`` of four devices and a size-limited ``/tmp`` (the only place it
@@ -10,8 +10,11 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 from . import package_copy
@@ -132,3 +135,32 @@ def bwrap_command(bwrap: str, interpreter: Interpreter, copy: str, notebook: str
     if notebook is not None:
         cmd += ["--ro-bind", notebook, NOTEBOOK_MOUNT]
     return cmd + ["--chdir", "/tmp", "--", *argv]
+
+
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def read_until(fd: int, deadline: float, done) -> bytes:
+    """Bytes from ``fd`` until ``done(data)`` or end of file; raises TimeoutError at ``deadline``."""
+    data = b""
+    while not done(data):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError("no answer in time")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def json_complete(data: bytes) -> bool:
+    try:
+        json.loads(data)
+        return True
+    except ValueError:
+        return False

@@ -35,6 +35,9 @@ from .bwrap import (
     bwrap_command,
     bwrap_features,
     installed_packages,
+    json_complete,
+    kill_group,
+    read_until,
 )
 from .cgroups import Cgroups, Group, scope_command, v2_group
 from .sandbox_user import sandbox_user, user_processes
@@ -48,33 +51,6 @@ UNSAFE_FLAG = "--no-sandbox-i-trust-these-notebooks"
 NO_CGROUP_FLAG = "--no-cgroup-i-accept-per-process-limits"  # Limits(without_cgroup=True)
 STATUS_LINE = 4096  # bytes of one report of the process that enters a sandbox
 _PROBE = "import sys; sys.exit(0 if sys.path else 1)"
-
-
-def kill_group(pid: int) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def read_until(fd: int, deadline: float, done) -> bytes:
-    """Bytes from ``fd`` until ``done(data)`` or end of file; raises TimeoutError at ``deadline``."""
-    data = b""
-    while not done(data):
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise TimeoutError("no answer in time")
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
-def _json_complete(data: bytes) -> bool:
-    try:
-        json.loads(data)
-        return True
-    except ValueError:
-        return False
 
 
 class SandboxLost(BaseException):
@@ -415,7 +391,7 @@ class Launcher:
         try:
             deadline = time.monotonic() + 60
             ready = read_until(ready_r, deadline, lambda d: len(d) >= 1)
-            info = json.loads(read_until(info_r, deadline, _json_complete) or b"{}")
+            info = json.loads(read_until(info_r, deadline, json_complete) or b"{}")
             if ready != b"x" or not isinstance(info.get("child-pid"), int):
                 raise OSError("bubblewrap did not start")
             return proc, info["child-pid"]
