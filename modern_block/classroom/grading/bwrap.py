@@ -1,4 +1,4 @@
-"""The bubblewrap command line of a sandbox, the interpreter it shows, and the process that holds it open.
+"""The bubblewrap command line of a sandbox, the interpreter it shows, and reading what its holder reports.
 
 A sandbox sees the system's libraries and the interpreter's folders read-only, its copy of the package, the
 notebook, a private read-only ``/proc``, a ``/dev`` of four devices and a size-limited ``/tmp`` (the only place it
@@ -69,17 +69,17 @@ def describe_interpreter() -> dict:
     return {"executable": real(sys.executable), "folders": sorted(folders), "path": path}
 
 
+def _inside(path: str, folders) -> bool:
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+
 def _outermost(paths) -> list[str]:
     """The paths with those inside another removed."""
     out: list[str] = []
     for p in sorted(set(paths)):
-        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out):
+        if not _inside(p, out):
             out.append(p)
     return out
-
-
-def _inside(path: str, folders) -> bool:
-    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
 
 
 def installed_packages(paths) -> list[str]:
@@ -137,10 +137,6 @@ def bwrap_command(bwrap: str, interpreter: Interpreter, copy: str, notebook: str
     return cmd + ["--chdir", "/tmp", "--", *argv]
 
 
-class HolderError(Exception):
-    """bubblewrap did not start a sandbox (the message: what it said)."""
-
-
 def kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -162,46 +158,9 @@ def read_until(fd: int, deadline: float, done) -> bytes:
     return data
 
 
-def _json_complete(data: bytes) -> bool:
+def json_complete(data: bytes) -> bool:
     try:
         json.loads(data)
         return True
     except ValueError:
         return False
-
-
-def hold(command, owner: tuple[int, int] | None, as_user: dict, pass_fds: list[int]) -> tuple[subprocess.Popen, int]:
-    """Start bubblewrap (``command(argv)``: its command line around the sandbox's first process ``argv``) with a
-    first process that holds the namespaces open; bubblewrap's process and that first process's pid. ``owner``:
-    the sandbox user, ``as_user``: Popen's arguments that start it as that user. Raises HolderError."""
-    info_r, info_w = os.pipe()
-    ready_r, ready_w = os.pipe()
-    if owner is not None:
-        os.fchown(ready_w, *owner)  # the shell inside reopens it through /proc/self/fd
-    argv = ["/bin/sh", "-c", f"printf x > /proc/self/fd/{ready_w} && exec sleep 2147483647"]
-    cmd = command(argv)
-    cmd[-len(argv) - 1:-len(argv) - 1] = ["--info-fd", str(info_w)]
-    try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                pass_fds=[info_w, ready_w, *pass_fds], start_new_session=True,
-                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd="/", **as_user)
-    finally:
-        os.close(info_w)
-        os.close(ready_w)
-    try:
-        deadline = time.monotonic() + 60
-        ready = read_until(ready_r, deadline, lambda d: len(d) >= 1)
-        info = json.loads(read_until(info_r, deadline, _json_complete) or b"{}")
-        if ready != b"x" or not isinstance(info.get("child-pid"), int):
-            raise OSError("bubblewrap did not start")
-        return proc, info["child-pid"]
-    except (OSError, ValueError, TimeoutError) as err:
-        kill_group(proc.pid)
-        proc.wait()
-        said = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-        raise HolderError(said.strip()[-500:] or str(err)) from None
-    finally:
-        os.close(info_r)
-        os.close(ready_r)
-        if proc.stderr is not None:
-            proc.stderr.close()

@@ -19,7 +19,6 @@ import torch.nn as nn
 
 from .grade_report import one_line
 from .sandbox import Sandbox, SandboxLost
-from .wire import Unsupported
 
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))  # what nn.Module.__init__ sets up: rebuilt there, not sent
 MAX_NAMES = 10_000  # parameters, buffers, submodules and attributes in one module's description
@@ -75,12 +74,9 @@ class Link:
         self.sandbox, self.deadline = sandbox, deadline
         self.proxies: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # while a check holds them
 
-    def request(self, message: dict) -> dict:
-        return self.sandbox.request(message, self.deadline)
-
     def get(self, names: list[str]) -> dict:
         """The student's values for ``names`` (a name that is not defined maps to ``MISSING``)."""
-        values = self.request({"op": "get", "names": list(names)}).get("values")
+        values = self.sandbox.request({"op": "get", "names": list(names)}, self.deadline).get("values")
         if not isinstance(values, dict):
             raise SandboxLost("garbled", "a malformed reply to 'get'")
         return {n: MISSING if values.get(n) == {"__missing__": True} else self.decode(values.get(n)) for n in names}
@@ -89,8 +85,9 @@ class Link:
              outputs: Sequence[int] = ()) -> tuple[object, dict[int, object]]:
         """Call object ``number`` (or its ``method``) there; its value, and the arguments ``outputs`` as the
         call left them."""
-        reply = self.request({"op": "call", "target": number, "method": method, "args": self.encode(list(args)),
-                              "kwargs": self.encode(kwargs), "push": push, "outputs": list(outputs)})
+        reply = self.sandbox.request({"op": "call", "target": number, "method": method, "args": self.encode(list(args)),
+                                      "kwargs": self.encode(kwargs), "push": push, "outputs": list(outputs)},
+                                     self.deadline)
         error, back = reply.get("error"), reply.get("outputs")
         if not (error is None or (isinstance(error, list) and len(error) == 2)) or not isinstance(back, dict):
             raise SandboxLost("garbled", "a malformed reply to a call")
@@ -99,8 +96,6 @@ class Link:
         if any(str(i) not in back for i in outputs):
             raise SandboxLost("garbled", "a reply without the declared outputs")
         return self.decode(reply.get("value")), {i: self.decode(back[str(i)]) for i in outputs}
-
-    # ---- values -----------------------------------------------------------------------------------------
 
     def encode(self, value):
         """What the grader sends: data, a reference to a student's object, or one of its own modules."""
@@ -122,10 +117,9 @@ class Link:
             if isinstance(number, int):
                 return self._proxy(number, value)
             return {k: self.decode(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.decode(v) for v in value]
-        if isinstance(value, tuple):
-            return tuple(self.decode(v) for v in value)
+        if isinstance(value, (list, tuple)):
+            items = [self.decode(v) for v in value]
+            return items if isinstance(value, list) else tuple(items)
         return value
 
     def _proxy(self, number: int, desc: dict):
@@ -146,10 +140,9 @@ def checked_description(module) -> dict:
     """A module's description with its shape checked before any of it is walked or built: its four parts
     of the right types, at most ``MAX_NAMES`` names in all, each at most ``MAX_NAME`` characters and
     ``MAX_PARTS`` dotted parts. Raises ValueError."""
-    parts: dict[str, Any] = {k: module.get(k) for k in ("params", "buffers", "modules", "attrs")} \
-        if isinstance(module, dict) else {}
-    if not (isinstance(parts.get("params"), list) and isinstance(parts.get("buffers"), list) and
-            isinstance(parts.get("modules"), list) and isinstance(parts.get("attrs"), dict)):
+    kinds = {"params": list, "buffers": list, "modules": list, "attrs": dict}
+    parts: dict[str, Any] = {k: module.get(k) for k in kinds} if isinstance(module, dict) else {}
+    if not all(isinstance(parts.get(k), kind) for k, kind in kinds.items()):
         raise ValueError("a malformed module description")
     if sum(len(v) for v in parts.values()) > MAX_NAMES:
         raise ValueError(f"a module with more than {MAX_NAMES:,} names")
@@ -238,10 +231,8 @@ class RemoteModule(nn.Module):
     def _rebuild(self, desc: dict) -> None:
         module = checked_description(desc["module"])
         self.__dict__["_room"] = MAX_SUBMODULES
-        self._parameters.clear()
-        self._buffers.clear()
-        self._modules.clear()
-        self._non_persistent_buffers_set.clear()
+        for table in (self._parameters, self._buffers, self._modules, self._non_persistent_buffers_set):
+            table.clear()
         for key in [k for k in self.__dict__ if not k.startswith("_") and k != "training"]:
             del self.__dict__[key]
         for name in module["modules"]:
@@ -298,6 +289,3 @@ class RemoteModule(nn.Module):
     def to(self, *args, **kwargs):
         return self._link.call(self._number, "to", list(args), kwargs, push=self._state())[0]
 
-
-__all__ = ["Link", "MISSING", "RemoteModule", "RemoteObject", "StudentError", "Unsupported", "module_spec",
-           "student_error"]

@@ -13,7 +13,6 @@ import os
 import resource
 import signal
 import socket
-import sys
 from typing import Any
 
 import torch
@@ -56,16 +55,6 @@ class BoundedText:
     def text(self) -> str:
         middle = f"\n[... {self.dropped:,} characters of output left out ...]\n" if self.dropped else ""
         return self.head + middle + self.tail
-
-
-@contextlib.contextmanager
-def captured(stream: BoundedText):
-    saved = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = stream
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = saved
 
 
 def error_of(err: BaseException) -> list[str]:
@@ -119,8 +108,6 @@ class Runner:
         self.objects: dict[int, object] = {}
         self.numbers: dict[int, int] = {}  # id(object) -> its number (the object is kept, so the id stays its own)
 
-    # ---- from the grader -------------------------------------------------------------------------------
-
     def handle(self, msg: dict) -> dict:
         op = msg.get("op")
         if op == "exec":
@@ -134,7 +121,7 @@ class Runner:
 
     def run_cell(self, source: str) -> dict:
         out = BoundedText()
-        with captured(out):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             result = self.shell.run_cell(source, store_history=False)
         err = result.error_before_exec or result.error_in_exec
         return {"error": error_of(err) if err is not None else None, "output": out.text()}
@@ -149,7 +136,7 @@ class Runner:
         args, kwargs = self.decode(msg["args"]), self.decode(msg["kwargs"])
         out = BoundedText()
         value, error = None, None
-        with captured(out):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             try:
                 value = fn(*args, **kwargs)
             except BaseException as err:  # SystemExit and KeyboardInterrupt too: the grader decides
@@ -185,8 +172,6 @@ class Runner:
                         continue
                     if tensor is not None and tensor.shape == value.shape:
                         tensor.copy_(value)
-
-    # ---- to the grader ---------------------------------------------------------------------------------
 
     def encode(self, value, depth: int = 0):
         """Data as it is; any other object is kept here and described."""
@@ -260,15 +245,12 @@ def serve(sock) -> None:
             wire.send(sock, {"error": ["GraderError", "the answer could not be sent: " + " ".join(error_of(err))]})
 
 
-def _vm_bytes() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-
-
 def set_limits(memory_mb: int, cpu_seconds: int, processes: int | None) -> None:
     """Limits on this process, inherited by every process it starts: address space (what it has loaded plus
     ``memory_mb``), CPU time, file size, no core dumps and, without a cgroup, a number of processes."""
-    memory = _vm_bytes() + memory_mb * (1 << 20)
+    with open("/proc/self/status") as f:
+        loaded = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    memory = loaded + memory_mb * (1 << 20)
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
@@ -284,8 +266,7 @@ def boot(config: dict) -> None:
         import IPython.core.interactiveshell  # noqa: F401
 
         import modern_block  # noqa: F401  (the sandbox's copy)
-        import modern_block.classroom.checks  # noqa: F401  (its stub: the forbidden torch functions raise, whether
-        #                                       or not the notebook imports the checks)
+        import modern_block.classroom.checks  # noqa: F401  (its stub: the forbidden torch functions raise)
 
         os.environ.update(config.get("env", {}))
         torch.set_num_threads(1)

@@ -9,6 +9,7 @@ enters the namespaces, loads the seccomp filter and talks to the grader over a s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -29,13 +30,12 @@ from .bwrap import (
     COPY_MOUNT,
     ENV,
     TMPFS_BYTES,
-    HolderError,
     Interpreter,
     InterpreterError,
     bwrap_command,
     bwrap_features,
-    hold,
     installed_packages,
+    json_complete,
     kill_group,
     read_until,
 )
@@ -78,7 +78,7 @@ class Sandbox:
     """One submission's process, reached through a socket; ``close`` ends it and all it started."""
 
     def __init__(self, sock: socket.socket, status: socket.socket, holder: subprocess.Popen | None,
-                 group: Group | None, files: list[Path]):
+                 group: Group | None, files: list[Path]):  # files: the sandbox's private folders
         self.sock, self.status, self.holder, self.group, self.files = sock, status, holder, group, files
         self.pid: int | None = None  # the student's process, as the joiner reports it
         self.joining: int | None = None  # the joiner, waiting to be moved into the cgroup
@@ -95,19 +95,17 @@ class Sandbox:
             wire.send(self.sock, message, timeout=max(0.01, deadline - time.monotonic()))
             reply = wire.receive(self.sock, deadline)
         except TimeoutError:
-            self.close()
-            raise SandboxLost("timed out") from None
+            lost = SandboxLost("timed out")
         except (EOFError, OSError):
-            how = self.how_it_ended()
-            self.close()
-            raise SandboxLost("died", how) from None
+            lost = SandboxLost("died", self.how_it_ended())
         except wire.ProtocolError as err:
-            self.close()
-            raise SandboxLost("garbled", str(err)) from None
-        if not isinstance(reply, dict):
-            self.close()
-            raise SandboxLost("garbled", "a reply that is not a dict")
-        return reply
+            lost = SandboxLost("garbled", str(err))
+        else:
+            if isinstance(reply, dict):
+                return reply
+            lost = SandboxLost("garbled", "a reply that is not a dict")
+        self.close()
+        raise lost
 
     def read_status(self, timeout: float, joining: bool = False) -> None:
         """Read the joiner's reports (its own pid when it waits for its cgroup, the student's pid, then its wait
@@ -163,22 +161,17 @@ class Sandbox:
             self.read_status(0.5)
         self.closed = True
         for s in (self.sock, self.status):
-            try:
+            with contextlib.suppress(OSError):
                 s.close()
-            except OSError:
-                pass
         if self.holder is not None:
             kill_group(self.holder.pid)
             self.holder.wait()
         elif self.pid is not None:
-                kill_group(self.pid)  # no sandbox: its session (a process that left it survives)
+            kill_group(self.pid)  # no sandbox: its session (a process that left it survives)
         if self.group is not None:
             self.group.remove()
-        for path in self.files:
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+        for folder in self.files:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class Launcher:
@@ -234,20 +227,6 @@ class Launcher:
             self.close()
             raise
 
-    @property
-    def _bwrap(self) -> str:
-        """bubblewrap's path, where sandboxes are in use."""
-        if self.bwrap is None:
-            raise SandboxError("no sandbox: bubblewrap is not in use")
-        return self.bwrap
-
-    @property
-    def _control(self) -> socket.socket:
-        """The socket to the zygote, once it runs."""
-        if self.control is None:
-            raise SandboxError("the zygote is not running")
-        return self.control
-
     def hide(self, paths) -> None:
         """Also hide these folders (the class's, the reference's) from every sandbox started from now on,
         should they lie inside a folder the sandbox shows."""
@@ -274,12 +253,10 @@ class Launcher:
 
     def _refusal(self, why: str) -> str:
         who = f" for uid {self.uid}" if self.user else ""
-        for knob, off in (("kernel/unprivileged_userns_clone", "0"), ("user/max_user_namespaces", "0")):
-            try:
-                if Path("/proc/sys", knob).read_text().strip() == off:
-                    why += f" (the kernel refuses user namespaces{who}: sysctl {knob.replace('/', '.')} is {off})"
-            except OSError:
-                pass
+        for knob in ("kernel/unprivileged_userns_clone", "user/max_user_namespaces"):
+            with contextlib.suppress(OSError):
+                if Path("/proc/sys", knob).read_text().strip() == "0":
+                    why += f" (the kernel refuses user namespaces{who}: sysctl {knob.replace('/', '.')} is 0)"
         if self.user is not None and "Permission denied" in why:
             why += (f" (the sandboxes run as uid {self.uid}, which must be able to read the interpreter "
                     f"{self.interpreter.executable} and its folders: chmod o+rx them, or o+x a private folder above)")
@@ -291,6 +268,13 @@ class Launcher:
     def _seccomp_fd(self) -> int:
         """A fresh descriptor of the filter's program, for bubblewrap's ``--seccomp`` (it reads it to the end)."""
         return os.open(self.run_dir / "seccomp.bpf", os.O_RDONLY)
+
+    @property
+    def _bwrap(self) -> str:
+        """bubblewrap's path, where sandboxes are in use."""
+        if self.bwrap is None:
+            raise SandboxError("no sandbox: bubblewrap is not in use")
+        return self.bwrap
 
     def _probe(self) -> None:
         copy = package_copy.build(self.run_dir, frozenset())
@@ -385,17 +369,42 @@ class Launcher:
         return nb
 
     def _holder(self, number: int, copy: Path, notebook: bytes | None, files: list) -> tuple[subprocess.Popen, int]:
-        """Start bubblewrap for one sandbox, holding its namespaces open; its first process's pid."""
+        """Start bubblewrap for one sandbox with a first process that holds its namespaces open (a shell that says
+        so on a pipe, then sleeps); bubblewrap's process and that first process's pid."""
         nb = self._notebook_file(number, notebook, files)
         seccomp = self._seccomp_fd()
+        info_r, info_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        if self.user is not None:
+            os.fchown(ready_w, *self.user)  # the shell inside reopens it through /proc/self/fd
+        argv = ["/bin/sh", "-c", f"printf x > /proc/self/fd/{ready_w} && exec sleep 2147483647"]
         try:
-            return hold(lambda argv: bwrap_command(self._bwrap, self.interpreter, str(copy), str(nb) if nb else None,
-                                                   self.hidden, argv, self.features, seccomp),
-                        self.user, self.as_user, [seccomp])
-        except HolderError as err:
-            raise SandboxError(self._refusal(str(err))) from None
+            cmd = bwrap_command(self._bwrap, self.interpreter, str(copy), str(nb) if nb else None, self.hidden, argv,
+                                self.features, seccomp)
+            cmd[-len(argv) - 1:-len(argv) - 1] = ["--info-fd", str(info_w)]
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    pass_fds=[info_w, ready_w, seccomp], start_new_session=True,
+                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd="/", **self.as_user)
         finally:
-            os.close(seccomp)
+            for fd in (info_w, ready_w, seccomp):
+                os.close(fd)
+        try:
+            deadline = time.monotonic() + 60
+            ready = read_until(ready_r, deadline, lambda d: len(d) >= 1)
+            info = json.loads(read_until(info_r, deadline, json_complete) or b"{}")
+            if ready != b"x" or not isinstance(info.get("child-pid"), int):
+                raise OSError("bubblewrap did not start")
+            return proc, info["child-pid"]
+        except (OSError, ValueError, TimeoutError) as err:
+            kill_group(proc.pid)
+            proc.wait()
+            said = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise SandboxError(self._refusal(said.strip()[-500:] or str(err))) from None
+        finally:
+            os.close(info_r)
+            os.close(ready_r)
+            if proc.stderr is not None:
+                proc.stderr.close()
 
     def spawn(self, hidden: frozenset[str], notebook: bytes | None = None) -> Sandbox:
         """A fresh sandbox, its package copy without the components ``hidden``, serving requests. Raises
@@ -428,8 +437,10 @@ class Launcher:
                                      str(workdir / "matplotlib"), "IPYTHONDIR": str(workdir / ".ipython")})
                 try:
                     with self.lock:
-                        socket.send_fds(self._control, [json.dumps(spec).encode()], [theirs.fileno(),
-                                                                                     status_theirs.fileno()])
+                        if self.control is None:
+                            raise SandboxError("the zygote is not running")
+                        socket.send_fds(self.control, [json.dumps(spec).encode()],
+                                        [theirs.fileno(), status_theirs.fileno()])
                 except OSError:
                     raise SandboxError("the grader's pre-loaded interpreter has ended") from None
             finally:

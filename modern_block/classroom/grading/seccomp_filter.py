@@ -50,15 +50,12 @@ def binding():
     """libseccomp's own binding where it is importable, else pyseccomp. Raises SeccompUnavailable."""
     try:
         import seccomp as sc  # type: ignore[import-not-found]
-
-        return sc
     except ImportError:
-        pass
-    try:
-        import pyseccomp as sc
-    except (ImportError, OSError, RuntimeError) as err:
-        raise SeccompUnavailable(f"the seccomp binding is missing ({err}): pip install pyseccomp, and libseccomp "
-                                 "(Debian/Ubuntu: apt-get install libseccomp2)") from None
+        try:
+            import pyseccomp as sc
+        except (ImportError, OSError, RuntimeError) as err:
+            raise SeccompUnavailable(f"the seccomp binding is missing ({err}): pip install pyseccomp, and "
+                                     "libseccomp (Debian/Ubuntu: apt-get install libseccomp2)") from None
     return sc
 
 

@@ -123,10 +123,8 @@ class _Run:
     def _lose(self, cell: Cell, lost: SandboxLost) -> None:
         if cell in self.done:
             self.done.remove(cell)
-        why = (f"timed out: ran longer than {self.options.timeout:g} s (an endless loop?) and was stopped"
-               if lost.reason == "timed out" else _lost(lost))
-        self.errors[cell.index] = why
-        self.record(cell.index, why, "")
+        self.errors[cell.index] = _lost(lost, self.options.timeout)
+        self.record(cell.index, self.errors[cell.index], "")
 
     def run_cell(self, cell: Cell) -> None:
         try:
@@ -147,8 +145,10 @@ class _Run:
             self.box.close()
 
 
-def _lost(lost: SandboxLost) -> str:
-    """Why the submission's process was lost, in words (the time-outs are worded where they happen)."""
+def _lost(lost: SandboxLost, timeout: float, who: str = "") -> str:
+    """Why the submission's process was lost, in words (``who``: what ran, where a check timed out)."""
+    if lost.reason == "timed out":
+        return f"timed out: {who}ran longer than {timeout:g} s (an endless loop?) and was stopped"
     if lost.reason == "garbled":
         return f"the submission's process sent a reply the grader cannot read ({one_line(lost.detail)})"
     return f"died: {lost.detail}" if lost.detail else "died: the submission's process ended"
@@ -197,9 +197,7 @@ def check_exercise(run: _Run, ex: RefExercise, result: Exercise, plan: Plan, sec
     except SandboxLost as lost:
         if time.monotonic() >= run.deadline:
             raise _OutOfTime() from None
-        result.status = FAILED
-        result.detail = (f"timed out: your code ran longer than {run.options.timeout:g} s (an endless loop?) and "
-                         "was stopped" if lost.reason == "timed out" else _lost(lost))
+        result.status, result.detail = FAILED, _lost(lost, run.options.timeout, "your code ")
     except (_OutOfTime, NotebookError):
         raise
     except Exception as err:  # a result the check cannot use (an odd type, say)

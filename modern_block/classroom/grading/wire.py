@@ -50,9 +50,6 @@ class Unsupported:
         return f"<unsupported value: {self.what}>"
 
 
-# ---- writing ---------------------------------------------------------------------------------------------
-
-
 def encode(message) -> bytearray:
     """The payload of one frame, its tensors' bytes copied once, straight into it (raises ProtocolError for a
     message over the limits)."""
@@ -125,9 +122,6 @@ def send(sock: socket.socket, message, timeout: float | None = None) -> None:
     sock.sendall(data)
 
 
-# ---- reading ---------------------------------------------------------------------------------------------
-
-
 def _read(sock: socket.socket, n: int, deadline: float | None) -> bytearray:
     buf = bytearray(n)  # n is checked against the limits before this
     view, got = memoryview(buf), 0
@@ -161,17 +155,6 @@ def receive(sock: socket.socket, deadline: float | None = None):
 
 def _int(text: str):
     return int(text) if len(text.lstrip("-")) <= MAX_DIGITS else Unsupported("an int with more than 256 bits")
-
-
-def _json(text: bytes, what: str):
-    if text.count(b"[") + text.count(b"{") + text.count(b",") > 4 * MAX_NODES:
-        raise ProtocolError(f"{what} with too many values")
-    try:
-        return json.loads(text, parse_int=_int)
-    except RecursionError:
-        raise ProtocolError(f"{what} nested too deep") from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ProtocolError(f"{what} that is not valid JSON ({str(err)[:200]})") from None
 
 
 def decode(data: bytes | bytearray):
@@ -214,7 +197,14 @@ def _parse(data: bytes) -> tuple[bytes, list[tuple[torch.dtype, list[int], bytea
 
 def _build(text: bytes, plan: list[tuple[torch.dtype, list[int], bytearray]]):
     """The message from its parsed parts: each tensor on the library's copy of its bytes (no further copy)."""
-    tree = _json(text, "a message")
+    if text.count(b"[") + text.count(b"{") + text.count(b",") > 4 * MAX_NODES:
+        raise ProtocolError("a message with too many values")
+    try:
+        tree = json.loads(text, parse_int=_int)
+    except RecursionError:
+        raise ProtocolError("a message nested too deep") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ProtocolError(f"a message that is not valid JSON ({str(err)[:200]})") from None
     tensors = [torch.frombuffer(data, dtype=dtype).reshape(shape) if len(data) else torch.zeros(shape, dtype=dtype)
                for dtype, shape, data in plan]
     return _decode(tree, 0, {"nodes": MAX_NODES}, tensors)

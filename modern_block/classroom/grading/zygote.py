@@ -25,7 +25,6 @@ PR_SET_SECCOMP, SECCOMP_MODE_FILTER, PR_SET_DUMPABLE = 22, 2, 4
 BOOT = "from modern_block.classroom.grading.runner import boot"
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_FILTER = [b""]  # the seccomp program (BPF), from the grader
 
 
 class _SockFprog(ctypes.Structure):
@@ -89,13 +88,13 @@ def load_filter(program: bytes) -> None:
         raise OSError(ctypes.get_errno(), "cannot load the seccomp filter")
 
 
-def student(sock_fd: int, spec: dict) -> None:
+def student(sock_fd: int, spec: dict, program: bytes) -> None:
     """The student's process, once inside: contain itself, then serve the grader. Never returns."""
     try:
         os.setsid()  # its own session and process group: kill(0, ...) reaches nothing of the grader's
         if spec.get("sandbox"):
             drop_capabilities()
-            load_filter(_FILTER[0])
+            load_filter(program)
         os.closerange(3, sock_fd)
         os.closerange(sock_fd + 1, 1 << 16)
         if spec.get("open_files"):  # bounds the pipes (and their buffers) a process can hold
@@ -120,7 +119,7 @@ def student(sock_fd: int, spec: dict) -> None:
         os._exit(0)
 
 
-def joiner(sock_fd: int, status_fd: int, spec: dict) -> None:
+def joiner(sock_fd: int, status_fd: int, spec: dict, program: bytes) -> None:
     """Put a process for the student into the sandbox, wait for it, report how it ended. Never returns."""
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -133,7 +132,7 @@ def joiner(sock_fd: int, status_fd: int, spec: dict) -> None:
         pid = os.fork()
         if pid == 0:
             os.close(status_fd)
-            student(sock_fd, spec)
+            student(sock_fd, spec, program)
         os.close(sock_fd)
         os.write(status_fd, json.dumps({"pid": pid}).encode() + b"\n")
         _, status = os.waitpid(pid, 0)
@@ -154,7 +153,6 @@ def main(control_fd: int, path: list, program: bytes) -> None:
         raise OSError(ctypes.get_errno(), "cannot make the zygote non-dumpable")
     for name in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS"):  # only for systemd-run, which started it
         os.environ.pop(name, None)
-    _FILTER[0] = program
     sys.path[:] = path
     import IPython.core.interactiveshell  # noqa: F401
     import torch
@@ -179,7 +177,7 @@ def main(control_fd: int, path: list, program: bytes) -> None:
             os._exit(0)
         if os.fork() == 0:
             control.close()
-            joiner(fds[0], fds[1], json.loads(data))
+            joiner(fds[0], fds[1], json.loads(data), program)
         for fd in fds:
             os.close(fd)
 
