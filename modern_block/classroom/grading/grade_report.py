@@ -22,21 +22,19 @@ STATUSES = (PASSED, FAILED, NOT_ATTEMPTED)
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 _ESCAPED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})  # C0 and C1 controls, format characters (bidirectional
 # overrides, zero-width), lone surrogates, and the line and paragraph separators U+2028/9
-
-
-def _escape(ch: str) -> str:
-    code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
+_NAMED = {"\n": "\\n", "\t": "\\t"}
 # runs of the characters that may need escaping: all but printable ASCII (and line feeds and tabs where kept)
 _CANDIDATES = {True: re.compile(r"[^\t\n\x20-\x7e]+"), False: re.compile(r"[^\x20-\x7e]+")}
-_NAMED = {"\n": "\\n", "\t": "\\t"}
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)  # a flood of raising cells repeats the same few characters
 def _shown(ch: str) -> str:
-    return _NAMED.get(ch) or (_escape(ch) if unicodedata.category(ch) in _ESCAPED else ch)
+    if ch in _NAMED:
+        return _NAMED[ch]
+    if unicodedata.category(ch) not in _ESCAPED:
+        return ch
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _escape_run(match: re.Match) -> str:
@@ -45,9 +43,7 @@ def _escape_run(match: re.Match) -> str:
 
 def printable(text: str, newlines: bool = True) -> str:
     """``text`` with every control, format and separator character and every lone surrogate escaped
-    (``\\x1b``, ``\\u202e``, ``\\u2028``); line feeds and tabs are kept unless ``newlines=False``. Only the
-    characters outside printable ASCII are looked at one by one (a regular expression finds their runs), and
-    each distinct one once: a flood of raising cells repeats the same few."""
+    (``\\x1b``, ``\\u202e``, ``\\u2028``); line feeds and tabs are kept unless ``newlines=False``."""
     return _CANDIDATES[newlines].sub(_escape_run, str(text))
 
 
@@ -279,14 +275,11 @@ def gradebook_rows(reports: list[Report], graded_at: str = "") -> list[list[str]
     return rows
 
 
-def render_csv(header, rows) -> str:
+def gradebook(reports: list[Report], graded_at: str = "", header: bool = True) -> str:
+    """The long CSV of ``reports``: one row per student and exercise, after the header (``header``)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
+    if header:
+        writer.writerow(COLUMNS)
+    writer.writerows(gradebook_rows(reports, graded_at))
     return out.getvalue()
-
-
-def gradebook(reports: list[Report], graded_at: str = "") -> str:
-    """The long CSV of ``reports``: one row per student and exercise, with its header."""
-    return render_csv(COLUMNS, gradebook_rows(reports, graded_at))
