@@ -51,7 +51,7 @@ def course_reference(data: bytes | None) -> Reference | None:
     installation has it (which lesson it is may come from the student; what the lesson holds never does)."""
     try:
         generated = read_notebook(data or b"")[0].generated_from or ""
-    except (NotebookError, IndexError):
+    except NotebookError:
         return None
     name = generated.removeprefix("solutions/")
     if generated == name or not name.endswith(".ipynb") or "/" in name or name.startswith("."):
