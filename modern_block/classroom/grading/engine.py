@@ -103,23 +103,25 @@ def annotate(nb: dict, report: Report, reference: Reference) -> None:
     for index, cell in enumerate(nb.get("cells", [])):
         if cell.get("cell_type") != "code":
             continue
-        source = normalised("".join(cell.get("source", "")))
-        for ex in reference.exercises:
-            first = 0
-            for check in ex.cells:
-                if check.source == source or (check.id and check.id == cell.get("id")):
-                    cell["outputs"] = _verdict(results.get(ex.number), range(first, first + len(check.calls)),
-                                               check.points, report.error)
-                    break
-                first += len(check.calls)
-            else:
-                continue
-            break
-        else:
-            row = next((r for r in report.cells if r["cell"] == index), None)
-            if row is not None:
-                cell["outputs"] = ([_stream(row["output"])] if row.get("output") else []) + \
-                    [_error("Error", row["error"])]
+        check = _check_of(cell, reference)
+        row = next((r for r in report.cells if r["cell"] == index), None)
+        if check is not None:
+            number, calls, points = check
+            cell["outputs"] = _verdict(results.get(number), calls, points, report.error)
+        elif row is not None:
+            cell["outputs"] = ([_stream(row["output"])] if row.get("output") else []) + [_error("Error", row["error"])]
+
+
+def _check_of(cell: dict, reference: Reference) -> tuple[int, range, float] | None:
+    """(exercise number, the indices of its check calls in this cell, the cell's points) for a check cell."""
+    source = normalised("".join(cell.get("source", "")))
+    for ex in reference.exercises:
+        first = 0
+        for check in ex.cells:
+            if check.source == source or (check.id and check.id == cell.get("id")):
+                return ex.number, range(first, first + len(check.calls)), check.points
+            first += len(check.calls)
+    return None
 
 
 def _verdict(result, calls: range, points: float, error: str | None) -> list[dict]:

@@ -169,9 +169,8 @@ def read_notebook(data: bytes) -> list[Cell]:
         raise NotebookError("the notebook has no cells")
     if len(cells) > MAX_CELLS:
         raise NotebookError(f"the notebook has more than {MAX_CELLS:,} cells: not graded")
-    meta: dict = raw["metadata"] if isinstance(raw.get("metadata"), dict) else {}
-    generated = meta.get("modern_block", {}).get("generated_from") if isinstance(meta.get("modern_block"), dict) \
-        else None
+    meta = raw["metadata"].get("modern_block") if isinstance(raw.get("metadata"), dict) else None
+    generated = meta.get("generated_from") if isinstance(meta, dict) else None
     out = []
     for i, cell in enumerate(cells):
         if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
@@ -185,8 +184,7 @@ def read_notebook(data: bytes) -> list[Cell]:
         cell_meta = cell.get("metadata")
         grader = cell_meta.get("nbgrader") if isinstance(cell_meta, dict) else None
         out.append(Cell(i, cell["cell_type"], source, cell_id, nbgrader=grader if isinstance(grader, dict) else {}))
-    if out:
-        out[0].generated_from = generated if isinstance(generated, str) else None
+    out[0].generated_from = generated if isinstance(generated, str) else None  # cells were checked non-empty
     return out
 
 
