@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...training.files import write_text_atomic
@@ -134,13 +134,15 @@ def name_problem(name: str) -> str | None:
     return None
 
 
+@dataclass
 class _Student:
     """One student's folder, walked with its caps."""
 
-    def __init__(self, name: str):
-        self.name, self.entries, self.files, self.bytes = name, 0, 0, 0
-        self.found: list[tuple[str, str | None]] = []  # (path, refusal)
-        self.over: str | None = None
+    entries: int = 0
+    files: int = 0
+    bytes: int = 0
+    found: list[tuple[str, str | None]] = field(default_factory=list)  # (path, refusal)
+    over: str | None = None
 
     def look(self, size: int = 0, notebook: bool = False) -> bool:
         """Count one entry; False once a cap is passed (the walk stops)."""
@@ -255,7 +257,7 @@ def collect(paths, exclude=()) -> list[Submission]:
         for top in sorted(tops):
             if left_out(top):
                 continue
-            student = students.setdefault(_student_of(top, root), _Student(_student_of(top, root)))
+            student = students.setdefault(_student_of(top, root), _Student())
             if student.over:
                 continue
             beside = os.path.dirname(os.path.abspath(top)) == root and not os.path.isdir(top) and \
