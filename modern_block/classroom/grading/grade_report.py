@@ -177,15 +177,12 @@ def short_traceback(output: str, keep_frames: int = 6) -> str:
     if start is None:
         return output
     before, tb = lines[:start], lines[start + 1:]
-    blocks: list[list[str]] = []  # one per exception of the chain
-    current: list[str] = []
+    blocks: list[list[str]] = [[]]  # one per exception of the chain
     for line in tb:
         if line.strip() in _CHAINED:
-            blocks.append(current)
-            current = []
+            blocks.append([])
         else:
-            current.append(line)
-    blocks.append(current)
+            blocks[-1].append(line)
     causes = [_last_line(b) for b in blocks[:-1]]
     block = [line for line in blocks[-1] if line.strip("-").strip()]
     if not block:
@@ -257,11 +254,15 @@ COLUMNS = ("student", "notebook", "reference", "status", "lesson", "exercise", "
            "points", "max_points", "detail", "graded_at")
 
 
-def gradebook_rows(reports: list[Report], graded_at: str = "") -> list[list[str]]:
-    """The long gradebook's rows (``COLUMNS``), escaped as written: one per student and exercise. A notebook
-    that could not be graded gets one row without an exercise (``result`` error, 0 points); one stopped on the
-    way (its time limit) keeps the exercises graded before, the others are ``error`` with the reason."""
-    rows = []
+def gradebook(reports: list[Report], graded_at: str = "", header: bool = True) -> str:
+    """The long CSV of ``reports`` (``COLUMNS``, after the header where ``header``), escaped as written: one row
+    per student and exercise. A notebook that could not be graded gets one row without an exercise (``result``
+    error, 0 points); one stopped on the way (its time limit) keeps the exercises graded before, the others are
+    ``error`` with the reason."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    if header:
+        writer.writerow(COLUMNS)
     for r in reports:
         error = f"error: {one_line(r.error)}" if r.error else ""
         stopped = {e.number for e in r.exercises if r.error and e.status == NOT_GRADED}
@@ -271,15 +272,5 @@ def gradebook_rows(reports: list[Report], graded_at: str = "") -> list[list[str]
         for exercise, number, title, result, points, maximum, detail in items:
             row = [r.student, r.notebook, r.reference, r.status, r.lesson, exercise, number, title, result, points,
                    maximum, detail, graded_at]
-            rows.append([str(spreadsheet_safe(cell)) for cell in row])
-    return rows
-
-
-def gradebook(reports: list[Report], graded_at: str = "", header: bool = True) -> str:
-    """The long CSV of ``reports``: one row per student and exercise, after the header (``header``)."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    if header:
-        writer.writerow(COLUMNS)
-    writer.writerows(gradebook_rows(reports, graded_at))
+            writer.writerow([str(spreadsheet_safe(cell)) for cell in row])
     return out.getvalue()
