@@ -34,11 +34,6 @@ class SolutionMarkerError(ValueError):
     """The solution markers of a cell are malformed (unmatched, nested or misspelt)."""
 
 
-def _literal(text: str) -> str:
-    """A double-quoted Python string literal for ``text`` (JSON escapes are valid Python escapes)."""
-    return json.dumps(text, ensure_ascii=False)
-
-
 def _answer_name(block: list[str], where: str) -> str:
     """The name a top-level solution block assigns last (``llama3_70b_d_ff = ...``): the value item's answer."""
     try:
@@ -69,8 +64,8 @@ def strip_solutions(source: str, where: str = "cell") -> str:
         elif stripped == END:
             if block_start is None:
                 raise SolutionMarkerError(f"{where}, line {n}: {END} without a {BEGIN}")
-            if indent:
-                out.append(f"{indent}raise NotImplementedError({_literal(hint or DEFAULT_HINT)})")
+            if indent:  # the hint as a Python string literal: JSON escapes are valid Python escapes
+                out.append(f"{indent}raise NotImplementedError({json.dumps(hint or DEFAULT_HINT, ensure_ascii=False)})")
             else:
                 out.append(f"{_answer_name(block, f'{where}, line {block_start}')} = None  # your answer: "
                            f"{hint or DEFAULT_HINT}")

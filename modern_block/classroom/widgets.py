@@ -56,13 +56,6 @@ def panel(children, static):
     return _panel_class()(children, static)
 
 
-def figure_png(fig) -> bytes:
-    """The figure as PNG bytes, as the inline backend draws it (its dpi, tight bounding box)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", facecolor="white")
-    return buf.getvalue()
-
-
 def figure_explorer(draw, **controls):
     """Controls (sliders, dropdowns; their names are ``draw``'s keyword arguments) that redraw ``draw(**values)``,
     a function returning a matplotlib figure. Where widgets do not render, the figure of the current values shows."""
@@ -79,7 +72,9 @@ def figure_explorer(draw, **controls):
 
     def redraw(_=None):
         fig = draw(**{name: c.value for name, c in controls.items()})
-        shown["png"] = figure_png(fig)
+        buf = io.BytesIO()  # the PNG as the inline backend draws it (its dpi, tight bounding box)
+        fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", facecolor="white")
+        shown["png"] = buf.getvalue()
         plt.close(fig)  # drawn once, here: the inline backend must not show it again
         with out:
             clear_output(wait=True)
@@ -175,17 +170,13 @@ def cache_calculator(preset: str = "Llama 3 70B", context_len: int = 131072, bat
 # ---- Lesson 11: the config reader ---------------------------------------------------------------------------------
 
 
-def _value_text(value) -> str:
-    """A config value for the field table: JSON, long lists summarised, at most 40 characters."""
+def _value_html(value) -> str:
+    """A config value for the field table: JSON, long lists summarised, at most 40 characters; short values stay
+    on one line, long ones may wrap anywhere (they are data, not words)."""
     if isinstance(value, list) and len(value) > 4:
         value = value[:3] + [f"... {len(value):,} items"]
     text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= 40 else text[:39] + "…"
-
-
-def _value_html(value) -> str:
-    """A value cell: short values stay on one line, long ones may wrap anywhere (they are data, not words)."""
-    text = _value_text(value)
+    text = text if len(text) <= 40 else text[:39] + "…"
     wrap = "white-space:nowrap" if len(text) <= 24 else "overflow-wrap:anywhere"
     return f"<code style='{wrap}'>{html.escape(text)}</code>"
 

@@ -15,10 +15,10 @@ import nbformat
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool, Float, Integer
 
-from .class_folder import read_inside, read_regular
-from .engine import annotate, grade_notebook, launcher_for
+from .class_folder import read_inside
+from .engine import annotate, grade_notebook, launcher_for, read_reference
 from .grade_report import one_line
-from .notebook import BadReference, NotebookError, Reference, read_notebook, reference_from
+from .notebook import BadReference, NotebookError, Reference, read_notebook
 from .sandbox import Limits
 from .session import Options
 
@@ -108,11 +108,8 @@ class SandboxedExecute(Preprocessor):
         """The instructor's source notebook of this assignment: the trusted reference."""
         course = _course(self.config)
         path = os.path.join(course.format_path(course.source_directory, ".", assignment), f"{notebook}.ipynb")
-        data, error = read_regular(os.path.realpath(path))
         try:
-            if error or data is None:
-                raise NotebookError(error or "no data")
-            return reference_from(read_notebook(data), os.path.basename(path))
+            return read_reference(path)
         except (NotebookError, BadReference) as err:
             raise RuntimeError(f"the source notebook {path} cannot be the reference: {err}") from None
 

@@ -1,11 +1,9 @@
-"""The grader's files: the class folder read lazily, without following links or blocking, one student at a time
-bounded; the outputs written so that nothing planted at their paths can redirect them (docs/sandbox.md).
+"""The grader's files (docs/sandbox.md): the class folder read lazily, one student at a time bounded, no link below
+the class root followed (``read_inside``); outputs that nothing planted at their paths can redirect.
 
 The class root is the folder given, or the one common to the paths given; the student is the name directly under
-it. Below it no link is followed, whatever paths are given: each notebook is opened one folder at a time with
-``O_NOFOLLOW`` (``read_inside``) when it is graded. Links, special files, over-deep folders, over-large files and
-over-full student folders get error rows of their own; no other row changes. Outputs are written to a temporary
-file beside the target and renamed over it; a link or a folder at the path is refused before grading starts.
+it. Links, special files, over-deep folders, over-large files and over-full student folders get error rows of
+their own; no other row changes.
 """
 
 from __future__ import annotations
@@ -14,12 +12,12 @@ import errno
 import os
 import stat
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...training.files import write_text_atomic
 from .grade_report import one_line
-from .notebook import MAX_NOTEBOOK_BYTES
+from .notebook import MAX_NOTEBOOK_BYTES, TOO_LARGE
 
 MAX_DEPTH = 16  # folder levels below a student's folder
 MAX_FILES = 20_000  # rows in one run: a class root with more is refused as a whole, never cut
@@ -33,8 +31,8 @@ class OutputError(Exception):
     """An output file cannot be written (its path is refused, or the disk says no)."""
 
 
-class CollectionError(ValueError):
-    """The paths given cannot be collected (the grader stops: exit status 2)."""
+class UsageError(ValueError):
+    """The grader cannot run with these arguments or paths (exit status 2)."""
 
 
 @dataclass
@@ -63,7 +61,7 @@ def read_regular(path: str, dir_fd: int | None = None) -> tuple[bytes | None, st
         if not stat.S_ISREG(info.st_mode):
             return None, "not a regular file"
         if info.st_size > MAX_NOTEBOOK_BYTES:
-            return None, f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
+            return None, TOO_LARGE
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
     except OSError as err:
         if err.errno == errno.ELOOP:
@@ -80,7 +78,7 @@ def read_regular(path: str, dir_fd: int | None = None) -> tuple[bytes | None, st
             chunks.append(chunk)
             left -= len(chunk)
         if left <= 0:
-            return None, f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
+            return None, TOO_LARGE
         return b"".join(chunks), None
     except OSError as err:
         return None, f"cannot read the file ({err.strerror or err})"
@@ -92,11 +90,9 @@ LINK = "a symbolic link: the grader does not follow links in a class folder"
 
 
 def read_inside(path: str, folder: str) -> tuple[bytes | None, str | None]:
-    """The regular file ``path`` below ``folder`` (a class root, or one student's folder), or why it is not read:
-    ``folder`` itself is taken as given (links followed: the instructor named it), then every folder on the way
-    down and the file are opened with ``O_NOFOLLOW`` relative to the one above, so a link anywhere below
-    ``folder`` (the notebook, a folder on the way, the student's folder) is refused, and nothing can be swapped
-    in between the check and the read. The nbgrader engine reads each student's notebook this way too."""
+    """The regular file ``path`` below ``folder`` (taken as given: the instructor named it), or why it is not read.
+    Every folder on the way down and the file are opened with ``O_NOFOLLOW`` relative to the one above, so a link
+    anywhere below ``folder`` is refused and nothing can be swapped in between the check and the read."""
     parts = os.path.relpath(os.path.abspath(path), os.path.abspath(folder)).split(os.sep)
     if parts[0] in (os.curdir, os.pardir):
         return None, "not inside the class folder"
@@ -138,13 +134,15 @@ def name_problem(name: str) -> str | None:
     return None
 
 
+@dataclass
 class _Student:
     """One student's folder, walked with its caps."""
 
-    def __init__(self, name: str):
-        self.name, self.entries, self.files, self.bytes = name, 0, 0, 0
-        self.found: list[tuple[str, str | None]] = []  # (path, refusal)
-        self.over: str | None = None
+    entries: int = 0
+    files: int = 0
+    bytes: int = 0
+    found: list[tuple[str, str | None]] = field(default_factory=list)  # (path, refusal)
+    over: str | None = None
 
     def look(self, size: int = 0, notebook: bool = False) -> bool:
         """Count one entry; False once a cap is passed (the walk stops)."""
@@ -161,8 +159,8 @@ class _Student:
 
 
 def _walk(folder: str, depth: int, student: _Student) -> bool:
-    """Add the ``*.ipynb`` files below ``folder`` (hidden names skipped) to ``student``, in name order; links,
-    special files and folders too deep as refusals. False once a cap is passed."""
+    """Add the ``*.ipynb`` files below ``folder`` (hidden names skipped) to ``student``, in name order. False once
+    a cap is passed."""
     entries = []
     try:
         with os.scandir(folder) as it:
@@ -171,39 +169,41 @@ def _walk(folder: str, depth: int, student: _Student) -> bool:
                     continue
                 if not student.look():
                     return False
-                entries.append(entry)
+                entries.append(entry.path)
     except OSError as err:
         student.found.append((folder, f"cannot read the folder ({err.strerror or err})"))
         return True
-    for entry in sorted(entries, key=lambda e: e.name):
-        if entry.is_symlink():
-            if entry.name.endswith(".ipynb") or os.path.isdir(entry.path):
-                student.found.append((entry.path, LINK))
-        elif entry.is_dir(follow_symlinks=False):
-            if entry.name.endswith(".ipynb"):
-                student.found.append((entry.path, "not a regular file (a folder)"))
-            elif depth >= MAX_DEPTH:
-                student.found.append((entry.path, f"a folder more than {MAX_DEPTH} levels deep"))
-            elif not _walk(entry.path, depth + 1, student):
-                return False
-        elif entry.name.endswith(".ipynb") and not _notebook(student, entry.path):
+    for path in sorted(entries):
+        if not _add(student, path, depth + 1):
             return False
     return True
 
 
-def _notebook(student: _Student, path: str) -> bool:
-    """Add the file ``path`` (not followed) to ``student``: refused when it is not a regular file or is too
-    large, by what the folder says of it. False once a cap is passed."""
-    try:
-        info = os.lstat(path)
-    except OSError as err:
-        student.found.append((path, f"cannot read the file ({err.strerror or err})"))
-        return True
-    if not student.look(info.st_size if stat.S_ISREG(info.st_mode) else 0, notebook=True):
-        return False
-    refusal = ("not a regular file" if not stat.S_ISREG(info.st_mode) else
-               f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB" if info.st_size > MAX_NOTEBOOK_BYTES else None)
-    student.found.append((path, refusal))
+def _add(student: _Student, path: str, depth: int, named: bool = False) -> bool:
+    """``path`` (never followed) into ``student``'s list: a notebook, a folder walked, or a refusal for a link,
+    a special file, a folder too deep or too large a file. ``named``: a file given by name, whatever its name
+    ends with. False once a cap is passed."""
+    if os.path.islink(path):
+        if named or path.endswith(".ipynb") or os.path.isdir(path):
+            student.found.append((path, LINK))
+    elif os.path.isdir(path):
+        if path.endswith(".ipynb"):
+            student.found.append((path, "not a regular file (a folder)"))
+        elif depth > MAX_DEPTH:
+            student.found.append((path, f"a folder more than {MAX_DEPTH} levels deep"))
+        else:
+            return _walk(path, depth, student)
+    elif named or path.endswith(".ipynb"):
+        try:
+            info = os.lstat(path)
+        except OSError as err:
+            student.found.append((path, f"cannot read the file ({err.strerror or err})"))
+            return True
+        regular = stat.S_ISREG(info.st_mode)
+        if not student.look(info.st_size if regular else 0, notebook=True):
+            return False
+        student.found.append((path, "not a regular file" if not regular else
+                              TOO_LARGE if info.st_size > MAX_NOTEBOOK_BYTES else None))
     return True
 
 
@@ -224,30 +224,14 @@ def _student_of(path: str, root: str) -> str:
     return parts[0] if len(parts) > 1 else os.path.splitext(parts[0])[0]
 
 
-def _add(student: _Student, path: str, named: bool = False) -> None:
-    """One path directly under the class root, or a file given by name (``named``: whatever its name ends
-    with), into its student's folder walk."""
-    if os.path.islink(path):
-        if named or path.endswith(".ipynb") or os.path.isdir(path):
-            student.found.append((path, LINK))
-    elif os.path.isdir(path):
-        if path.endswith(".ipynb"):
-            student.found.append((path, "not a regular file (a folder)"))
-        else:
-            _walk(path, 0, student)
-    elif named or path.endswith(".ipynb"):
-        _notebook(student, path)
-
-
 def collect(paths, exclude=()) -> list[Submission]:
     """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``, ``exclude`` left
-    out), looked at, not read; no link below the class root is followed, whether named or found.
-    Raises FileNotFoundError for a path that does not exist, CollectionError for a class root of more than
-    ``MAX_FILES`` entries."""
+    out), looked at, not read, each read when it is graded. Raises UsageError for a path that does not exist or a
+    class root of more than ``MAX_FILES`` entries."""
     given = [os.fspath(p) for p in paths]
     for path in given:
         if not os.path.lexists(path):
-            raise FileNotFoundError(path)
+            raise UsageError(f"no such notebook or folder: {path}")
     excluded = [os.path.realpath(p) for p in exclude]
 
     def left_out(path: str) -> bool:
@@ -265,15 +249,15 @@ def collect(paths, exclude=()) -> list[Submission]:
                         if entry.name != ".ipynb_checkpoints":  # a hidden one gets a row (below), never none
                             tops.append(entry.path)
                         if len(tops) > MAX_FILES:
-                            raise CollectionError(f"{path} holds more than {MAX_FILES:,} entries: grade it in parts")
+                            raise UsageError(f"{path} holds more than {MAX_FILES:,} entries: grade it in parts")
             except OSError as err:
-                raise CollectionError(f"cannot read the folder {path} ({err.strerror or err})") from None
+                raise UsageError(f"cannot read the folder {path} ({err.strerror or err})") from None
         else:
             tops = [path]
         for top in sorted(tops):
             if left_out(top):
                 continue
-            student = students.setdefault(_student_of(top, root), _Student(_student_of(top, root)))
+            student = students.setdefault(_student_of(top, root), _Student())
             if student.over:
                 continue
             beside = os.path.dirname(os.path.abspath(top)) == root and not os.path.isdir(top) and \
@@ -283,7 +267,7 @@ def collect(paths, exclude=()) -> list[Submission]:
                                            "graded (move it into that folder)" if beside else "a hidden name (it "
                                            "starts with a dot): not graded (rename it to grade it)"))
             else:
-                _add(student, top, named=top == path and not os.path.isdir(path))
+                _add(student, top, 0, named=top == path and not os.path.isdir(path))
     subs: list[Submission] = []
     seen: set[str] = set()
     for name in sorted(students):

@@ -1,10 +1,8 @@
-"""The grading engine both ways of grading share: ``python -m modern_block grade`` and nbgrader's autograde step.
+"""The grading engine shared by ``python -m modern_block grade`` and nbgrader's autograde step.
 
-``grade_notebook`` grades one submission against a trusted reference: its cells run in a sandbox (``session``),
-the checks here on secret inputs, and the points and ids come from the reference only. ``annotate`` writes the
-verdicts into the check cells where nbgrader reads them (an error for a failure, the earned points for partial
-credit). What one notebook may cost is bounded: its cells, the rows of cells that raised, and every student text
-escaped first, then cut (``bounded``), so a report stays under ``MAX_REPORT_CHARS``.
+``grade_notebook`` grades one submission against a trusted reference (its cells in a sandbox, the checks here on
+secret inputs, points and ids from the reference only), every student text escaped first, then cut, so a report
+stays under ``MAX_REPORT_CHARS``; ``annotate`` writes the verdicts where nbgrader reads them.
 """
 
 from __future__ import annotations
@@ -14,8 +12,9 @@ import os
 import sys
 import threading
 
+from .class_folder import read_regular
 from .grade_report import MAX_ERROR, MAX_OUTPUT, NOT_GRADED, PASSED, Report, bounded, one_line, short_traceback
-from .notebook import Reference, normalised
+from .notebook import NotebookError, Reference, normalised, read_notebook, reference_from
 from .sandbox import Launcher, Limits, SandboxError
 from .session import Options, grade_submission
 
@@ -35,6 +34,15 @@ def launcher_for(python: str | None, limits: Limits) -> Launcher:
             _LAUNCHERS[key] = Launcher(python, limits)  # SandboxError where no sandbox can start
             atexit.register(_LAUNCHERS[key].close)
         return _LAUNCHERS[key]
+
+
+def read_reference(path) -> Reference:
+    """The instructor's notebook at ``path`` (links followed: the instructor named it) as the trusted reference.
+    Raises NotebookError or BadReference."""
+    data, error = read_regular(os.path.realpath(path))
+    if error or data is None:
+        raise NotebookError(error or "no data")
+    return reference_from(read_notebook(data), os.path.basename(path))
 
 
 def score(report: Report, reference: Reference | None) -> None:
@@ -95,23 +103,25 @@ def annotate(nb: dict, report: Report, reference: Reference) -> None:
     for index, cell in enumerate(nb.get("cells", [])):
         if cell.get("cell_type") != "code":
             continue
-        source = normalised("".join(cell.get("source", "")))
-        for ex in reference.exercises:
-            first = 0
-            for check in ex.cells:
-                if check.source == source or (check.id and check.id == cell.get("id")):
-                    cell["outputs"] = _verdict(results.get(ex.number), range(first, first + len(check.calls)),
-                                               check.points, report.error)
-                    break
-                first += len(check.calls)
-            else:
-                continue
-            break
-        else:
-            row = next((r for r in report.cells if r["cell"] == index), None)
-            if row is not None:
-                cell["outputs"] = ([_stream(row["output"])] if row.get("output") else []) + \
-                    [_error("Error", row["error"])]
+        check = _check_of(cell, reference)
+        row = next((r for r in report.cells if r["cell"] == index), None)
+        if check is not None:
+            number, calls, points = check
+            cell["outputs"] = _verdict(results.get(number), calls, points, report.error)
+        elif row is not None:
+            cell["outputs"] = ([_stream(row["output"])] if row.get("output") else []) + [_error("Error", row["error"])]
+
+
+def _check_of(cell: dict, reference: Reference) -> tuple[int, range, float] | None:
+    """(exercise number, the indices of its check calls in this cell, the cell's points) for a check cell."""
+    source = normalised("".join(cell.get("source", "")))
+    for ex in reference.exercises:
+        first = 0
+        for check in ex.cells:
+            if check.source == source or (check.id and check.id == cell.get("id")):
+                return ex.number, range(first, first + len(check.calls)), check.points
+            first += len(check.calls)
+    return None
 
 
 def _verdict(result, calls: range, points: float, error: str | None) -> list[dict]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 
 from .class_folder import OutputError, write_atomic
 from .grade_report import NOT_ATTEMPTED, PASSED, Report, number_text, one_line, printable, short_traceback
@@ -79,18 +78,6 @@ def render(report: Report, graded_at: str = "") -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _folder(root: str, name: str) -> str:
-    path = os.path.join(root, name)
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        os.mkdir(path)
-        return path
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise OutputError(f"--feedback {path}: not a folder of its own (a link?); not written through")
-    return path
-
-
 def write_all(root: str, reports: list[Report], graded_at: str = "") -> list[str]:
     """Write every report's feedback file under ``root``; returns the paths written. Raises OutputError
     for the first that cannot be written (the others are still tried first)."""
@@ -99,8 +86,12 @@ def write_all(root: str, reports: list[Report], graded_at: str = "") -> list[str
     written, problems = [], []
     for report in reports:
         lesson = report.lesson or os.path.splitext(os.path.basename(report.notebook))[0]
+        folder = os.path.join(root, safe_name(report.student))
         try:
-            folder = _folder(root, safe_name(report.student))
+            if not os.path.lexists(folder):
+                os.mkdir(folder)
+            elif os.path.islink(folder) or not os.path.isdir(folder):
+                raise OutputError(f"--feedback {folder}: not a folder of its own (a link?); not written through")
             path = os.path.join(folder, safe_name(lesson) + ".md")
             write_atomic(path, render(report, graded_at), "--feedback")
             written.append(path)

@@ -1,13 +1,9 @@
-"""Grade exercise notebooks: one notebook, or a loose folder of them, in one command (``--help`` lists the options).
+"""Grade one notebook, or a loose folder of them (``--help``); a term's gradebook is nbgrader's, on the same engine.
 
-A term's gradebook, roster, due dates, manual grading and export are nbgrader's, on the same engine
-(docs/instructors.md); this command is for a student checking their own work (``--self``) or a folder outside
-nbgrader. ``folder/alice/01_rmsnorm.ipynb`` is student ``alice``. The reference is ``--reference`` (the notebook
-handed out, or a folder of them matched by file name, metadata, check cells or number), else the course's solution
-the metadata names; a notebook is graded against its own check cells only with ``--self`` (no lesson, 1 point a
-check). Reports are printed and written to ``--csv``, ``--json-file`` and ``--feedback`` as each is graded.
-
-Exit status: 0 all passed; 1 some did not, an error row, or an output not written; 2 the grader could not run.
+``folder/alice/01_rmsnorm.ipynb`` is student ``alice``. The reference is ``--reference`` (the notebook handed out,
+or a folder of them), else the course's solution the metadata names; a notebook is graded against its own check
+cells only with ``--self``. Exit status: 0 all passed; 1 some did not, an error row, or an output not written;
+2 the grader could not run.
 """
 
 from __future__ import annotations
@@ -24,41 +20,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import feedback, names
-from .class_folder import CollectionError, OutputError, Submission, read_regular, refuse_target
-from .class_folder import collect as _collect_files
-from .engine import grade_notebook, launcher_for
-from .grade_report import (
-    COLUMNS,
-    FAILED,
-    NOT_ATTEMPTED,
-    PASSED,
-    Report,
-    format_report,
-    gradebook_rows,
-    one_line,
-    render_csv,
-)
-from .notebook import BadReference, NotebookError, Reference, read_notebook, reference_from
+from .class_folder import OutputError, Submission, UsageError, collect, refuse_target
+from .engine import grade_notebook, launcher_for, read_reference
+from .grade_report import FAILED, NOT_ATTEMPTED, PASSED, Report, format_report, gradebook, one_line
+from .notebook import BadReference, NotebookError, Reference, read_notebook
 from .sandbox import NO_CGROUP_FLAG, UNSAFE_FLAG, Limits, SandboxError
 from .session import Options
 
 __all__ = ["PASSED", "FAILED", "NOT_ATTEMPTED", "Options", "Limits", "Report", "Submission", "collect",
            "load_reference", "grade_all", "grade_paths", "format_report", "launcher_for", "main"]
-
-
-class UsageError(Exception):
-    """The grader cannot run with these arguments (exit status 2)."""
-
-
-def collect(paths, exclude=()) -> list[Submission]:
-    """The submissions named by ``paths`` (notebooks, or folders searched for ``*.ipynb``), each read when it is
-    graded; links, special files and over-large student folders get error rows."""
-    try:
-        return _collect_files(paths, exclude)
-    except FileNotFoundError as err:
-        raise UsageError(f"no such notebook or folder: {err.args[0]}") from None
-    except CollectionError as err:
-        raise UsageError(str(err)) from None
 
 
 def load_reference(path) -> dict[str, Reference]:
@@ -69,11 +39,8 @@ def load_reference(path) -> dict[str, Reference]:
         raise UsageError(f"--reference: no such notebook or folder of notebooks: {path}")
     refs: dict[str, Reference] = {}
     for f in files:
-        data, error = read_regular(os.path.realpath(f))  # the instructor's own: links followed
         try:
-            if error or data is None:
-                raise NotebookError(error or "no data")
-            refs[f.name] = reference_from(read_notebook(data), f.name)
+            refs[f.name] = read_reference(f)
         except (NotebookError, BadReference) as err:
             raise UsageError(f"--reference {f}: {err}") from None
     return refs
@@ -84,7 +51,7 @@ def course_reference(data: bytes | None) -> Reference | None:
     installation has it (which lesson it is may come from the student; what the lesson holds never does)."""
     try:
         generated = read_notebook(data or b"")[0].generated_from or ""
-    except (NotebookError, IndexError):
+    except NotebookError:
         return None
     name = generated.removeprefix("solutions/")
     if generated == name or not name.endswith(".ipynb") or "/" in name or name.startswith("."):
@@ -93,8 +60,8 @@ def course_reference(data: bytes | None) -> Reference | None:
 
     path = default_root() / "solutions" / name
     try:
-        return load_reference(path)[name] if path.is_file() else None
-    except UsageError:
+        return read_reference(path) if path.is_file() else None
+    except (NotebookError, BadReference):
         return None
 
 
@@ -299,18 +266,16 @@ class _Outputs:
             if not os.path.isdir(os.path.dirname(os.path.abspath(self.feedback))):
                 raise UsageError(f"--feedback: the folder of {self.feedback} does not exist")
             os.mkdir(self.feedback)
-        for option, path in (("--csv", args.csv), ("--json-file", args.json_file)):
-            if path:
-                refuse_target(path, option)  # all refused before any is opened
-        for option, path in (("--csv", args.csv), ("--json-file", args.json_file)):
-            if path:
-                refuse_target(path, option)
-                try:
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
-                except OSError as err:
-                    raise OutputError(f"{option} {path}: {err.strerror or err}") from None
-                self.files[option] = (path, open(fd, "w", encoding="utf-8", newline=""))
-        self.write("--csv", render_csv(COLUMNS, []))
+        targets = [(option, path) for option, path in (("--csv", args.csv), ("--json-file", args.json_file)) if path]
+        for option, path in targets:
+            refuse_target(path, option)  # all refused before any is opened
+        for option, path in targets:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+            except OSError as err:
+                raise OutputError(f"{option} {path}: {err.strerror or err}") from None
+            self.files[option] = (path, open(fd, "w", encoding="utf-8", newline=""))
+        self.write("--csv", gradebook([]))
 
     def write(self, option: str, text: str) -> None:
         if option not in self.files:
@@ -324,7 +289,7 @@ class _Outputs:
             del self.files[option]
 
     def report(self, report: Report, graded_at: str) -> None:
-        self.write("--csv", render_csv(COLUMNS, gradebook_rows([report], graded_at)).split("\n", 1)[1])
+        self.write("--csv", gradebook([report], graded_at, header=False))
         self.write("--json-file", json.dumps(report.to_dict(), ensure_ascii=False) + "\n")
         if self.feedback:
             try:

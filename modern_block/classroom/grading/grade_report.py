@@ -22,21 +22,19 @@ STATUSES = (PASSED, FAILED, NOT_ATTEMPTED)
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 _ESCAPED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})  # C0 and C1 controls, format characters (bidirectional
 # overrides, zero-width), lone surrogates, and the line and paragraph separators U+2028/9
-
-
-def _escape(ch: str) -> str:
-    code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
+_NAMED = {"\n": "\\n", "\t": "\\t"}
 # runs of the characters that may need escaping: all but printable ASCII (and line feeds and tabs where kept)
 _CANDIDATES = {True: re.compile(r"[^\t\n\x20-\x7e]+"), False: re.compile(r"[^\x20-\x7e]+")}
-_NAMED = {"\n": "\\n", "\t": "\\t"}
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)  # a flood of raising cells repeats the same few characters
 def _shown(ch: str) -> str:
-    return _NAMED.get(ch) or (_escape(ch) if unicodedata.category(ch) in _ESCAPED else ch)
+    if ch in _NAMED:
+        return _NAMED[ch]
+    if unicodedata.category(ch) not in _ESCAPED:
+        return ch
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _escape_run(match: re.Match) -> str:
@@ -45,9 +43,7 @@ def _escape_run(match: re.Match) -> str:
 
 def printable(text: str, newlines: bool = True) -> str:
     """``text`` with every control, format and separator character and every lone surrogate escaped
-    (``\\x1b``, ``\\u202e``, ``\\u2028``); line feeds and tabs are kept unless ``newlines=False``. Only the
-    characters outside printable ASCII are looked at one by one (a regular expression finds their runs), and
-    each distinct one once: a flood of raising cells repeats the same few."""
+    (``\\x1b``, ``\\u202e``, ``\\u2028``); line feeds and tabs are kept unless ``newlines=False``."""
     return _CANDIDATES[newlines].sub(_escape_run, str(text))
 
 
@@ -181,15 +177,12 @@ def short_traceback(output: str, keep_frames: int = 6) -> str:
     if start is None:
         return output
     before, tb = lines[:start], lines[start + 1:]
-    blocks: list[list[str]] = []  # one per exception of the chain
-    current: list[str] = []
+    blocks: list[list[str]] = [[]]  # one per exception of the chain
     for line in tb:
         if line.strip() in _CHAINED:
-            blocks.append(current)
-            current = []
+            blocks.append([])
         else:
-            current.append(line)
-    blocks.append(current)
+            blocks[-1].append(line)
     causes = [_last_line(b) for b in blocks[:-1]]
     block = [line for line in blocks[-1] if line.strip("-").strip()]
     if not block:
@@ -261,11 +254,15 @@ COLUMNS = ("student", "notebook", "reference", "status", "lesson", "exercise", "
            "points", "max_points", "detail", "graded_at")
 
 
-def gradebook_rows(reports: list[Report], graded_at: str = "") -> list[list[str]]:
-    """The long gradebook's rows (``COLUMNS``), escaped as written: one per student and exercise. A notebook
-    that could not be graded gets one row without an exercise (``result`` error, 0 points); one stopped on the
-    way (its time limit) keeps the exercises graded before, the others are ``error`` with the reason."""
-    rows = []
+def gradebook(reports: list[Report], graded_at: str = "", header: bool = True) -> str:
+    """The long CSV of ``reports`` (``COLUMNS``, after the header where ``header``), escaped as written: one row
+    per student and exercise. A notebook that could not be graded gets one row without an exercise (``result``
+    error, 0 points); one stopped on the way (its time limit) keeps the exercises graded before, the others are
+    ``error`` with the reason."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    if header:
+        writer.writerow(COLUMNS)
     for r in reports:
         error = f"error: {one_line(r.error)}" if r.error else ""
         stopped = {e.number for e in r.exercises if r.error and e.status == NOT_GRADED}
@@ -275,18 +272,5 @@ def gradebook_rows(reports: list[Report], graded_at: str = "") -> list[list[str]
         for exercise, number, title, result, points, maximum, detail in items:
             row = [r.student, r.notebook, r.reference, r.status, r.lesson, exercise, number, title, result, points,
                    maximum, detail, graded_at]
-            rows.append([str(spreadsheet_safe(cell)) for cell in row])
-    return rows
-
-
-def render_csv(header, rows) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
+            writer.writerow([str(spreadsheet_safe(cell)) for cell in row])
     return out.getvalue()
-
-
-def gradebook(reports: list[Report], graded_at: str = "") -> str:
-    """The long CSV of ``reports``: one row per student and exercise, with its header."""
-    return render_csv(COLUMNS, gradebook_rows(reports, graded_at))

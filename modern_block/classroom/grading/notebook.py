@@ -1,10 +1,8 @@
 """Reading notebooks, finding the reference's exercises, and planning a submission's run.
 
-The reference (the notebook handed out, trusted) has an exercise per ``## Exercise N: title`` section, else per
-check cell; its check cells are the cells calling ``checks.check_...``. Points and ids are nbgrader's, read from
-the reference only: a cell's ``points`` shared by its check calls (partial credit), the id its answer cell's
-``grade_id``. A submission is only read: its code cells run in order in the student's process, except the
-reference's check cells; each exercise is checked by the grader where its check cell stands.
+The reference (trusted) has an exercise per ``## Exercise N: title`` section, else per check cell (a cell calling
+``checks.check_...``); points and ids are nbgrader's, read from the reference only. A submission's code cells run
+in order, except the reference's check cells: each exercise is checked by the grader where its check cell stands.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 MAX_NOTEBOOK_BYTES = 20 << 20
+TOO_LARGE = f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
 MAX_CELLS = 5_000  # a course notebook has about a hundred
 MAX_VALUES = 1_000_000  # JSON containers and strings of one notebook, counted in its text before it is parsed
 MAX_HEADING = 500  # characters: a longer line is never taken for a heading
@@ -27,8 +26,8 @@ CHECK_CALL = re.compile(r"\bcheck_\w+\s*\(")
 
 
 def heading(line: str) -> tuple[int, str] | None:
-    """(level, text) of a markdown heading line ``# text`` (levels 1-6), else None. Plain string scanning, in
-    time linear in the line: no regular expression meets a student's text."""
+    """(level, text) of a markdown heading line ``# text`` (levels 1-6), else None (no regular expression meets a
+    student's text)."""
     line = line.strip()
     if len(line) > MAX_HEADING or not line.startswith("#"):
         return None
@@ -60,9 +59,8 @@ def exercise_heading(line: str) -> tuple[int, int, str] | None:
 
 
 def calls_a_check(source: str) -> bool:
-    """Whether ``source`` calls something named ``check_...(``. The pattern's parts match disjoint
-    character classes (word characters, then white space, then a parenthesis), so the search backtracks at
-    most one step per character: linear time on any text (``tests/classroom/test_grade.py`` times it)."""
+    """Whether ``source`` calls something named ``check_...(``: the pattern's parts match disjoint character
+    classes, so the search is linear on any text (``tests/classroom/test_grade.py`` times it)."""
     return CHECK_CALL.search(source) is not None
 
 
@@ -97,13 +95,11 @@ class CheckCall:
 
 @dataclass
 class CheckCell:
-    """One check cell of the reference: its calls, its points, how a submission's copy is recognised."""
-
     calls: list[CheckCall]
     points: float = DEFAULT_POINTS
-    id: str | None = None  # the cell's id
-    grade_id: str = ""  # nbgrader's
-    source: str = ""  # its text, normalised
+    id: str | None = None
+    grade_id: str = ""
+    source: str = ""  # normalised: how a submission's copy is recognised
 
 
 @dataclass
@@ -144,7 +140,7 @@ def read_notebook(data: bytes) -> list[Cell]:
     if not data.strip():
         raise NotebookError("the file is empty")
     if len(data) > MAX_NOTEBOOK_BYTES:
-        raise NotebookError(f"the file is larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
+        raise NotebookError(TOO_LARGE)
     # parsed, 20 MB of `[],` would be 7 million lists (400 MB): the grader counts before it parses
     if data.count(b"[") + data.count(b"{") + data.count(b'"') // 2 > MAX_VALUES:
         raise NotebookError(f"the notebook holds more than {MAX_VALUES:,} JSON values: not graded")
@@ -173,9 +169,8 @@ def read_notebook(data: bytes) -> list[Cell]:
         raise NotebookError("the notebook has no cells")
     if len(cells) > MAX_CELLS:
         raise NotebookError(f"the notebook has more than {MAX_CELLS:,} cells: not graded")
-    meta: dict = raw["metadata"] if isinstance(raw.get("metadata"), dict) else {}
-    generated = meta.get("modern_block", {}).get("generated_from") if isinstance(meta.get("modern_block"), dict) \
-        else None
+    meta = raw["metadata"].get("modern_block") if isinstance(raw.get("metadata"), dict) else None
+    generated = meta.get("generated_from") if isinstance(meta, dict) else None
     out = []
     for i, cell in enumerate(cells):
         if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
@@ -189,8 +184,7 @@ def read_notebook(data: bytes) -> list[Cell]:
         cell_meta = cell.get("metadata")
         grader = cell_meta.get("nbgrader") if isinstance(cell_meta, dict) else None
         out.append(Cell(i, cell["cell_type"], source, cell_id, nbgrader=grader if isinstance(grader, dict) else {}))
-    if out:
-        out[0].generated_from = generated if isinstance(generated, str) else None
+    out[0].generated_from = generated if isinstance(generated, str) else None  # cells were checked non-empty
     return out
 
 
@@ -270,8 +264,7 @@ def cell_points(meta: dict) -> float:
 
 
 def reference_from(cells: list[Cell], name: str) -> Reference:
-    """The exercises of a reference notebook, with their points and ids. Raises BadReference when it has none
-    the grader can use."""
+    """The exercises of a reference notebook, with their points and ids. Raises BadReference."""
     exercises, unchecked = [], []
     found = sections(cells)
     if not found:  # no headings: each check cell closes an exercise
@@ -309,16 +302,13 @@ def reference_from(cells: list[Cell], name: str) -> Reference:
 
 @dataclass
 class Plan:
-    """What to run, in order: ("cell", Cell) and ("check", RefExercise) steps; and, per exercise number,
-    the submission's code cells that answer it (for saying which cell failed)."""
-
-    steps: list[tuple[str, Cell | RefExercise]]
-    answers: dict[int, list[int]]
+    steps: list[tuple[str, Cell | RefExercise]]  # what to run, in order
+    answers: dict[int, list[int]]  # exercise number -> the code cells that answer it (to say which failed)
 
 
 def plan_run(cells: list[Cell], ref: Reference) -> Plan:
-    """Where each of the reference's exercises is checked in the submission ``cells``. Raises
-    NotebookError when the submission is plainly another lesson's notebook."""
+    """Where each of the reference's exercises is checked in the submission ``cells``. Raises NotebookError
+    when the submission is plainly another lesson's notebook."""
     generated = cells[0].generated_from if cells else None
     if ref.generated_from and generated and generated != ref.generated_from:
         raise NotebookError(f"this notebook is {generated.rsplit('/', 1)[-1]}, the reference is "
@@ -345,13 +335,10 @@ def plan_run(cells: list[Cell], ref: Reference) -> Plan:
     if not matched:
         raise NotebookError(f"none of the exercises of {ref.name} is in this notebook (no matching check cell "
                             "or 'Exercise N' heading): graded against the wrong lesson?")
-    steps: list[tuple[float, int, tuple[str, Cell | RefExercise]]] = []
-    for c in code:
-        if c.index not in is_check and c.source.strip():
-            steps.append((c.index, 1, ("cell", c)))
-    for ex in ref.exercises:
-        steps.append((points[ex.number], 0, ("check", ex)))
-    steps.sort(key=lambda s: (s[0], s[1]))
+    steps: list[tuple[float, int, tuple[str, Cell | RefExercise]]] = [
+        *((c.index, 1, ("cell", c)) for c in code if c.index not in is_check and c.source.strip()),
+        *((points[ex.number], 0, ("check", ex)) for ex in ref.exercises)]
+    steps.sort(key=lambda s: s[:2])
     answers, previous = {}, -1.0
     for ex in sorted(ref.exercises, key=lambda e: points[e.number]):
         answers[ex.number] = [c.index for c in code
