@@ -31,6 +31,7 @@ model is a snapshot for inference: later changes to the original model do not re
 
 import copy
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -58,7 +59,7 @@ class FastLM(nn.Module):
         super().__init__()
         self.model, self.static_cache = model, static_cache
         self.cache: KVCache | None = None
-        self.step = self.eager_step  # replaced by the compiled step in ``compile_step``
+        self.compiled_step: Callable[[torch.Tensor], torch.Tensor] | None = None  # set by ``compile_step``
         self.compiled = False
 
     @property
@@ -86,9 +87,11 @@ class FastLM(nn.Module):
         if capacity > self.max_len:
             raise ValueError(f"capacity ({capacity}) must not exceed max_len ({self.max_len})")
         n_layers = len(self.model.blocks)
-        self.cache = (StaticKVCache(n_layers, capacity, self.model.emb.weight.device) if self.static_cache
-                      else KVCache(n_layers, capacity))
+        with torch.inference_mode():  # inference tensors, as every step's: the compiled step's guards hold
+            self.cache = (StaticKVCache(n_layers, capacity, self.model.emb.weight.device) if self.static_cache
+                          else KVCache(n_layers, capacity))
 
+    @torch.inference_mode()
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx: [B, T] token ids after the ones already cached. Returns logits [B, T, V]."""
         if self.cache is None:
@@ -102,6 +105,18 @@ class FastLM(nn.Module):
         """The decode step: one token per sequence, tok [B, 1], after the cached ones -> logits [B, V]."""
         return self.model(tok, self.cache)[:, -1]
 
+    @torch.inference_mode()
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        """``eager_step``, or the compiled step after ``compile_step``. The compiled graph is guarded on its
+        input's strides and on whether it is an inference tensor, and a failed guard compiles the step again
+        (seconds to minutes): so tok is first copied to a contiguous inference tensor where it is not one (a
+        slice of a prompt, a tensor made outside inference mode)."""
+        if self.compiled_step is None:
+            return self.eager_step(tok)
+        if not tok.is_inference() or tok.stride() != (1, 1):
+            tok = tok.clone(memory_format=torch.contiguous_format)  # [B, 1]
+        return self.compiled_step(tok)
+
     def compile_step(self, mode: str | None = None, options: dict | None = None) -> "FastLM":
         """Compile the one-token step with ``torch.compile`` (full graph, static shapes); ``mode`` and ``options``
         go to ``torch.compile``. The first step of each cache shape pays the compile time (tens of seconds on a
@@ -110,7 +125,8 @@ class FastLM(nn.Module):
         if not self.static_cache:
             raise ValueError("compiling the decode step needs the static cache (its shapes do not change)")
         self.compiled = True
-        self.step = torch.compile(self.eager_step, fullgraph=True, dynamic=False, mode=mode, options=options)
+        self.compiled_step = torch.compile(self.eager_step, fullgraph=True, dynamic=False, mode=mode,
+                                           options=options)
         return self
 
 

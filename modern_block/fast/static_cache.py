@@ -45,6 +45,7 @@ class StaticKVCache(KVCache):
         positive_int("n_layers", n_layers)
         self.layers: list[StaticLayerCache] = [StaticLayerCache(capacity, device) for _ in range(n_layers)]
 
+    @torch.inference_mode()  # its tensors are inference tensors (FastLM makes them so), changed only in that mode
     def reset(self) -> None:
         """Forget the tokens held (the buffers stay allocated, to be overwritten)."""
         for layer in self.layers:
