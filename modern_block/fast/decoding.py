@@ -60,13 +60,16 @@ class FastLM(nn.Module):
         self.model, self.static_cache = model, static_cache
         self.cache: KVCache | None = None
         self.compiled_step: Callable[[torch.Tensor], torch.Tensor] | None = None  # set by ``compile_step``
-        self.compiled = False
 
     @property
     def dtype(self) -> torch.dtype:
         """The dtype of the residual stream and the cache (the model's own, whatever format its weights are in)."""
         emb = self.model.emb
         return emb.dtype if isinstance(emb, StoredEmbedding) else emb.weight.dtype
+
+    @property
+    def compiled(self) -> bool:
+        return self.compiled_step is not None
 
     @property
     def V(self) -> int:
@@ -124,7 +127,6 @@ class FastLM(nn.Module):
         more than 8 times in a process: to compile a ninth model, call ``torch.compiler.reset()`` first."""
         if not self.static_cache:
             raise ValueError("compiling the decode step needs the static cache (its shapes do not change)")
-        self.compiled = True
         self.compiled_step = torch.compile(self.eager_step, fullgraph=True, dynamic=False, mode=mode,
                                            options=options)
         return self
