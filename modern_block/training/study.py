@@ -17,7 +17,7 @@ from .data import Corpus, load_corpus
 from .ladder import ABLATION_NAMES, ATTENTION_NAMES, LADDER_NAMES, LLAMA_END, get_rung
 from .statistics import PairedDifference, Selection, choose_rate, paired_difference
 from .trainer import TrainResult
-from .workers import committed_record, final_loss, read_record, run_dir, train_many
+from .workers import WorkerPool, committed_record, final_loss, read_record, run_dir, train_many
 
 QUICK_RATES = (4e-3, 8e-3, 1.6e-2, 3.2e-2)  # tiny models, short runs: high rates
 # lesson 08's live comparison: the quick models trained long enough (300 steps, about 3 CPU-seconds a run) that
@@ -350,6 +350,7 @@ def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=
     seeds = len(study.reported_seeds)
     progress = Progress(len(results.planned("selection")) + seeds * (len(study.models) + bool(study.anchor)), say,
                         sys.stderr.isatty() if bar is None else bar)
+    pool = None  # the worker processes, spawned for the first round that needs them and kept for the others
     try:
         for i, role in enumerate(ROLES):
             seen: set = set()
@@ -375,11 +376,15 @@ def run_study(study: Study, out_dir=None, corpus: Corpus | None = None, workers=
                         ": read back")
                 if not (train and todo):
                     continue
+                if pool is None and workers > 1 and len(todo) > 1:
+                    pool = WorkerPool(corpus, workers)
                 got = train_many([study.config(*run) for run in todo], corpus, workers, out_dir, progress=False,
-                                 on_done=lambda cfg, result, role=role: progress(role, cfg, result))
+                                 on_done=lambda cfg, result, role=role: progress(role, cfg, result), pool=pool)
                 for run, result in zip(todo, got, strict=True):
                     results.add(*run, role, result)
     finally:
         progress.close()
+        if pool is not None:
+            pool.close()
     results.wall_s = time.perf_counter() - progress.start
     return results

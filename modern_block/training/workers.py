@@ -171,11 +171,13 @@ def _worker_train(cfg: TrainConfig, folder):
 
 
 class WorkerPool:
-    """``n`` spawned worker processes holding ``corpus``, for one ``train_many`` call; close it when done."""
+    """``n`` spawned worker processes holding ``corpus``, for ``train_many`` calls on that text; close it when
+    done."""
 
     def __init__(self, corpus: Corpus, n: int):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
+        self.corpus_key = (corpus.name, corpus.text)
         ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked; spawn is safe everywhere
         self._stop = ctx.Event()
         self._pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_worker_init,
@@ -202,13 +204,17 @@ class WorkerPool:
 
 
 def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers=1, out_dir=None, progress=None,
-               verbose: bool = False, on_done=None) -> list:
+               verbose: bool = False, on_done=None, pool: "WorkerPool | None" = None) -> list:
     """A ``TrainResult``, ``Diverged`` or finished run's record per configuration, in order (identical ones trained
     once), each run in its folder under ``out_dir`` (or none). ``workers``: 1 trains here, n > 1 in a pool of
-    that many processes; ``on_done(cfg, result)`` as each run ends."""
+    that many processes, or in ``pool`` (a ``WorkerPool`` holding ``corpus``, left open for the next call: a study
+    spawns its workers once, not once a round); ``on_done(cfg, result)`` as each run ends."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be a positive int, got {workers!r}")
     corpus = corpus if corpus is not None else load_corpus(verbose=verbose)
+    if pool is not None and pool.corpus_key != (corpus.name, corpus.text):
+        raise ValueError(f"pool holds another text than corpus {corpus.name!r}: a pool trains on the text it was "
+                         "made with")
     todo: dict[tuple, TrainConfig] = {}
     for cfg in configs:
         todo.setdefault(run_key(cfg, corpus), cfg)
@@ -219,7 +225,8 @@ def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers
             if on_done is not None:
                 on_done(cfg, done[k])
     elif todo:
-        pool = WorkerPool(corpus, min(workers, len(todo)))
+        own_pool = pool is None
+        pool = WorkerPool(corpus, min(workers, len(todo))) if pool is None else pool
         futures = {}
         try:
             futures = {k: pool.submit(cfg, run_dir(out_dir, cfg)) for k, cfg in todo.items()}
@@ -233,5 +240,6 @@ def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers
             pool.stop(list(futures.values()))
             raise
         finally:
-            pool.close()
+            if own_pool:
+                pool.close()
     return [done[run_key(cfg, corpus)] for cfg in configs]

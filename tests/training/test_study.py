@@ -184,6 +184,30 @@ def test_results_do_not_depend_on_workers_and_identical_runs_train_once():
         train_many(configs, CORPUS, workers=0)
 
 
+@pytest.mark.slow
+def test_a_study_spawns_its_workers_once_and_trains_as_one_process_does(monkeypatch):
+    made = []
+
+    class CountedPool(S.WorkerPool):
+        def __init__(self, corpus, n):
+            made.append(n)
+            super().__init__(corpus, n)
+
+    monkeypatch.setattr(S, "WorkerPool", CountedPool)
+    study = _study(anchor=None)  # two rounds: 3 models x 2 rates on seed 0, then 3 models on seeds 1 and 2
+    alone = run_study(study, None, CORPUS, say=lambda text: None)
+    pooled = run_study(study, None, CORPUS, workers=2, say=lambda text: None)
+    assert made == [2], "one pool of two workers for both rounds"
+    assert [(r["model"], r["lr"], r["seed"], r["final_val_loss"]) for r in pooled.runs] == [
+        (r["model"], r["lr"], r["seed"], r["final_val_loss"]) for r in alone.runs]
+    pool = S.WorkerPool(CORPUS, 1)  # its process starts with its first run: none here
+    try:
+        with pytest.raises(ValueError, match="pool holds another text"):
+            train_many([BASE, replace(BASE, seed=1)], replace(CORPUS, text=CORPUS.text[:-1]), 2, pool=pool)
+    finally:
+        pool.close()
+
+
 def test_a_diverged_run_counts_as_inf_and_is_never_chosen(tmp_path):
     base = replace(BASE, max_steps=12, eval_interval=6, warmup_steps=0, grad_clip=0.0)
     res = run_study(Study("t", base, ("gpt2_untied",), (1e-2, 1e3), (0,), (1, 2)), tmp_path, CORPUS,
