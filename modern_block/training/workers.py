@@ -204,7 +204,7 @@ class WorkerPool:
 
 
 def train_many(configs: list[TrainConfig], corpus: Corpus | None = None, workers=1, out_dir=None, progress=None,
-               verbose: bool = False, on_done=None, pool: "WorkerPool | None" = None) -> list:
+               verbose: bool = False, on_done=None, pool: WorkerPool | None = None) -> list:
     """A ``TrainResult``, ``Diverged`` or finished run's record per configuration, in order (identical ones trained
     once), each run in its folder under ``out_dir`` (or none). ``workers``: 1 trains here, n > 1 in a pool of
     that many processes, or in ``pool`` (a ``WorkerPool`` holding ``corpus``, left open for the next call: a study
